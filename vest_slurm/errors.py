@@ -1,0 +1,60 @@
+"""The tool's own exceptions and exit codes.
+
+Only the entry points (``vest``, ``vsbatch``, the bridge) turn these into a message and an exit
+code; everything below them raises. Each error says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2      # the user's script, options or the site config are wrong
+EXIT_NO_FIT = 3         # the job fits no GPU of the site (vsbatch refuses, nothing queued)
+EXIT_SLURM = 4          # Slurm could not be asked (controller down, timeout, missing tools)
+EXIT_ESTIMATE = 5       # the workload could not be traced (user code failed, data-dependent shapes)
+
+
+class VestError(Exception):
+    """An error the user can act on. ``what`` says what happened, ``fix`` what to do."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, what: str, fix: str | None = None):
+        super().__init__(what)
+        self.what = what
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.what if not self.fix else f"{self.what}\n  fix: {self.fix}"
+
+
+class WorkloadError(VestError):
+    """The workload description is wrong (unknown model, malformed shape, bad option)."""
+
+
+class EstimateError(VestError):
+    """Tracing the workload failed (user code raised, shapes depend on data, limits hit)."""
+
+    exit_code = EXIT_ESTIMATE
+
+
+class SiteConfigError(VestError):
+    """The site configuration is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, path: str, problems: list[str]):
+        self.path = path
+        self.problems = list(problems)
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"invalid site config {path}:\n{body}",
+            "correct the file (see site-config/example-site.toml for every key) and run `vest site validate`",
+        )
+
+
+class JobScriptError(VestError):
+    """The job script cannot be read or has malformed #SBATCH / #VEST lines."""
+
+
+class SlurmError(VestError):
+    """Slurm could not be asked: controller down, too slow, or client tools missing."""
+
+    exit_code = EXIT_SLURM
