@@ -1,0 +1,30 @@
+"""MemoryEstimate: the per-GPU-type answer that placement, vsbatch, vest check and the bridge read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A job's GPU memory on one GPU type (per GPU, for multi-GPU jobs).
+
+    ``required_bytes``: the smallest device capacity at which the job runs (the allocator's
+    flush-and-retry applied, workspaces shrunk to what still fits). Placement uses this.
+    ``peak_bytes``: what nvidia-smi would show at the peak on this GPU type (libraries take
+    workspace from what is free). Comparisons with measured runs use this.
+    ``breakdown``: named parts (context, allocator reserved, workspaces, ...) in bytes.
+    """
+
+    gpu: str
+    capacity_bytes: int
+    required_bytes: int
+    peak_bytes: int
+    breakdown: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.required_bytes <= self.capacity_bytes
+
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.required_bytes
