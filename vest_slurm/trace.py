@@ -1,0 +1,51 @@
+"""AllocTrace: the ordered allocations and frees a GPU run of the training step would make.
+
+The record that crosses from tracing (fake CUDA on the CPU) to the allocator replay. Pure data:
+no torch import, so the replay and its tests run without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PHASES = ("setup", "forward", "backward", "optimizer", "zero_grad", "eval", "other")
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "workspace", "other")
+
+
+@dataclass(frozen=True)
+class AllocEvent:
+    """One allocation (``action == "alloc"``) or free (``"free"``) of a device storage.
+
+    ``block`` identifies the allocation (unique over the trace; a free names the block it frees).
+    ``size_bytes`` is what the caller asked the allocator for (the storage's nbytes), before any
+    rounding: the allocator replay applies PyTorch's rounding itself.
+    """
+
+    action: str
+    block: int
+    size_bytes: int
+    stream: int = 0
+    phase: str = "other"
+    category: str = "other"
+    module: str = ""
+
+
+@dataclass(frozen=True)
+class AllocTrace:
+    events: tuple[AllocEvent, ...]
+    # Storages alive at the end (not freed in the trace): parameters, optimizer state, ...
+    iterations: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def live_peak_bytes(self) -> int:
+        """Peak of the sum of live requested sizes: what a FakeTensor / MemTracker count reports."""
+        live = peak = 0
+        sizes: dict[int, int] = {}
+        for e in self.events:
+            if e.action == "alloc":
+                sizes[e.block] = e.size_bytes
+                live += e.size_bytes
+                peak = max(peak, live)
+            else:
+                live -= sizes.pop(e.block, 0)
+        return peak
