@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -334,11 +335,12 @@ _SAFE = re.compile(r"[A-Za-z0-9_.,:/@+-]+")
 
 
 def _kv(value: object) -> str:
-    """A log value that greps and cannot forge another field: plain when safe, else escaped in quotes."""
+    """A log value that greps and cannot forge another field: percent-encoded unless plain
+    (no space, quote, '=' or newline can appear)."""
     text = "-" if value is None else str(value)
     if _SAFE.fullmatch(text):
         return text
-    return '"' + text.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
+    return urllib.parse.quote(text.encode("utf-8", errors="surrogateescape"), safe=",:/@+-")
 
 
 def _admin(action: str, ctx: _Ctx, **fields: object) -> str:
