@@ -1,0 +1,364 @@
+"""Fake CUDA on a CPU-only machine. Every use of private torch APIs in vest-slurm lives here.
+
+How it works (torch 2.4 – 2.14, CPU and CUDA builds):
+- ``FakeCudaMode`` is a FakeTensorMode: tensors on ``cuda:0`` carry shapes, dtypes and strides
+  but no data, and no GPU is touched.
+- The autograd engine asks every tensor for its device (``prim::device``) and, told "cuda",
+  reaches for CUDA streams that do not exist here (the CPU build aborts). The mode answers
+  ``cpu`` to that op while Python's ``t.device`` stays ``cuda:0``. Three consequences are
+  handled below, each where PyTorch would behave differently on a real GPU:
+  * native autocast skips tensors whose C++ device is not CUDA, so the CUDA autocast policy
+    (aten/src/ATen/autocast_mode.h, the op lists below) is re-registered in Python on the
+    AutocastCUDA key, above autograd, with the same weight-cast cache;
+  * ``aten::dropout`` takes its CPU path (a mask of the input's dtype); on CUDA it calls
+    ``native_dropout`` (a 1-byte bool mask), so dropout is rerouted there;
+  * ``ToCopyBackward`` copies gradients to the forward input's C++ device (cpu): inside
+    backward such copies keep the CUDA device;
+  * composite ops that test ``is_cuda()`` (softmax with half input and float dtype) take the
+    CUDA branch explicitly in the autocast kernels.
+- ``Recorder`` sees each op's outputs: a storage seen for the first time is an allocation of
+  its nbytes; a weakref finalizer on the storage records its free. No strong reference to any
+  tensor is held, so frees happen exactly when PyTorch would free them.
+
+Known limitations:
+- Ops without a fake/meta kernel, and data-dependent ops (``nonzero``, ``.item()`` on a value
+  that steers control flow), cannot be traced; tracing stops with the op's name.
+- cuDNN / cuBLAS workspaces are not allocated by the fake ops; the tracer marks where the GPU
+  would take them (``workspace`` events) and the device profile gives their size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils import _pytree as pytree
+
+DEVICE = torch.device("cuda", 0)
+
+aten = torch.ops.aten
+
+# ---- CUDA autocast policy (aten/src/ATen/autocast_mode.h, torch 2.6 - 2.14; unchanged between them)
+LOWER_PRECISION_FP = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu",
+    "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm",
+    "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+)
+FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
+    "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm",
+    "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+    "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist",
+    "cdist", "renorm", "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d",
+    "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
+    "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+    "linalg_vector_norm", "linalg_matrix_norm", "sum", "sum.dim_IntList",
+)
+PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+           "index_put", "tensordot", "scatter_add")
+
+# Ops after which the GPU run holds a cuBLAS workspace (allocated through the caching allocator
+# the first time a handle is used on a stream; see overheads.py for its size).
+BLAS_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+            aten.addmv.default, aten.mv.default}
+CONV_OPS = {aten.convolution.default, aten.convolution_backward.default}
+
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+
+
+def _is_fake_cuda(t) -> bool:
+    return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
+
+
+class _CastCache:
+    """The autocast weight cast cache (autocast_mode.cpp cached_cast): casts of fp32 leaf tensors
+    that require grad are kept until the outermost autocast region exits."""
+
+    def __init__(self):
+        self.entries: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not (_is_fake_cuda(t) and t.is_floating_point()) or t.dtype == dtype or t.dtype == torch.float64:
+            return t
+        cacheable = (dtype != torch.float32 and t.dtype == torch.float32 and t.requires_grad
+                     and t.is_leaf and not t._is_view() and torch.is_autocast_cache_enabled())
+        if cacheable:
+            hit = self.entries.get(id(t))
+            if hit is not None and hit[0]() is t:
+                return hit[1]
+            casted = t.to(dtype)
+            self.entries[id(t)] = (weakref.ref(t), casted)
+            return casted
+        return t.to(dtype)
+
+    def clear(self):
+        self.entries.clear()
+
+
+CAST_CACHE = _CastCache()
+
+
+def _autocast_kernel(op, policy: str):
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            if policy == "lower":
+                dtype = torch.get_autocast_dtype("cuda")
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, dtype), (args, kwargs))
+            elif policy == "fp32":
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, torch.float32), (args, kwargs))
+            elif policy == "set_opt_dtype":
+                first = args[0] if args else None
+                name = op._schema.name
+                positional_dtype = name in ("aten::softmax", "aten::log_softmax")
+                given = args[2] if positional_dtype and len(args) > 2 else kwargs.get("dtype")
+                if _is_fake_cuda(first) and first.is_floating_point() and given is None:
+                    if positional_dtype and first.dtype == torch.float16:
+                        # CUDA branch of SoftMax.cpp: half input, float output, no converted copy.
+                        fn = aten._softmax if name == "aten::softmax" else aten._log_softmax
+                        return fn(first, args[1], True)
+                    if positional_dtype:
+                        args = (args[0], args[1], torch.float32)
+                    else:
+                        kwargs = dict(kwargs, dtype=torch.float32)
+            elif policy == "promote":
+                tensors = [a for a in pytree.tree_leaves((args, kwargs)) if _is_fake_cuda(a) and a.is_floating_point()]
+                if tensors:
+                    widest = functools_reduce_promote(tensors)
+                    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, widest), (args, kwargs))
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def functools_reduce_promote(tensors):
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _dropout_kernel(input, p, train):
+    # aten/src/ATen/native/Dropout.cpp: CUDA inputs take the fused native_dropout (bool mask).
+    if not train or p == 0 or input.numel() == 0:
+        return input
+    if p == 1:
+        return input * 0
+    return aten.native_dropout(input, p, train)[0]
+
+
+_LIBS: list = []
+
+
+def _register_kernels() -> None:
+    """Register the Python kernels once per process (torch.library keeps them for its lifetime)."""
+    if _LIBS:
+        return
+    import warnings
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is intended
+        for names, policy in ((LOWER_PRECISION_FP, "lower"), (FP32, "fp32"),
+                              (FP32_SET_OPT_DTYPE, "set_opt_dtype"), (PROMOTE, "promote")):
+            for full in names:
+                base, _, overload = full.partition(".")
+                packet = getattr(aten, base, None)
+                if packet is None:
+                    continue
+                op = getattr(packet, overload or "default", None)
+                if op is None:
+                    continue
+                lib.impl(full, _autocast_kernel(op, policy), "AutocastCUDA")
+        lib.impl("dropout", _dropout_kernel, "AutogradCUDA")
+    _LIBS.append(lib)
+
+
+# ---- recording -------------------------------------------------------------------------------------
+
+@dataclass
+class Recorder:
+    """Receives alloc/free callbacks; the tracer owns the policy (phase, category, module)."""
+
+    on_alloc: Callable[[int, int, torch.UntypedStorage], None]
+    on_free: Callable[[int], None]
+    on_op: Callable[[object, tuple], None] | None = None
+    _ids: itertools.count = field(default_factory=itertools.count)
+    _seen: dict = field(default_factory=dict)  # id(storage) -> block id
+
+    def see(self, t) -> None:
+        if not _is_fake_cuda(t):
+            return
+        s = t.untyped_storage()
+        key = id(s)
+        if key in self._seen:
+            return
+        block = next(self._ids)
+        self._seen[key] = block
+        weakref.finalize(s, self._freed, key, block)
+        self.on_alloc(block, s.nbytes(), s)
+
+    def live_block(self, t) -> int | None:
+        return self._seen.get(id(t.untyped_storage()))
+
+    def _freed(self, key: int, block: int) -> None:
+        if self._seen.get(key) == block:
+            del self._seen[key]
+        self.on_free(block)
+
+
+class FakeCudaMode(FakeTensorMode):
+    """FakeTensorMode that answers ``cpu`` to autograd's device query and records storages."""
+
+    def __init__(self, recorder: Recorder, sdp_choice: Callable | None = None):
+        super().__init__(allow_non_fake_inputs=True)
+        self.recorder = recorder
+        self.sdp_choice = sdp_choice
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.prim.device.default:
+            return torch.device("cpu")
+        if func is aten._fused_sdp_choice.default and self.sdp_choice is not None:
+            return self.sdp_choice(*args, **kwargs)
+        if (func is aten._to_copy.default and kwargs.get("device") is not None
+                and kwargs["device"].type == "cpu" and _is_fake_cuda(args[0])
+                and torch._C._current_autograd_node() is not None):
+            kwargs = dict(kwargs, device=DEVICE)  # ToCopyBackward: stay on the GPU
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.recorder.on_op is not None:
+            self.recorder.on_op(func, args)
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, FakeTensor):
+                self.recorder.see(t)
+        return out
+
+
+# ---- SDPA backend choice as the GPU makes it (sdp_utils.cpp) ----------------------------------------
+# Values of sdp::SDPBackend: error -1, math 0, flash_attention 1, efficient_attention 2, cudnn 3.
+SDP_MATH, SDP_FLASH, SDP_EFFICIENT = 0, 1, 2
+
+
+def gpu_sdp_choice(compute_capability: tuple[int, int]):
+    """Return a function mirroring _fused_sdp_choice_cuda for fake inputs on a GPU of this capability:
+    flash attention for fp16/bf16, no explicit mask, head dim <= 256, sm80+; else memory-efficient
+    attention (any float dtype, masks allowed, sm50+); math otherwise."""
+
+    def choose(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        head_dim = query.shape[-1]
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        if (half and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0
+                and compute_capability >= (8, 0) and not enable_gqa):
+            return SDP_FLASH
+        if head_dim % (8 if half else 4) == 0 and compute_capability >= (5, 0):
+            return SDP_EFFICIENT
+        return SDP_MATH
+
+    return choose
+
+
+# ---- patches for code that asks CUDA questions --------------------------------------------------------
+
+@contextlib.contextmanager
+def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-SXM4-80GB",
+                 capability: tuple[int, int] = (8, 0), device_count: int = 1):
+    """Make torch.cuda queries answer as a GPU of this kind would, for the duration."""
+    import torch.amp.autocast_mode as am
+    import torch.cuda.amp.common as common
+
+    @dataclass
+    class _Props:
+        name: str
+        total_memory: int
+        major: int
+        minor: int
+        multi_processor_count: int = 108
+        is_integrated: bool = False
+        is_multi_gpu_board: bool = False
+
+    props = _Props(name, total_memory_bytes, *capability)
+    patches = [
+        (common, "amp_definitely_not_available", lambda: False),
+        (torch.cuda, "is_bf16_supported", lambda *a, **k: capability >= (8, 0)),
+        (torch.cuda, "is_available", lambda: True),
+        (torch.cuda, "device_count", lambda: device_count),
+        (torch.cuda, "current_device", lambda: 0),
+        (torch.cuda, "get_device_properties", lambda *a, **k: props),
+        (torch.cuda, "get_device_name", lambda *a, **k: name),
+        (torch.cuda, "get_device_capability", lambda *a, **k: capability),
+        (torch.cuda, "synchronize", lambda *a, **k: None),
+        (torch, "clear_autocast_cache", _clear_autocast_cache(torch.clear_autocast_cache)),
+    ]
+    # Optimizer.step asks the current CUDA stream whether it is capturing a graph: it is not.
+    for attr in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+        if hasattr(torch.optim.Optimizer, attr):
+            patches.append((torch.optim.Optimizer, attr, lambda self: None))
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    _register_kernels()
+    try:
+        for obj, attr, new in patches:
+            setattr(obj, attr, new)
+        yield props
+    finally:
+        for obj, attr, old in saved:
+            setattr(obj, attr, old)
+        CAST_CACHE.clear()
+    del am
+
+
+def _clear_autocast_cache(original):
+    def clear():
+        CAST_CACHE.clear()
+        original()
+
+    return clear
+
+
+# ---- model materialisation ----------------------------------------------------------------------------
+
+def materialize(module: torch.nn.Module, weight_dtype: torch.dtype, channels_last: bool) -> None:
+    """Give every meta parameter and buffer fake CUDA storage, in the order Module._apply visits
+    them for ``model.cuda()``: children first, then the module's own parameters, then buffers.
+    Tied parameters stay tied."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor, is_param: bool) -> torch.Tensor:
+        if id(t) in memo:
+            return memo[id(t)]
+        dtype = weight_dtype if t.is_floating_point() else t.dtype
+        fmt = torch.channels_last if (channels_last and t.dim() == 4) else torch.contiguous_format
+        new = torch.empty(t.shape, dtype=dtype, device=DEVICE, memory_format=fmt)
+        if is_param:
+            new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+        memo[id(t)] = new
+        return new
+
+    def visit(m: torch.nn.Module) -> None:
+        for child in m.children():
+            visit(child)
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[name] = convert(p, True)
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = convert(b, False)
+
+    visit(module)
+
+
+def current_autograd_node():
+    return torch._C._current_autograd_node()

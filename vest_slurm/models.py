@@ -1,0 +1,213 @@
+"""Build the model a WorkloadSpec names, on the meta device (no memory, no time), and say how to feed it.
+
+Families: ``torchvision:NAME``, ``timm:NAME`` (pretrained=False), ``hf:CLASS_OR_PRESET`` (from a
+transformers config, never downloaded), ``mlp:[layers]`` (the nn.Sequential list of the ground-truth
+README), and user code ``path/to/file.py:factory`` or ``package.module:factory``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import WorkloadError
+from .workload import InputSpec, WorkloadSpec
+
+# transformers presets: the published configs of common checkpoints, written out so nothing is
+# downloaded. Values from each model's config.json on the Hugging Face hub.
+HF_PRESETS: dict[str, tuple[str, dict]] = {
+    "bert-base": ("BertForMaskedLM", {}),
+    "bert-base-uncased": ("BertForMaskedLM", {}),
+    "bert-large": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}),
+    "gpt2": ("GPT2LMHeadModel", {}),
+    "gpt2-medium": ("GPT2LMHeadModel", {"n_embd": 1024, "n_layer": 24, "n_head": 16}),
+    "gpt2-large": ("GPT2LMHeadModel", {"n_embd": 1280, "n_layer": 36, "n_head": 20}),
+    "gpt2-xl": ("GPT2LMHeadModel", {"n_embd": 1600, "n_layer": 48, "n_head": 25}),
+    "t5-small": ("T5ForConditionalGeneration", {"d_model": 512, "d_ff": 2048, "num_layers": 6, "num_decoder_layers": 6, "num_heads": 8, "d_kv": 64}),
+    "t5-base": ("T5ForConditionalGeneration", {"d_model": 768, "d_ff": 3072, "num_layers": 12, "num_decoder_layers": 12, "num_heads": 12, "d_kv": 64}),
+    "t5-large": ("T5ForConditionalGeneration", {"d_model": 1024, "d_ff": 4096, "num_layers": 24, "num_decoder_layers": 24, "num_heads": 16, "d_kv": 64}),
+    "xlnet-base-cased": ("XLNetLMHeadModel", {"d_model": 768, "n_layer": 12, "n_head": 12, "d_inner": 3072}),
+    "xlnet-large-cased": ("XLNetLMHeadModel", {"d_model": 1024, "n_layer": 24, "n_head": 16, "d_inner": 4096}),
+    "whisper-tiny": ("WhisperForConditionalGeneration", {"d_model": 384, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 6, "decoder_attention_heads": 6, "encoder_ffn_dim": 1536, "decoder_ffn_dim": 1536}),
+    "whisper-base": ("WhisperForConditionalGeneration", {"d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048}),
+    "llama-7b": ("LlamaForCausalLM", {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096}),
+    "llama-1b": ("LlamaForCausalLM", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 4096, "tie_word_embeddings": True}),
+    "tiny-llama": ("LlamaForCausalLM", {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000}),
+}
+
+MLP_LAYERS = {"Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "PReLU", "ELU", "SELU", "Tanh", "Softplus",
+              "SiLU", "Mish", "GELU", "Identity", "Dropout", "Softmax", "Sigmoid", "LayerNorm"}
+
+
+@dataclass
+class BuiltModel:
+    """A model on the meta device and how to feed it."""
+
+    module: nn.Module
+    family: str          # torchvision, timm, hf, mlp, user
+    input: InputSpec     # resolved (no "default")
+    hf_main_input: str = ""   # input_ids, input_features, pixel_values (hf only)
+    hf_is_encoder_decoder: bool = False
+    num_classes: int | None = None
+
+
+def build_model(spec: WorkloadSpec) -> BuiltModel:
+    family, _, name = spec.model.partition(":")
+    kwargs = spec.model_kwargs
+    try:
+        with torch.device("meta"):
+            if family == "torchvision":
+                return _torchvision(name, kwargs, spec.input)
+            if family == "timm":
+                return _timm(name, kwargs, spec.input)
+            if family == "hf":
+                return _hf(name, kwargs, spec.input)
+            if family == "mlp":
+                return _mlp(name, spec.input)
+            return _user(spec.model, kwargs, spec.input)
+    except WorkloadError:
+        raise
+    except TypeError as e:
+        raise WorkloadError(f"model {spec.model!r} rejected its arguments {kwargs}: {e}",
+                            "check --model-args / --model-arg names against the model's constructor") from None
+
+
+def _require_input(inp: InputSpec, model: str, example: str) -> InputSpec:
+    if inp.kind == "default":
+        raise WorkloadError(f"model {model!r} has no default input size", f"give --input, e.g. --input {example}")
+    return inp
+
+
+def _torchvision(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
+    import torchvision
+
+    try:
+        module = torchvision.models.get_model(name, weights=None, **kwargs)
+    except ValueError:
+        available = sorted(torchvision.models.list_models())
+        close = [m for m in available if name.lower()[:4] in m][:8]
+        raise WorkloadError(f"unknown torchvision model {name!r}",
+                            f"use one of torchvision.models.list_models(), e.g. {', '.join(close or available[:8])}") from None
+    if inp.kind == "default":
+        inp = InputSpec("image", (3, 299, 299) if name == "inception_v3" else (3, 224, 224))
+    return BuiltModel(module, "torchvision", inp, num_classes=kwargs.get("num_classes", 1000))
+
+
+def _timm(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
+    import timm
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name[:5]}*")[:8]
+        raise WorkloadError(f"unknown timm model {name!r}", f"use a name from timm.list_models(), e.g. {', '.join(close) or 'resnet50'}")
+    kwargs = dict(kwargs)
+    kwargs.pop("pretrained", None)
+    module = timm.create_model(name, pretrained=False, **kwargs)
+    if inp.kind == "default":
+        inp = InputSpec("image", tuple(module.pretrained_cfg.get("input_size", (3, 224, 224))))
+    return BuiltModel(module, "timm", inp, num_classes=getattr(module, "num_classes", None))
+
+
+def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
+    import transformers
+
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("from_config", "config")}
+    if name in HF_PRESETS:
+        cls_name, preset = HF_PRESETS[name]
+        kwargs = {**preset, **kwargs}
+    else:
+        cls_name = name
+    cls = getattr(transformers, cls_name, None)
+    if cls is None or not hasattr(cls, "config_class"):
+        raise WorkloadError(f"unknown transformers model {name!r}",
+                            f"use a model class (e.g. hf:BertForMaskedLM, hf:GPT2LMHeadModel) or a preset: {', '.join(sorted(HF_PRESETS))}")
+    config_cls = cls.config_class
+    try:
+        config = config_cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise WorkloadError(f"{config_cls.__name__} rejected {kwargs}: {e}", "check the config field names") from None
+    unknown = [k for k in kwargs if not hasattr(config, k)]
+    if unknown:
+        raise WorkloadError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}",
+                            f"use fields of {config_cls.__name__} (see its documentation)")
+    # Eager attention as a GPU run picks it: sdpa where the model supports it.
+    try:
+        module = cls._from_config(config, attn_implementation="sdpa")
+    except (ValueError, ImportError):
+        module = cls._from_config(config)
+    main = getattr(cls, "main_input_name", "input_ids")
+    if inp.kind == "default":
+        if main == "input_features":
+            inp = InputSpec("tensor", (getattr(config, "num_mel_bins", 80), 2 * getattr(config, "max_source_positions", 1500)))
+        elif main == "pixel_values":
+            size = getattr(config, "image_size", 224)
+            inp = InputSpec("image", (getattr(config, "num_channels", 3), size, size))
+        else:
+            n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+            inp = InputSpec("tokens", (min(int(n), 2048),))
+    if main == "input_ids" and inp.kind != "tokens":
+        raise WorkloadError(f"{cls_name} reads token ids, but the input is {inp}", "give --input seqN, e.g. --input seq512")
+    return BuiltModel(module, "hf", inp, hf_main_input=main,
+                      hf_is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)))
+
+
+def _mlp(text: str, inp: InputSpec) -> BuiltModel:
+    try:
+        layers = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"mlp layer list is not valid JSON: {e}", 'e.g. mlp:[["Linear",784,256],["ReLU"],["Linear",256,10]]') from None
+    if isinstance(layers, dict):
+        layers = layers.get("sequential", [])
+    if not isinstance(layers, list) or not layers:
+        raise WorkloadError("mlp: expects a non-empty JSON list of layers", 'e.g. mlp:[["Linear",784,10]]')
+    mods = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, list) or not layer or layer[0] not in MLP_LAYERS:
+            raise WorkloadError(f"mlp layer {i} {layer!r} is not one of {', '.join(sorted(MLP_LAYERS))}",
+                                'write each layer as ["Name", args...]')
+        mods.append(getattr(nn, layer[0])(*layer[1:]))
+    module = nn.Sequential(*mods)
+    linears = [m for m in mods if isinstance(m, nn.Linear)]
+    if inp.kind == "default":
+        if not linears:
+            raise WorkloadError("mlp without a Linear layer needs --input", "give --input N (features)")
+        inp = InputSpec("tensor", (linears[0].in_features,))
+    return BuiltModel(module, "mlp", inp, num_classes=linears[-1].out_features if linears else None)
+
+
+def _user(target: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
+    where, _, fn_name = target.rpartition(":")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = os.path.abspath(where)
+            if not os.path.isfile(path):
+                raise WorkloadError(f"model file {where!r} does not exist", "give the path of a Python file and a factory: path/to/model.py:build")
+            mod_name = f"_vest_user_{abs(hash(path))}"
+            spec_ = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec_)
+            sys.modules[mod_name] = module
+            spec_.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except WorkloadError:
+        raise
+    except Exception as e:  # user code: any failure is the user's to fix, report it plainly
+        raise WorkloadError(f"importing {where!r} failed: {type(e).__name__}: {e}", "fix the module so that it imports, or check the path") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise WorkloadError(f"{where!r} has no callable {fn_name!r}", f"define def {fn_name}(**kwargs) returning an nn.Module")
+    try:
+        model = fn(**kwargs)
+    except Exception as e:
+        raise WorkloadError(f"model factory {target} raised {type(e).__name__}: {e}", "fix the factory; it is called on the meta device, with no data") from None
+    if not isinstance(model, nn.Module):
+        raise WorkloadError(f"model factory {target} returned {type(model).__name__}, not an nn.Module", "return the model (an nn.Module)")
+    if inp.kind == "default":
+        raise WorkloadError(f"user model {target} needs an input shape", "give --input, e.g. --input 3x224x224 or tensor:16x80")
+    return BuiltModel(model, "user", inp)

@@ -1,0 +1,295 @@
+"""Trace a training step on the CPU with fake CUDA tensors: the AllocTrace a GPU run would make.
+
+``trace_training(spec)`` builds the model on the meta device, gives its parameters fake CUDA
+storage, and runs ``spec.steps`` iterations of the loop a training script runs:
+
+    for batch in loader:                      # previous batch freed, new one copied to the GPU
+        out = model(x); loss = loss_fn(out, y)   # under autocast for AMP; the previous
+                                                 # iteration's out/loss are dropped after this
+        (loss * scale).backward()               # GradScaler for amp-fp16
+        optimizer.step()                        # unscale first for amp-fp16
+        optimizer.zero_grad(set_to_none=True)   # the torch >= 2.0 default
+
+Every storage allocation and free is recorded with its phase, category and module
+(see vest_slurm/_fakecuda.py for how fake CUDA works and its known limitations).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from . import _fakecuda as fc
+from .errors import EstimateError
+from .models import BuiltModel, build_model
+from .trace import AllocEvent, AllocTrace
+from .workload import WorkloadSpec
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class _Block:
+    index: int          # position of the alloc event
+    phase: str
+    category: str
+    module: str
+    iteration: int
+
+
+@dataclass
+class _State:
+    phase: str = "setup"
+    category: str | None = None    # forced category (parameter, input, optimizer_state)
+    iteration: int = 0
+    module_stack: list = field(default_factory=list)
+    events: list = field(default_factory=list)   # [action, block, size, phase, category, module]
+    blocks: dict = field(default_factory=dict)    # block -> _Block
+    freed_in: dict = field(default_factory=dict)  # block -> phase of its free
+    blas_seen: bool = False
+    next_ws: int = -1
+
+
+class Tracer:
+    """Owns the trace state; the fake-CUDA mode only calls back into it."""
+
+    def __init__(self, capability: tuple[int, int] = (8, 0)):
+        self.s = _State()
+        self.capability = capability
+        self.recorder = fc.Recorder(on_alloc=self._alloc, on_free=self._free, on_op=self._op)
+
+    # -- callbacks from the dispatch mode
+    def _alloc(self, block: int, nbytes: int, storage) -> None:
+        s = self.s
+        module = s.module_stack[-1] if s.module_stack else ""
+        phase = s.phase
+        if fc.current_autograd_node() is not None:
+            phase = "backward"
+        s.blocks[block] = _Block(len(s.events), phase, s.category or "", module, s.iteration)
+        s.events.append(["alloc", block, nbytes, phase, s.category or "", module])
+
+    def _free(self, block: int) -> None:
+        s = self.s
+        phase = "backward" if fc.current_autograd_node() is not None else s.phase
+        s.freed_in[block] = phase
+        info = s.blocks.get(block)
+        s.events.append(["free", block, info and s.events[info.index][2] or 0, phase, "", ""])
+
+    def _op(self, func, args) -> None:
+        s = self.s
+        if not s.blas_seen and func in fc.BLAS_OPS:
+            # First cuBLAS call on the stream: the handle's workspace comes from the caching
+            # allocator and stays (CUDABlas.cpp getCurrentCUDABlasHandle / cublasSetWorkspace).
+            s.blas_seen = True
+            self._workspace("cublas", persistent=True)
+
+    def _workspace(self, name: str, persistent: bool) -> None:
+        s = self.s
+        block = s.next_ws
+        s.next_ws -= 1
+        s.blocks[block] = _Block(len(s.events), s.phase, "workspace", name, s.iteration)
+        s.events.append(["alloc", block, 0, s.phase, "workspace", name])
+        if not persistent:
+            s.events.append(["free", block, 0, s.phase, "", ""])
+
+    # -- helpers used by the loop
+    def block_of(self, t: torch.Tensor) -> int | None:
+        """The live block behind a fake CUDA tensor (None for anything else)."""
+        if not fc._is_fake_cuda(t):
+            return None
+        return self.recorder.live_block(t)
+
+    def mark(self, tensors, category: str) -> None:
+        for t in tensors:
+            b = self.block_of(t)
+            if b is not None and b in self.s.blocks:
+                self.s.blocks[b].category = category
+
+    def finish(self, iterations: int, notes=()) -> AllocTrace:
+        s = self.s
+        out = []
+        for action, block, size, phase, _cat, module in s.events:
+            info = s.blocks.get(block)
+            if action == "alloc":
+                cat = info.category or self._lifetime_category(block, info)
+                out.append(AllocEvent("alloc", block, size, 0, phase, cat, module))
+            else:
+                out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
+        return AllocTrace(tuple(out), iterations, tuple(notes))
+
+    def _lifetime_category(self, block: int, info: _Block) -> str:
+        freed = self.s.freed_in.get(block)
+        if info.phase == "forward":
+            return "temporary" if freed == "forward" else "activation"
+        if info.phase == "setup":
+            return "other"
+        return "temporary"
+
+
+def _module_hooks(tracer: Tracer, model: nn.Module):
+    names = {m: n for n, m in model.named_modules()}
+
+    def pre(mod, _inp):
+        tracer.s.module_stack.append(names.get(mod, type(mod).__name__) or type(mod).__name__)
+
+    def post(mod, _inp, _out):
+        if tracer.s.module_stack:
+            tracer.s.module_stack.pop()
+
+    return [m.register_forward_pre_hook(pre) for m in model.modules()] + \
+           [m.register_forward_hook(post) for m in model.modules()]
+
+
+def make_optimizer(spec: WorkloadSpec, params):
+    impl = {"auto": {"foreach": True}, "foreach": {"foreach": True}, "fused": {"fused": True},
+            "for-loop": {"foreach": False}}[spec.optimizer_impl]
+    # "auto": on CUDA tensors PyTorch's _default_to_fused_or_foreach picks foreach (fused stays
+    # opt-in); fake tensors would defeat that check, so the choice is made explicitly here.
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=0.01, **impl)
+    if spec.optimizer == "sgd-momentum":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl)
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-3, **impl)
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **impl)
+
+
+def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype):
+    """A batch as the data loader would put it on the GPU; returns (forward kwargs or args, target)."""
+    b = spec.batch_size
+    dev = fc.DEVICE
+    inp = built.input
+    if built.family == "hf":
+        if built.hf_main_input == "input_ids":
+            ids = torch.empty((b, inp.shape[0]), dtype=torch.long, device=dev)
+            labels = torch.empty((b, inp.shape[0]), dtype=torch.long, device=dev)
+            return {"input_ids": ids, "labels": labels}, None
+        feats = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)
+        kwargs = {built.hf_main_input: feats}
+        if built.hf_is_encoder_decoder:
+            dec = int(spec.model_kwargs.get("decoder_seq", 448 if built.hf_main_input == "input_features" else 128))
+            kwargs["labels"] = torch.empty((b, dec), dtype=torch.long, device=dev)
+        return kwargs, None
+    fmt = torch.channels_last if (spec.channels_last and len(inp.shape) == 3) else torch.contiguous_format
+    x = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev, memory_format=fmt)
+    return x, "target"
+
+
+def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind):
+    if built.family == "hf" or spec.loss == "model":
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            raise EstimateError(f"{spec.model} returned no loss", "use --loss cross-entropy or a model class with a head that computes a loss (e.g. ...ForMaskedLM)")
+        return loss
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+    if not outs:
+        raise EstimateError(f"{spec.model} returned no tensor", "make the model's forward return its output tensor")
+    mode = spec.loss
+    if mode == "auto":
+        mode = "cross-entropy" if (outs[0].dim() == 2 and outs[0].is_floating_point()) else "mse"
+    total = None
+    for i, o in enumerate(outs):
+        if mode == "cross-entropy":
+            if o.dim() < 2:
+                raise EstimateError(f"cross-entropy needs class scores [batch, classes], the model gave {tuple(o.shape)}", "use --loss mse")
+            target = torch.empty((o.shape[0],) + tuple(o.shape[2:]), dtype=torch.long, device=fc.DEVICE)
+            part = nn.functional.cross_entropy(o, target)
+        else:
+            target = torch.empty(o.shape, dtype=o.dtype, device=fc.DEVICE)
+            part = nn.functional.mse_loss(o, target)
+        part = part if i == 0 else part * 0.4   # auxiliary heads (inception, googlenet), as in the reference recipes
+        total = part if total is None else total + part
+    return total
+
+
+def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
+    """Trace ``spec.steps`` training iterations. Raises EstimateError with the cause on failure."""
+    t0 = time.perf_counter()
+    built = build_model(spec)
+    tracer = Tracer(capability)
+    weight_dtype = _DTYPES[spec.weight_dtype]
+    amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
+    mode = fc.FakeCudaMode(tracer.recorder, sdp_choice=fc.gpu_sdp_choice(capability))
+    model = built.module
+    try:
+        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode:
+            tracer.s.category = "parameter"
+            fc.materialize(model, weight_dtype, spec.channels_last)
+            tracer.s.category = None
+            model.train()
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = make_optimizer(spec, params)
+            hooks = _module_hooks(tracer, model)
+            scale = None
+            if spec.precision == "amp-fp16":
+                tracer.s.category = "other"
+                scale = torch.full((), 65536.0, dtype=torch.float32, device=fc.DEVICE)
+                tracer.s.category = None
+            keep = None
+            batch = None
+            for it in range(spec.steps):
+                tracer.s.iteration = it
+                for micro in range(spec.grad_accum):
+                    tracer.s.phase = "setup"
+                    batch = None   # the loader's next batch replaces the previous one
+                    tracer.s.category = "input"
+                    batch, target_kind = _make_batch(built, spec, weight_dtype)
+                    tracer.s.category = None
+                    tracer.s.phase = "forward"
+                    ctx = torch.autocast("cuda", dtype=amp) if amp is not None else _null()
+                    with ctx:
+                        out = model(**batch) if isinstance(batch, dict) else model(batch)
+                        loss = _loss(spec, built, out, target_kind)
+                        if spec.grad_accum > 1:
+                            loss = loss / spec.grad_accum
+                    keep = None   # the previous iteration's outputs are dropped when rebound
+                    tracer.s.phase = "backward"
+                    (loss * scale if scale is not None else loss).backward()
+                    tracer.s.phase = "other"
+                    keep = (out, loss)
+                    del out, loss
+                tracer.mark([p.grad for p in params if p.grad is not None], "gradient")
+                tracer.s.phase = "optimizer"
+                if scale is not None:
+                    grads = [p.grad for p in params if p.grad is not None]
+                    inv = scale.double().reciprocal().float()
+                    torch._foreach_mul_(grads, inv)   # GradScaler.unscale_ (in place)
+                    del inv, grads
+                opt.step()
+                tracer.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
+                            "optimizer_state")
+                tracer.s.phase = "zero_grad"
+                opt.zero_grad(set_to_none=True)
+            tracer.s.phase = "other"
+            for h in hooks:
+                h.remove()
+            del keep, batch
+    except EstimateError:
+        raise
+    except torch._subclasses.fake_tensor.DataDependentOutputException as e:
+        raise EstimateError(f"{spec.model}: the model's shapes depend on the data ({e})",
+                            "the estimator cannot trace data-dependent control flow; describe a model without it or use the dynamic mode") from None
+    except torch._subclasses.fake_tensor.UnsupportedOperatorException as e:
+        raise EstimateError(f"{spec.model}: operator {e.func} cannot run on fake tensors",
+                            "report it; meanwhile estimate a similar model without that operator") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, NotImplementedError, AssertionError) as e:
+        if __import__("os").environ.get("VEST_DEBUG"):
+            raise
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EstimateError(f"tracing {spec.model} failed: {type(e).__name__}: {msg}",
+                            "check that --input matches the model (shape, channels, sequence length) and --loss fits its output") from None
+    notes = (f"traced in {time.perf_counter() - t0:.2f} s",)
+    return tracer.finish(spec.steps, notes)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
