@@ -85,6 +85,9 @@ class Tracer:
             # allocator and stays (CUDABlas.cpp getCurrentCUDABlasHandle / cublasSetWorkspace).
             s.blas_seen = True
             self._workspace("cublas", persistent=True)
+        if func in fc.CONV_OPS:
+            # cuDNN takes a transient workspace per convolution; its size is the GPU's (estimator).
+            self._workspace("cudnn", persistent=False)
 
     def _workspace(self, name: str, persistent: bool) -> None:
         s = self.s

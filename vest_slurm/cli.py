@@ -1,0 +1,98 @@
+"""`vest`: estimate a training job's GPU memory, check where a job script fits, run the bridge.
+
+Only this entry point (and vsbatch's) turns the tool's own exceptions into a message and an exit
+code; everything below raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .errors import EXIT_BAD_INPUT, VestError
+from .workload import add_workload_arguments, spec_from_namespace
+
+EXIT_INTERNAL = 70   # a bug in vest-slurm (EX_SOFTWARE)
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise VestError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
+def _add_estimate(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate peak GPU memory of a training workload",
+                       description="Estimate a training job's peak GPU memory on the CPU, per GPU type.")
+    add_workload_arguments(p, required=False)
+    p.add_argument("--gpu", action="append", default=[], metavar="TYPE",
+                   help="GPU type (repeatable), e.g. a100-40gb, h100-80gb; default: every built-in type")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ... (dynamic analysis)")
+    p.set_defaults(func=cmd_estimate)
+
+
+def cmd_estimate(ns) -> int:
+    from .estimator import estimate
+    from .profiles import PROFILES, get_profile
+    from .report import estimate_json, estimate_table
+
+    if ns.command and ns.command[0] == "--":
+        ns.command = ns.command[1:]
+    if ns.command:
+        raise VestError("estimating a training command needs the dynamic analysis, which is not built yet",
+                        "describe the workload with --model/--batch-size/... instead")
+    spec = spec_from_namespace(ns)
+    profiles = [get_profile(g) for g in ns.gpu] if ns.gpu else list(PROFILES.values())
+    t0 = time.perf_counter()
+    estimates = estimate(spec, profiles)
+    seconds = time.perf_counter() - t0
+    print(estimate_json(spec, estimates, seconds) if ns.json else estimate_table(spec, estimates), end="" if not ns.json else "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _ArgParser(prog="vest", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"vest-slurm {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_ArgParser)
+    _add_estimate(sub)
+    for hook in _EXTRA_COMMANDS:
+        hook(sub)
+    return p
+
+
+# Other modules add subcommands here (check, bridge, calibrate) without cli.py importing them eagerly.
+_EXTRA_COMMANDS: list = []
+
+
+def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    parser = parser or build_parser()
+    try:
+        ns = parser.parse_args(argv)
+        if not getattr(ns, "func", None):
+            parser.print_help(sys.stderr)
+            return EXIT_BAD_INPUT
+        return ns.func(ns)
+    except VestError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: say so plainly, keep the traceback for VEST_DEBUG=1
+        if os.environ.get("VEST_DEBUG"):
+            raise
+        print(f"{parser.prog}: internal error: {type(e).__name__}: {e}\n"
+              f"  fix: this is a bug in vest-slurm; rerun with VEST_DEBUG=1 and report the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""From a WorkloadSpec to a MemoryEstimate per GPU type: trace, replay, add what lives outside.
+
+    trace_training(spec)                       (tracing.py: fake CUDA on the CPU)
+      -> workspace sizes of this GPU type     (cuBLAS workspace per profile)
+      -> replay(...)                          (allocator.py: the caching allocator)
+      -> + CUDA context, cuDNN, NCCL          (profiles.py)
+      = peak     what nvidia-smi shows on this GPU type
+      = required the smallest device memory at which the job runs (flush-and-retry; the
+                 libraries' transient workspaces shrunk to what fits)
+
+Multi-GPU data parallel jobs are estimated per GPU: the batch is per GPU; DDP adds its gradient
+buckets (one flat copy of the gradients, torch DistributedDataParallel's default
+gradient_as_bucket_view=False) and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from .allocator import min_capacity_bytes, replay
+from .allocator_config import parse_alloc_conf
+from .estimate import MemoryEstimate
+from .profiles import DeviceProfile
+from .trace import AllocEvent, AllocTrace
+from .units import MiB
+from .workload import WorkloadSpec
+
+# NCCL's buffers per communicator for a ring all-reduce: per channel, a send and a receive buffer
+# for each protocol (SIMPLE NCCL_BUFFSIZE 4 MiB, LL128 ~4.6 MiB, LL 256 KiB), ~9 MiB per peer
+# direction; NCCL opens 16 channels or more on NVLink/NVSwitch nodes: 2 x 16 x 9 MiB ~ 288 MiB.
+NCCL_BYTES = 288 * MiB
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    trace: AllocTrace
+    seconds: float
+    uses_cudnn: bool
+    live_peak_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+
+
+def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
+    # parameter / optimizer-state bytes: alive at the end; gradient: the largest set alive at once.
+    live: dict[int, AllocEvent] = {}
+    grad_live = grad_max = 0
+    for e in trace.events:
+        if e.action == "alloc":
+            live[e.block] = e
+            if e.category == "gradient":
+                grad_live += e.size_bytes
+                grad_max = max(grad_max, grad_live)
+        else:
+            a = live.pop(e.block, None)
+            if a is not None and a.category == "gradient":
+                grad_live -= a.size_bytes
+    params = sum(e.size_bytes for e in live.values() if e.category == "parameter")
+    states = sum(e.size_bytes for e in live.values() if e.category == "optimizer_state")
+    uses_cudnn = any(e.module == "cudnn" for e in trace.events if e.category == "workspace")
+    return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states)
+
+
+def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary,
+                transient_workspaces: bool) -> list[AllocEvent]:
+    """The trace with this GPU type's workspace sizes, and DDP's buckets for multi-GPU jobs."""
+    ddp = spec.num_gpus > 1 and spec.parallelism == "ddp"
+    last_param = max((i for i, e in enumerate(trace.events) if e.category == "parameter"), default=-1) if ddp else -1
+    out: list[AllocEvent] = []
+    for i, e in enumerate(trace.events):
+        if e.category == "workspace" and e.action == "alloc":
+            size = profile.cublas_workspace_bytes if e.module == "cublas" else (e.size_bytes if transient_workspaces else 0)
+            e = replace(e, size_bytes=size)
+        out.append(e)
+        if i == last_param:
+            # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
+            out.append(AllocEvent("alloc", -10_000_000, summary.param_bytes, 0, "setup", "gradient", "ddp_buckets"))
+    return out
+
+
+def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
+    from .tracing import trace_training   # torch is imported only when an estimate is made
+
+    t0 = time.perf_counter()
+    trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
+    return summarize(trace, time.perf_counter() - t0)
+
+
+def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+    config = parse_alloc_conf(spec.alloc_conf)
+    events = _events_for(summary.trace, profile, spec, summary, transient_workspaces=True)
+    result = replay(events, config)
+    lean = _events_for(summary.trace, profile, spec, summary, transient_workspaces=False)
+    need = min_capacity_bytes(lean, config)
+    outside = profile.context_mib * MiB
+    parts = [("cuda_context", outside)]
+    if summary.uses_cudnn:
+        parts.append(("cudnn", profile.cudnn_mib * MiB))
+    if spec.num_gpus > 1 and spec.parallelism in ("ddp", "dp"):
+        parts.append(("nccl", NCCL_BYTES))
+    fixed = sum(v for _, v in parts)
+    breakdown = tuple(parts) + (
+        ("parameters", summary.param_bytes),
+        ("gradients", summary.grad_bytes),
+        ("optimizer_state", summary.optimizer_state_bytes),
+        ("live_tensor_peak", summary.live_peak_bytes),
+        ("allocator_peak_allocated", result.peak_allocated_bytes),
+        ("allocator_peak_reserved", result.peak_reserved_bytes),
+        ("allocator_required", need),
+    )
+    return MemoryEstimate(
+        gpu=profile.key,
+        capacity_bytes=profile.usable_bytes,
+        required_bytes=fixed + need,
+        peak_bytes=fixed + result.peak_reserved_bytes,
+        breakdown=breakdown,
+    )
+
+
+def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile]) -> list[MemoryEstimate]:
+    """One MemoryEstimate per profile. The trace is shared between GPU types of the same class
+    (what the trace can depend on: flash attention and bf16 need sm80+)."""
+    traces: dict[bool, TraceSummary] = {}
+    out = []
+    for p in profiles:
+        cls = p.capability >= (8, 0)
+        if cls not in traces:
+            traces[cls] = trace_for(spec, p)
+        out.append(estimate_from_trace(traces[cls], spec, p))
+    return out

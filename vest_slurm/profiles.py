@@ -1,0 +1,113 @@
+"""Device profiles: what a GPU type and its software stack add to the caching allocator's memory.
+
+Memory a training process holds on a GPU, as nvidia-smi reports it, is
+    CUDA context  +  library kernels loaded into it  +  caching-allocator reserved memory
+where the allocator's memory holds the tensors, cuBLAS workspaces and cuDNN workspaces (PyTorch
+allocates both through the caching allocator). The first two live outside the allocator and depend on
+the GPU (SM count, architecture) and the stack (driver, CUDA, lazy module loading, cuDNN version),
+not on the model. A site measures them once per GPU type with `vest calibrate` and overrides the
+defaults here in its site config.
+
+Where the defaults come from (MiB; see README "Accuracy" for the measurement):
+- ``total_mib``: nvidia-smi's memory.total for the board (the ground-truth README lists A100-40GB
+  40960, H100 80GB HBM3 81559, H200 143771, L40S 46068; the others from NVIDIA's spec sheets as
+  nvidia-smi prints them).
+- ``reserved_mib``: memory the driver keeps that no process can allocate even on an idle GPU
+  (ECC and driver reservations: about 0.5-1.5 % of the board; cudaMemGetInfo's free on an idle
+  GPU falls short of the total by this much).
+- ``context_mib``: the CUDA context of a PyTorch process with lazy module loading
+  (CUDA >= 11.7, the default since torch 1.13) after its first cuBLAS call: driver context, the
+  per-thread local-memory reservation (SMs x max resident threads x default 1 KiB stack), and the
+  cuBLAS/torch kernels loaded. Set from the floor of small-job measurements on that GPU type
+  (`vest calibrate`; README "Accuracy").
+- ``cudnn_mib``: what loading cuDNN's handle and convolution kernels adds for jobs that convolve.
+- ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per handle and stream
+  (CUDABlas.cpp getChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB = 8.125 MiB
+  before Hopper, ``:4096:8`` = 32 MiB on sm90 and later. It is allocated through the caching
+  allocator at the first matmul and kept for the life of the handle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import WorkloadError
+from .units import KiB, MiB
+
+_WS_PRE_HOPPER = 2 * 4096 * KiB + 8 * 16 * KiB   # CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8
+_WS_HOPPER = 8 * 4096 * KiB                        # default on sm90+: :4096:8
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    key: str                 # e.g. "a100-40gb"
+    name: str                # nvidia-smi name
+    total_mib: int
+    capability: tuple[int, int]
+    sm_count: int
+    reserved_mib: int
+    context_mib: int
+    cudnn_mib: int
+    cublas_workspace_bytes: int
+    vendor: str = "nvidia"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total_mib * MiB
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a process can have in total (context included) before CUDA OOM."""
+        return (self.total_mib - self.reserved_mib) * MiB
+
+    def with_overrides(self, **kw) -> "DeviceProfile":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
+    ws = _WS_HOPPER if cap >= (9, 0) else _WS_PRE_HOPPER
+    return DeviceProfile(key, name, total, cap, sms, reserved if reserved is not None else round(total * 0.01),
+                         context, cudnn, ws)
+
+
+# context_mib / cudnn_mib: see the module docstring and README "Accuracy" (calibrated floors).
+PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
+    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 420, 180),
+    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 420, 180),
+    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 440, 190),
+    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 440, 190),
+    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 520, 220),
+    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 520, 220),
+    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 480, 200),
+    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 400, 170),
+    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 380, 160),
+)}
+
+ALIASES = {
+    "v100": "v100-32gb", "a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb",
+    "l40s": "l40s-48gb", "a10": "a10-24gb", "l4": "l4-24gb", "a100-40": "a100-40gb",
+    "a100-80": "a100-80gb", "h100-80": "h100-80gb",
+}
+
+
+def get_profile(key: str) -> DeviceProfile:
+    k = key.strip().lower()
+    k = ALIASES.get(k, k)
+    if k not in PROFILES:
+        raise WorkloadError(f"unknown GPU type {key!r}", f"use one of: {', '.join(PROFILES)}")
+    return PROFILES[k]
+
+
+def profile_for_device_name(name: str, total_mib: int | None = None) -> DeviceProfile | None:
+    """The built-in profile for an nvidia-smi device name (ground-truth rows, calibration)."""
+    n = name.lower()
+    table = (("h200", "h200-141gb"), ("h100", "h100-80gb"), ("l40s", "l40s-48gb"), ("a10", "a10-24gb"),
+             ("l4", "l4-24gb"))
+    if "a100" in n:
+        return PROFILES["a100-80gb" if (total_mib or 0) > 50000 or "80gb" in n else "a100-40gb"]
+    if "v100" in n:
+        return PROFILES["v100-32gb" if (total_mib or 0) > 20000 or "32gb" in n else "v100-16gb"]
+    for needle, key in table:
+        if needle in n and not (needle == "a10" and "a100" in n):
+            return PROFILES[key]
+    return None

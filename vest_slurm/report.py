@@ -1,0 +1,67 @@
+"""Text and JSON renderings of estimates. The only place that formats MiB/GiB."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from tabulate import tabulate
+
+from . import __version__
+from .estimate import MemoryEstimate
+from .units import MiB
+from .workload import WorkloadSpec
+
+_BREAKDOWN_LABELS = {
+    "cuda_context": "CUDA context + kernels (outside the allocator)",
+    "cudnn": "cuDNN handle + kernels (outside the allocator)",
+    "nccl": "NCCL buffers (outside the allocator)",
+    "parameters": "parameters",
+    "gradients": "gradients (largest set alive)",
+    "optimizer_state": "optimizer state",
+    "live_tensor_peak": "live-tensor peak (tensors alone)",
+    "allocator_peak_allocated": "allocator peak allocated (rounded blocks)",
+    "allocator_peak_reserved": "allocator peak reserved (segments)",
+    "allocator_required": "allocator need after flush-and-retry",
+}
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:,.0f}"
+
+
+def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> str:
+    head = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
+            f"{spec.precision}{'  channels_last' if spec.channels_last else ''}"
+            f"{f'  {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''}")
+    rows = [[e.gpu, _mib(e.capacity_bytes), _mib(e.required_bytes), _mib(e.peak_bytes),
+             f"{100 * e.headroom_bytes() / e.capacity_bytes:+.0f}%", "yes" if e.fits else "NO"] for e in estimates]
+    table = tabulate(rows, headers=["GPU", "usable MiB", "required MiB", "peak MiB (nvidia-smi)", "headroom", "fits"],
+                     tablefmt="simple", disable_numparse=True, colalign=("left", "right", "right", "right", "right", "left"))
+    first = estimates[0]
+    brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
+    breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
+                         disable_numparse=True, colalign=("left", "right"))
+    return f"{head}\n\n{table}\n\n{breakdown}\n"
+
+
+def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None) -> str:
+    doc = {
+        "tool": "vest-slurm",
+        "version": __version__,
+        "workload": spec.to_dict(),
+        "estimates": [
+            {
+                "gpu": e.gpu,
+                "capacity_mib": round(e.capacity_bytes / MiB, 1),
+                "peak_mib": round(e.peak_bytes / MiB, 1),
+                "required_mib": round(e.required_bytes / MiB, 1),
+                "fits": e.fits,
+                "breakdown": {k: round(v / MiB, 1) for k, v in e.breakdown},
+            }
+            for e in estimates
+        ],
+    }
+    if seconds is not None:
+        doc["seconds"] = round(seconds, 3)
+    return json.dumps(doc, indent=2)
