@@ -32,6 +32,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from pathlib import Path
 from vest_slurm.errors import SlurmError
 
 DEFAULT_TIMEOUT_S = 5.0
+SLOW_PROBE_S = 0.5       # a healthy 22.05 controller answers sinfo/scontrol in 10-30 ms
 TIMEOUT_ENV = "VEST_SLURM_TIMEOUT_S"
 INSTALL_HINT = ("install the Slurm client tools (Debian: apt-get install slurm-client) and make sure "
                 "they are on PATH")
@@ -84,11 +86,15 @@ def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, time
     if shutil.which(prog, path=run_env.get("PATH")) is None and shutil.which(prog) is None:
         raise SlurmError(f"{prog} is not installed or not on PATH", INSTALL_HINT)
     try:
-        proc = subprocess.run(argv, env=run_env, input=input, capture_output=True, text=True,
-                              errors="replace", timeout=timeout_s,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        proc = _run_bounded(argv, run_env, input, timeout_s)
     except FileNotFoundError:
         raise SlurmError(f"{prog} is not installed or not on PATH", INSTALL_HINT) from None
+    except _ControllerDown as e:
+        raise SlurmError(
+            f"`{' '.join(argv[:3])}` could not reach the Slurm controller: {e}",
+            "check that slurmctld is running (`scontrol ping`, its log) and that SLURM_CONF points "
+            "at the right slurm.conf",
+        ) from None
     except subprocess.TimeoutExpired:
         raise SlurmError(
             f"`{' '.join(argv[:3])}` did not answer within {timeout_s:g} s: "
@@ -104,6 +110,35 @@ def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, time
             "at the right slurm.conf",
         )
     return proc
+
+
+class _ControllerDown(Exception):
+    pass
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], input: str | None,
+                 timeout_s: float) -> subprocess.CompletedProcess:
+    """subprocess.run with a timeout, plus one shortcut: a command still running after
+    SLOW_PROBE_S is usually retrying a dead controller (Slurm retries for about 9 s), so probe
+    the controller's port once; if nothing listens there, stop now instead of at the timeout.
+    The probe runs only on this slow path, so a healthy controller never sees it."""
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if input is not None else
+                         subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, errors="replace")
+    deadline = time.monotonic() + timeout_s
+    try:
+        try:
+            out, err = p.communicate(input, timeout=min(SLOW_PROBE_S, timeout_s))
+        except subprocess.TimeoutExpired:
+            state = describe_controller(env)
+            if "controller is down" in state:
+                raise _ControllerDown(state) from None
+            out, err = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
 def _first_line(text: str) -> str:

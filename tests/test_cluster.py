@@ -1,0 +1,126 @@
+"""The cluster interface against a real Slurm (the session ``slurm`` fixture)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from vest_slurm.cluster import SlurmCLI, get_backend, reconcile, run_slurm
+from vest_slurm.errors import SlurmError
+from vest_slurm.testbed import SlurmTestbed
+
+pytestmark = pytest.mark.slurm
+
+
+def wait_for_state(cli: SlurmCLI, job_id: int, states: set[str], timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rec = cli.job(job_id)
+        if rec is not None and rec.state in states:
+            return rec
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} not in {states} after {timeout_s} s: {rec!r}")
+        time.sleep(0.1)
+
+
+def test_cluster_info_shows_three_gpu_partitions(slurm):
+    info = SlurmCLI(env=slurm.env).cluster_info()
+    by_name = {p.name: p for p in info.partitions}
+    assert set(by_name) == {"v100", "a100", "h100"}
+    for gtype in ("v100", "a100", "h100"):
+        p = by_name[gtype]
+        assert p.gpu_counts == {gtype: 4}
+        assert p.nodes == (f"{gtype}-node1",)
+        assert p.state == "UP"
+    assert info.default_partition.name == "v100"
+    assert info.gpu_types == {"v100", "a100", "h100"}
+    assert reconcile(info, {"v100", "a100", "h100"}, {"v100", "a100", "h100"}) == []
+    assert all(n.state == "idle" or n.state == "mixed" for n in info.nodes)
+
+
+def test_gpu_job_runs_to_completed_on_a100_and_sees_its_gpu(slurm, tmp_path):
+    cli = SlurmCLI(env=slurm.env)
+    out = tmp_path / "out-%j.txt"
+    script = "#!/bin/bash\necho CVD=$CUDA_VISIBLE_DEVICES JOBGPUS=$SLURM_JOB_GPUS\n"
+    job_id, stdout, stderr, rc = cli.submit(
+        ["--gres=gpu:a100:1", "-p", "a100", "-o", str(out), "-J", "vest test job"], input=script)
+    assert rc == 0, stderr
+    assert job_id is not None and f"Submitted batch job {job_id}" in stdout
+    assert job_id in cli.queue_ids()
+    rec = wait_for_state(cli, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"})
+    assert rec.state == "COMPLETED", dict(rec)
+    assert rec.node_list == "a100-node1"
+    assert rec.partition == "a100"
+    assert rec.name == "vest test job"
+    assert rec.gpu_counts == {"a100": 1}
+    text = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert "CVD=0" in text, text
+
+
+def test_sbatch_refusal_is_returned_not_raised(slurm):
+    cli = SlurmCLI(env=slurm.env)
+    before = cli.queue_ids()
+    job_id, stdout, stderr, rc = cli.submit(["-p", "nosuch", "--wrap", "true"])
+    assert (job_id, rc) == (None, 1)
+    assert "invalid partition" in stderr.lower()
+    assert cli.queue_ids() == before
+
+
+def test_job_that_does_not_exist_is_none(slurm):
+    assert SlurmCLI(env=slurm.env).job(987654) is None
+
+
+def test_backend_is_cli_when_pyslurm_is_absent_or_mismatched(slurm):
+    backend, why = get_backend(env=slurm.env)
+    assert backend.name == "cli"
+    assert "command-line tools" in why
+
+    class FakePyslurm:  # a pyslurm built for another release
+        __version__ = "25.11.0"
+
+    backend, why = get_backend(env=slurm.env, pyslurm_module=FakePyslurm)
+    assert backend.name == "cli" and "25.11.0" in why and "22.05" in why
+
+
+def test_calls_are_fast(slurm):
+    cli = SlurmCLI(env=slurm.env)
+    cli.cluster_info()  # warm
+    t0 = time.perf_counter()
+    for _ in range(5):
+        cli.cluster_info()
+    per_call = (time.perf_counter() - t0) / 5
+    assert per_call < 0.3, f"cluster_info took {per_call:.3f} s"
+
+
+def test_dead_controller_gives_slurm_error_within_timeout(slurm, tmp_path):
+    # A second testbed, stopped: its slurm.conf names a port where nothing listens any more.
+    dead = SlurmTestbed(tmp_path / "dead")
+    dead.write_config()
+    cli = SlurmCLI(env=dead.env, timeout_s=1.5)
+    for call in (cli.cluster_info, cli.queue_ids, lambda: cli.submit(["--wrap", "true"])):
+        t0 = time.monotonic()
+        with pytest.raises(SlurmError) as e:
+            call()
+        elapsed = time.monotonic() - t0
+        assert elapsed < 3.0, f"{call} took {elapsed:.1f} s"
+        assert "controller" in str(e.value)
+        assert "nothing answers" in e.value.what
+        assert e.value.fix and "slurmctld" in e.value.fix
+
+
+def test_missing_binary_is_a_slurm_error(slurm):
+    env = dict(slurm.env, PATH="/nonexistent")
+    with pytest.raises(SlurmError) as e:
+        run_slurm(["sinfo-does-not-exist"], env=env, timeout_s=1)
+    assert "not installed" in e.value.what
+
+
+def test_timeout_is_a_slurm_error(slurm):
+    sleep = shutil.which("sleep")
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError) as e:
+        run_slurm([sleep, "10"], env=slurm.env, timeout_s=0.5)
+    assert time.monotonic() - t0 < 2
+    assert "did not answer within 0.5 s" in e.value.what
