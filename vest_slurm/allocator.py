@@ -141,23 +141,33 @@ class _Pool:
     """BlockPool: free mapped blocks ordered like BlockComparatorSize (stream, size, address) and
     unmapped expandable ranges ordered like BlockComparatorAddress (stream, address)."""
 
-    __slots__ = ("is_small", "blocks", "unmapped", "free_calls")
+    __slots__ = ("is_small", "blocks", "unmapped", "free_calls", "whole")
 
     def __init__(self, is_small: bool):
         self.is_small = is_small
         self.blocks: list[tuple[int, int, int, _Block]] = []
         self.unmapped: list[tuple[int, int, _Block]] = []
         self.free_calls = 0  # get_free_blocks_call_count: the clock of garbage-collection ages
+        # Cached blocks that are a whole (unsplit, cudaMalloc'd) segment: what a flush can release.
+        # Kept apart so that a flush costs O(those) rather than O(every cached block).
+        self.whole: set[_Block] = set()
 
     def insert(self, b: _Block) -> None:  # insert_into_blocks
         b.gc_base = self.free_calls
         insort(self.blocks, (b.stream, b.size, b.addr, b))
+        if b.prev is None and b.next is None and not b.segment.expandable:
+            self.whole.add(b)
 
     def remove(self, b: _Block) -> None:
         blocks = self.blocks
         i = bisect_left(blocks, (b.stream, b.size, b.addr))
         assert i < len(blocks) and blocks[i][3] is b, "free block missing from its pool"
         del blocks[i]
+        self.whole.discard(b)
+
+    def whole_in_order(self) -> list[_Block]:
+        """The whole-segment cached blocks in pool order (stream, size, address)."""
+        return sorted(self.whole, key=lambda b: (b.stream, b.size, b.addr))
 
     def insert_unmapped(self, b: _Block) -> None:
         insort(self.unmapped, (b.stream, b.addr, b))
@@ -279,6 +289,8 @@ class CachingAllocator:
             self._try_merge_blocks(b, b.next, pool)
         b.gc_base = pool.free_calls
         insort(pool.blocks, (b.stream, b.size, b.addr, b))   # pool.insert, inlined: the hot path
+        if b.prev is None and b.next is None and not b.segment.expandable:
+            pool.whole.add(b)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): release every unsplit cached block (and unmap free pages)."""
@@ -306,6 +318,7 @@ class CachingAllocator:
         if size >= self._max_split and b.size >= size + self._non_split_rounding:
             return None                  # oversize blocks serve requests at most 20 MiB smaller
         del blocks[i]
+        pool.whole.discard(b)
         return b
 
     def _should_split(self, b: _Block, size: int) -> bool:
@@ -382,12 +395,9 @@ class CachingAllocator:
         return True
 
     def _release_blocks(self, pool: _Pool) -> None:
-        to_unmap = []
-        for _, _, _, b in list(pool.blocks):
-            if b.segment.expandable:
-                to_unmap.append(b)
-            elif not b.is_split():
-                self._release_block(b)
+        for b in pool.whole_in_order():          # unsplit, non-expandable cached blocks
+            self._release_block(b)
+        to_unmap = [b for _, _, _, b in pool.blocks if b.segment.expandable] if self._expandable else []
         for b in to_unmap:
             self._unmap_block(b)
             if not b.mapped and b.prev is None and b.next is None:   # the whole segment is unmapped
@@ -410,16 +420,16 @@ class CachingAllocator:
             return
         target = self.reserved_bytes - gc_threshold
         pool = self._large
-        ages = [pool.free_calls - b.gc_base for _, _, _, b in pool.blocks if not b.is_split()]
+        ages = [pool.free_calls - b.gc_base for b in pool.whole]
         total_age, count = sum(ages), len(ages)
         reclaimed = 0
         freed = True
         while reclaimed < target and freed and count > 0:
             age_threshold = total_age / count
             freed = False
-            for _, _, _, b in list(pool.blocks):
+            for b in pool.whole_in_order():
                 age = pool.free_calls - b.gc_base
-                if not b.is_split() and age >= age_threshold:
+                if age >= age_threshold:
                     freed = True
                     reclaimed += b.size
                     total_age -= age
@@ -559,6 +569,39 @@ class CachingAllocator:
         if self.record_events:
             self.events.append(TraceEntry(action, addr, size, stream))
 
+    def _clone(self, capacity_bytes: int | None) -> "CachingAllocator":
+        """A deep copy of the state with another capacity (min_capacity_bytes resumes from it).
+        Iterative: segments may hold thousands of linked blocks, too deep for copy.deepcopy."""
+        new = object.__new__(CachingAllocator)
+        new.__dict__.update(self.__dict__)
+        new.capacity_bytes = capacity_bytes
+        new.events = list(self.events)
+        new._small, new._large = _Pool(True), _Pool(False)
+        pools = {id(self._small): new._small, id(self._large): new._large}
+        segs = {id(sg): _Segment(sg.base, sg.size, sg.stream, pools[id(sg.pool)], sg.expandable, sg.page_bytes)
+                for sg in self._segments}
+        new._segments = set(segs.values())
+        old_blocks = list(self._live.values())
+        for p in (self._small, self._large):
+            old_blocks += [e[3] for e in p.blocks] + [e[2] for e in p.unmapped]
+        copies: dict[int, _Block] = {}
+        for b in old_blocks:
+            c = _Block(b.addr, b.size, b.stream, pools[id(b.pool)], segs[id(b.segment)], b.mapped)
+            c.allocated, c.requested, c.gc_base = b.allocated, b.requested, b.gc_base
+            copies[id(b)] = c
+        for b in old_blocks:
+            c = copies[id(b)]
+            c.prev = copies[id(b.prev)] if b.prev is not None else None
+            c.next = copies[id(b.next)] if b.next is not None else None
+        for old, p in ((self._small, new._small), (self._large, new._large)):
+            p.free_calls = old.free_calls
+            p.blocks = [(s, z, a, copies[id(b)]) for s, z, a, b in old.blocks]
+            p.unmapped = [(s, a, copies[id(b)]) for s, a, b in old.unmapped]
+            p.whole = {copies[id(b)] for b in old.whole}
+        new._live = {k: copies[id(b)] for k, b in self._live.items()}
+        new._zero_size = set(self._zero_size)
+        return new
+
     def check_invariants(self) -> None:
         """allocated + free-in-segments == reserved; a segment's blocks tile it exactly, linked in
         address order; no two free neighbours (same mapping state) left unmerged; pools consistent."""
@@ -574,6 +617,8 @@ class CachingAllocator:
                 assert (s, size, addr) == (b.stream, b.size, b.addr), f"stale pool key for block at {addr:#x}"
                 assert not b.allocated and b.mapped and b.pool is pool, f"bad free block at {addr:#x}"
                 free_total += b.size
+            expected_whole = {e[3] for e in pool.blocks if not e[3].is_split() and not e[3].segment.expandable}
+            assert pool.whole == expected_whole, "whole-segment index out of step with the pool"
             for s, addr, b in pool.unmapped:
                 assert (s, addr) == (b.stream, b.addr) and not b.mapped and not b.allocated
         all_blocks = live + [e[3] for p in (self._small, self._large) for e in p.blocks] + \
@@ -648,20 +693,20 @@ def _compile(events: Iterable[AllocEvent]) -> list[tuple[bool, int, int, int]]:
     return ops
 
 
-def _replay_ops(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConfig,
-                capacity_bytes: int | None, check: bool) -> ReplayResult:
-    a = CachingAllocator(config, capacity_bytes)
+def _run(a: CachingAllocator, ops: Sequence[tuple[bool, int, int, int]], start: int,
+         check: bool) -> tuple[OomPoint | None, int, int]:
+    """Apply ops[start:] to a; returns (oom, reserved at its first peak, reserved - allocated then)."""
     malloc, free = a.malloc, a.free
     best_reserved = -1
     frag_at_peak = 0
-    oom = None
-    for i, (is_alloc, block, size, stream) in enumerate(ops):
+    for i in range(start, len(ops)):
+        is_alloc, block, size, stream = ops[i]
         if is_alloc:
             try:
                 malloc(block, size, stream)
             except OutOfMemory as exc:
-                oom = OomPoint(i, exc.requested_bytes, exc.allocated_bytes, exc.reserved_bytes, capacity_bytes)
-                break
+                return (OomPoint(i, exc.requested_bytes, exc.allocated_bytes, exc.reserved_bytes, a.capacity_bytes),
+                        best_reserved, frag_at_peak)
             if a.reserved_bytes > best_reserved:
                 best_reserved = a.reserved_bytes
                 frag_at_peak = best_reserved - a.allocated_bytes
@@ -669,6 +714,13 @@ def _replay_ops(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConf
             free(block)
         if check:
             a.check_invariants()
+    return None, best_reserved, frag_at_peak
+
+
+def _replay_ops(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConfig,
+                capacity_bytes: int | None, check: bool) -> ReplayResult:
+    a = CachingAllocator(config, capacity_bytes)
+    oom, _, frag_at_peak = _run(a, ops, 0, check)
     return ReplayResult(
         peak_allocated_bytes=a.peak_allocated_bytes,
         peak_reserved_bytes=a.peak_reserved_bytes,
@@ -678,6 +730,24 @@ def _replay_ops(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConf
         num_alloc_retries=a.num_alloc_retries,
         oom=oom,
     )
+
+
+def _prefix_state(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConfig,
+                  below_bytes: int) -> tuple[CachingAllocator, int]:
+    """Uncapped state just before the first alloc that could take reserved above below_bytes.
+    Without a memory fraction, any capacity > below_bytes replays identically up to there (every
+    segment so far fit under below_bytes), so a capped run can resume from a copy of this state."""
+    a = CachingAllocator(config, None)
+    page = K_LARGE_BUFFER if config.expandable_segments else 0
+    for i, (is_alloc, block, size, stream) in enumerate(ops):
+        if is_alloc:
+            growth = get_allocation_size(round_size(size, config)) + page if size else 0   # most one malloc adds
+            if a.reserved_bytes + growth > below_bytes:
+                return a, i
+            a.malloc(block, size, stream)
+        else:
+            a.free(block)
+    return a, len(ops)
 
 
 def replay(events: Iterable[AllocEvent], config: AllocatorConfig = AllocatorConfig(),
@@ -718,13 +788,21 @@ def min_capacity_bytes(events: Sequence[AllocEvent], config: AllocatorConfig = A
     hi = max(-(-free_run.peak_reserved_bytes // g) * g, lo + g)
     ops = config_ops
     if config.per_process_memory_fraction is not None:
-        for _ in range(64):   # allowed = fraction x capacity: hi may fail; without one it is the free run
-            if _replay_ops(ops, config, hi, False).oom is None:
+        # allowed = fraction x capacity moves with the capacity (and arms GC): replay from the start
+        def passes(capacity: int) -> bool:
+            return _replay_ops(ops, config, capacity, False).oom is None
+        for _ in range(64):
+            if passes(hi):
                 break
             lo, hi = hi, 2 * hi
+    else:
+        prefix, start = _prefix_state(ops, config, lo)
+
+        def passes(capacity: int) -> bool:
+            return _run(prefix._clone(capacity), ops, start, False)[0] is None
     while hi - lo > g:
         mid = lo + (hi - lo) // g // 2 * g
-        if _replay_ops(ops, config, mid, False).oom is None:
+        if passes(mid):
             hi = mid
         else:
             lo = mid
