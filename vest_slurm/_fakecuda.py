@@ -85,6 +85,9 @@ def _is_fake_cuda(t) -> bool:
     return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
 
 
+CASTING_WEIGHT = [False]   # True while a weight's low-precision copy is made (the tracer tags it)
+
+
 class _CastCache:
     """The autocast weight cast cache (autocast_mode.cpp cached_cast): casts of fp32 leaf tensors
     that require grad are kept until the outermost autocast region exits."""
@@ -101,7 +104,11 @@ class _CastCache:
             hit = self.entries.get(id(t))
             if hit is not None and hit[0]() is t:
                 return hit[1]
-            casted = t.to(dtype)
+            CASTING_WEIGHT[0] = True
+            try:
+                casted = t.to(dtype)
+            finally:
+                CASTING_WEIGHT[0] = False
             self.entries[id(t)] = (weakref.ref(t), casted)
             return casted
         return t.to(dtype)
@@ -235,6 +242,8 @@ class FakeCudaMode(FakeTensorMode):
             return torch.device("cpu")
         if func is aten._fused_sdp_choice.default and self.sdp_choice is not None:
             return self.sdp_choice(*args, **kwargs)
+        if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
+            args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         if (func is aten._to_copy.default and kwargs.get("device") is not None
                 and kwargs["device"].type == "cpu" and _is_fake_cuda(args[0])
                 and torch._C._current_autograd_node() is not None):
@@ -246,6 +255,25 @@ class FakeCudaMode(FakeTensorMode):
             if isinstance(t, FakeTensor):
                 self.recorder.see(t)
         return out
+
+
+class CudaFactoryMode(torch.overrides.TorchFunctionMode):
+    """``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
+    mode: build the host tensor, then an empty fake CUDA tensor of its shape (values are not
+    needed to trace memory)."""
+
+    FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cuda":
+            kwargs = dict(kwargs)
+            kwargs.pop("device")
+            requires_grad = kwargs.pop("requires_grad", False)
+            host = func(*args, **kwargs)
+            out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
+            return out.requires_grad_(requires_grad) if requires_grad else out
+        return func(*args, **kwargs)
 
 
 # ---- SDPA backend choice as the GPU makes it (sdp_utils.cpp) ----------------------------------------

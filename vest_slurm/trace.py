@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PHASES = ("setup", "forward", "backward", "optimizer", "zero_grad", "eval", "other")
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "workspace", "other")
+CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "input", "workspace",
+              "weight_copy", "other")   # weight_copy: autocast's cached low-precision copy of a weight
 
 
 @dataclass(frozen=True)

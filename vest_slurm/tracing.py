@@ -68,8 +68,9 @@ class Tracer:
         phase = s.phase
         if fc.current_autograd_node() is not None:
             phase = "backward"
-        s.blocks[block] = _Block(len(s.events), phase, s.category or "", module, s.iteration)
-        s.events.append(["alloc", block, nbytes, phase, s.category or "", module])
+        category = "weight_copy" if fc.CASTING_WEIGHT[0] else (s.category or "")
+        s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration)
+        s.events.append(["alloc", block, nbytes, phase, category, module])
 
     def _free(self, block: int) -> None:
         s = self.s
@@ -218,7 +219,7 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     mode = fc.FakeCudaMode(tracer.recorder, sdp_choice=fc.gpu_sdp_choice(capability))
     model = built.module
     try:
-        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode:
+        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode():
             tracer.s.category = "parameter"
             fc.materialize(model, weight_dtype, spec.channels_last)
             tracer.s.category = None
