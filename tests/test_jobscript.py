@@ -29,6 +29,7 @@ def script(*lines):
     ("#SBATCH --comment='a # b'", [("comment", "a # b")]),
     ("#SBATCH --comment=a\\ b", [("comment", "a b")]),
     ("#SBATCH--time=5", [("time", "5")]),
+    ("#SBATCH --comment=a#b -p x", [("comment", "a")]),  # _get_argument: an unquoted # ends the line
 ])
 def test_option_forms(line, expected):
     assert list(parse_job_script(script(line)).options) == expected

@@ -1,3 +1,4 @@
+import math
 import pathlib
 
 import pytest
@@ -31,9 +32,8 @@ def req(*opts):
 def test_headroom_rule_boundary():
     s = site()  # 5 % + 256 MiB
     cap = CAPS["a100"]
-    exact = int((cap - 256 * MiB) / 1.05)
-    while needed_bytes(exact + 1, 5, 256 * MiB) <= cap:
-        exact += 1
+    exact = (cap - 256 * MiB) * 100 // 105  # the rule solved for required_bytes
+    assert needed_bytes(exact, 5, 256 * MiB) == math.ceil(exact * 1.05) + 256 * MiB
     assert needed_bytes(exact, 5, 256 * MiB) <= cap < needed_bytes(exact + 1, 5, 256 * MiB)
     caps = {"a100": cap, "h100": CAPS["h100"]}
     assert place(ests(exact, caps), req(("gres", "gpu:1")), (), s).gpu_type == "a100"
