@@ -9,7 +9,7 @@ import pytest
 
 from vest_slurm.cluster import SlurmCLI, get_backend, reconcile, run_slurm
 from vest_slurm.errors import SlurmError
-from vest_slurm.testbed import SlurmTestbed
+from vest_slurm.testbed import SlurmTestbed, _pid_alive
 
 pytestmark = pytest.mark.slurm
 
@@ -124,3 +124,58 @@ def test_timeout_is_a_slurm_error(slurm):
         run_slurm([sleep, "10"], env=slurm.env, timeout_s=0.5)
     assert time.monotonic() - t0 < 2
     assert "did not answer within 0.5 s" in e.value.what
+
+
+def test_testbed_script_start_status_stop(slurm, tmp_path):
+    """scripts/slurm-testbed.sh: a second, detached testbed beside the session one."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "slurm-testbed.sh"
+    d = tmp_path / "tb"
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    run = lambda *a: subprocess.run([str(script), *a], capture_output=True, text=True, env=env,
+                                    timeout=60)
+    bridge = run("start", str(d), "--bridge")
+    assert bridge.returncode != 0 and "bridge" in bridge.stderr and "not available" in bridge.stderr
+    started = run("start", str(d))
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == f"export SLURM_CONF={d / 'etc' / 'slurm.conf'}"
+        status = run("status", str(d))
+        assert status.returncode == 0 and "a100-node1" in status.stdout and "idle" in status.stdout
+        conf_env = dict(env, SLURM_CONF=str(d / "etc" / "slurm.conf"))
+        info = SlurmCLI(env=conf_env).cluster_info()
+        assert {p.name for p in info.partitions} == {"v100", "a100", "h100"}
+        pid = int((d / "testbed.pid").read_text())
+    finally:
+        stopped = run("stop", str(d))
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (d / "testbed.pid").exists()
+    assert not _pid_alive(pid)   # gone, or a zombie waiting for init to reap it
+    assert run("status", str(d)).returncode == 3
+
+
+def test_testbed_with_job_submit_lua(slurm, tmp_path):
+    """JobSubmitPlugins=lua with the given file beside slurm.conf: its refusal reaches the user."""
+    lua = tmp_path / "refuse_bad.lua"
+    lua.write_text(
+        'function slurm_job_submit(job_desc, part_list, submit_uid)\n'
+        '  if job_desc.name == "bad" then\n'
+        '    slurm.log_user("vest test: refused")\n'
+        '    return slurm.ERROR\n'
+        '  end\n'
+        '  return slurm.SUCCESS\n'
+        'end\n'
+        'function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)\n'
+        '  return slurm.SUCCESS\n'
+        'end\n'
+        'return slurm.SUCCESS\n')
+    with SlurmTestbed(tmp_path / "tb", job_submit_lua=str(lua)) as tb:
+        assert "JobSubmitPlugins=lua" in tb.conf_path.read_text()
+        cli = SlurmCLI(env=tb.env)
+        job_id, _, stderr, rc = cli.submit(["-J", "bad", "--wrap", "true"])
+        assert (job_id, rc) == (None, 1) and "vest test: refused" in stderr
+        job_id, _, stderr, rc = cli.submit(["-J", "good", "--wrap", "true"])
+        assert rc == 0 and job_id is not None, stderr
