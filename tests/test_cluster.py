@@ -179,3 +179,31 @@ def test_testbed_with_job_submit_lua(slurm, tmp_path):
         assert (job_id, rc) == (None, 1) and "vest test: refused" in stderr
         job_id, _, stderr, rc = cli.submit(["-J", "good", "--wrap", "true"])
         assert rc == 0 and job_id is not None, stderr
+
+
+def test_pyslurm_backend_is_chosen_when_versions_match(slurm):
+    """With a stand-in for pyslurm 22.5 (the API of pyslurm >= 23.2), get_backend picks it and
+    cluster_info reads its objects; submission stays with sbatch."""
+    from types import SimpleNamespace
+
+    nodes = {
+        "a100-node1": SimpleNamespace(partitions=["a100"], configured_gres={"gpu:a100": 4},
+                                      allocated_gres={"gpu:a100": {"count": 1, "indexes": "0"}},
+                                      state="MIXED", total_cpus=4, real_memory=4000, reason=None),
+    }
+    parts = {"a100": SimpleNamespace(is_default=True, state="UP", max_time=1440, total_cpus=4)}
+
+    class FakePyslurm:
+        __version__ = "22.5.0"
+        Nodes = SimpleNamespace(load=lambda: nodes)
+        Partitions = SimpleNamespace(load=lambda: parts)
+
+    backend, why = get_backend(env=slurm.env, pyslurm_module=FakePyslurm)
+    assert backend.name == "pyslurm" and "22.5.0" in why
+    info = backend.cluster_info()
+    (p,) = info.partitions
+    assert (p.name, p.nodes, p.gpu_counts, p.default, p.max_time_minutes) == (
+        "a100", ("a100-node1",), {"a100": 4}, True, 1440)
+    assert info.nodes[0].gpus_used == {"a100": 1} and info.nodes[0].state == "mixed"
+    job_id, _, _, rc = backend.submit(["-p", "a100", "--wrap", "true"])
+    assert rc == 0 and job_id is not None
