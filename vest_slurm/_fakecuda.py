@@ -231,15 +231,21 @@ class Recorder:
 class FakeCudaMode(FakeTensorMode):
     """FakeTensorMode that answers ``cpu`` to autograd's device query and records storages."""
 
-    def __init__(self, recorder: Recorder, sdp_choice: Callable | None = None):
+    def __init__(self, recorder: Recorder, sdp_choice: Callable | None = None, scalar_stand_in: bool = False):
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
         self.sdp_choice = sdp_choice
+        # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
+        # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
+        self.scalar_stand_in = scalar_stand_in
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return torch.device("cpu")
+        if func is aten._local_scalar_dense.default and self.scalar_stand_in and isinstance(args[0], FakeTensor):
+            t = args[0]
+            return False if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
         if func is aten._fused_sdp_choice.default and self.sdp_choice is not None:
             return self.sdp_choice(*args, **kwargs)
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
@@ -257,22 +263,49 @@ class FakeCudaMode(FakeTensorMode):
         return out
 
 
+def _pin(d):
+    """``cuda`` / ``cuda:N`` / torch.device(cuda) -> cuda:0; anything else unchanged. A bare
+    ``cuda`` would make C++ ask the (absent) driver for the current device."""
+    if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
+        return DEVICE
+    if isinstance(d, torch.device) and d.type == "cuda":
+        return DEVICE
+    if isinstance(d, int) and not isinstance(d, bool):
+        return d
+    return d
+
+
 class CudaFactoryMode(torch.overrides.TorchFunctionMode):
-    """``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
-    mode: build the host tensor, then an empty fake CUDA tensor of its shape (values are not
-    needed to trace memory)."""
+    """Keeps C++ from reaching for a real GPU:
+    - ``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
+      mode: build the host tensor, then an empty fake CUDA tensor of its shape (values are not
+      needed to trace memory);
+    - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``."""
 
     FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.FACTORIES and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cuda":
+        dev = kwargs.get("device")
+        if dev is not None and not isinstance(dev, int):
+            pinned = _pin(dev)
+            if pinned is not dev:
+                kwargs = dict(kwargs, device=pinned)
+        if func in self.FACTORIES and kwargs.get("device") is DEVICE:
             kwargs = dict(kwargs)
             kwargs.pop("device")
             requires_grad = kwargs.pop("requires_grad", False)
             host = func(*args, **kwargs)
             out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
             return out.requires_grad_(requires_grad) if requires_grad else out
+        if func is torch.Tensor.cuda:
+            device = _pin(args[1]) if len(args) > 1 and args[1] is not None else DEVICE
+            if isinstance(device, int):
+                device = DEVICE
+            return args[0].to(device, non_blocking=kwargs.get("non_blocking", False),
+                              memory_format=kwargs.get("memory_format", torch.preserve_format))
+        if func is torch.Tensor.to and len(args) > 1:
+            args = (args[0],) + tuple(_pin(a) for a in args[1:])
         return func(*args, **kwargs)
 
 
@@ -354,6 +387,33 @@ def _clear_autocast_cache(original):
         original()
 
     return clear
+
+
+def gpu_optimizer_defaults():
+    """(object, attribute, replacement) making torch.optim pick its implementation as on a GPU:
+    torch/optim/optimizer.py _default_to_fused_or_foreach chooses foreach when every parameter is
+    a CUDA tensor of a supported type; FakeTensor is not one of those types, which would make a
+    script's optimizer fall back to the per-parameter loop."""
+    import torch.optim.optimizer as opt_mod
+
+    original = opt_mod._default_to_fused_or_foreach
+
+    def choose(params, differentiable, use_fused=False):
+        if not differentiable and params and all(_is_fake_cuda(p) for p in params if p is not None):
+            return False, True
+        return original(params, differentiable, use_fused)
+
+    targets = [(opt_mod, "_default_to_fused_or_foreach", choose)]
+    import importlib
+
+    for name in ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "radam", "asgd", "adadelta"):
+        try:
+            mod = importlib.import_module(f"torch.optim.{name}")
+        except ImportError:
+            continue
+        if hasattr(mod, "_default_to_fused_or_foreach"):
+            targets.append((mod, "_default_to_fused_or_foreach", choose))
+    return targets
 
 
 # ---- model materialisation ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 import time
 
 from .errors import EXIT_BAD_INPUT, VestError
-from .workload import add_workload_arguments, spec_from_namespace
+from .workload import WorkloadSpec, add_workload_arguments, spec_from_namespace
 
 EXIT_INTERNAL = 70   # a bug in vest-slurm (EX_SOFTWARE)
 
@@ -40,13 +40,24 @@ def cmd_estimate(ns) -> int:
 
     if ns.command and ns.command[0] == "--":
         ns.command = ns.command[1:]
-    if ns.command:
-        raise VestError("estimating a training command needs the dynamic analysis, which is not built yet",
-                        "describe the workload with --model/--batch-size/... instead")
-    spec = spec_from_namespace(ns)
     profiles = [get_profile(g) for g in ns.gpu] if ns.gpu else list(PROFILES.values())
     t0 = time.perf_counter()
-    estimates = estimate(spec, profiles)
+    if ns.command:
+        from .dynamic import Limits, estimate_command
+        from .launch import parse_train_command
+
+        if ns.model:
+            raise VestError("give either --model ... or a training command after --, not both",
+                            "drop --model to estimate the command, or drop the command")
+        cmd = parse_train_command(ns.command)
+        gpus = int(ns.num_gpus) if ns.num_gpus else None
+        steps = int(ns.steps) if ns.steps else Limits().steps
+        estimates, run = estimate_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
+        spec = WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1,
+                            num_gpus=gpus or max(cmd.nproc, 1), optimizer="adam")
+    else:
+        spec = spec_from_namespace(ns)
+        estimates = estimate(spec, profiles)
     seconds = time.perf_counter() - t0
     print(estimate_json(spec, estimates, seconds) if ns.json else estimate_table(spec, estimates), end="" if not ns.json else "\n")
     return 0

@@ -42,6 +42,7 @@ class TraceSummary:
     param_bytes: int
     grad_bytes: int
     optimizer_state_bytes: int
+    has_ddp_buckets: bool = False   # the trace itself holds DDP's buckets (dynamic analysis)
 
 
 def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
@@ -61,13 +62,14 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     params = sum(e.size_bytes for e in live.values() if e.category == "parameter")
     states = sum(e.size_bytes for e in live.values() if e.category == "optimizer_state")
     uses_cudnn = any(e.module == "cudnn" for e in trace.events if e.category == "workspace")
-    return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states)
+    ddp = any(e.module == "ddp_buckets" for e in trace.events if e.action == "alloc")
+    return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
 def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary,
                 transient_workspaces: bool) -> list[AllocEvent]:
     """The trace with this GPU type's workspace sizes, and DDP's buckets for multi-GPU jobs."""
-    ddp = spec.num_gpus > 1 and spec.parallelism == "ddp"
+    ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
     last_param = max((i for i, e in enumerate(trace.events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
     for i, e in enumerate(trace.events):

@@ -31,9 +31,13 @@ def _mib(n: int) -> str:
 
 
 def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> str:
-    head = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
-            f"{spec.precision}{'  channels_last' if spec.channels_last else ''}"
-            f"{f'  {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''}")
+    if spec.model.startswith("script:"):
+        head = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the script ran with fake CUDA; "
+                f"batch {spec.batch_size} seen per GPU{f', {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''})")
+    else:
+        head = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
+                f"{spec.precision}{'  channels_last' if spec.channels_last else ''}"
+                f"{f'  {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''}")
     rows = [[e.gpu, _mib(e.capacity_bytes), _mib(e.required_bytes), _mib(e.peak_bytes),
              f"{100 * e.headroom_bytes() / e.capacity_bytes:+.0f}%", "yes" if e.fits else "NO"] for e in estimates]
     table = tabulate(rows, headers=["GPU", "usable MiB", "required MiB", "peak MiB (nvidia-smi)", "headroom", "fits"],

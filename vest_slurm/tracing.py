@@ -58,11 +58,18 @@ class Tracer:
 
     def __init__(self, capability: tuple[int, int] = (8, 0)):
         self.s = _State()
+        self.frozen = False
         self.capability = capability
         self.recorder = fc.Recorder(on_alloc=self._alloc, on_free=self._free, on_op=self._op)
 
+    def freeze(self) -> None:
+        """Stop recording: the run being traced is over."""
+        self.frozen = True
+
     # -- callbacks from the dispatch mode
     def _alloc(self, block: int, nbytes: int, storage) -> None:
+        if self.frozen:
+            return
         s = self.s
         module = s.module_stack[-1] if s.module_stack else ""
         phase = s.phase
@@ -73,6 +80,8 @@ class Tracer:
         s.events.append(["alloc", block, nbytes, phase, category, module])
 
     def _free(self, block: int) -> None:
+        if self.frozen:
+            return
         s = self.s
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.freed_in[block] = phase
@@ -152,13 +161,14 @@ def make_optimizer(spec: WorkloadSpec, params):
             "for-loop": {"foreach": False}}[spec.optimizer_impl]
     # "auto": on CUDA tensors PyTorch's _default_to_fused_or_foreach picks foreach (fused stays
     # opt-in); fake tensors would defeat that check, so the choice is made explicitly here.
+    wd = {} if spec.weight_decay is None else {"weight_decay": spec.weight_decay}
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=0.01, **impl)
+        return torch.optim.SGD(params, lr=0.01, **impl, **wd)
     if spec.optimizer == "sgd-momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl)
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl, **wd)
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-3, **impl)
-    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **impl)
+        return torch.optim.Adam(params, lr=1e-3, **impl, **wd)
+    return torch.optim.AdamW(params, lr=1e-3, **impl, **wd)
 
 
 def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype):

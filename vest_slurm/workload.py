@@ -89,6 +89,7 @@ class WorkloadSpec:
     parallelism: str = "ddp"
     alloc_conf: str = ""
     steps: int = 2
+    weight_decay: float | None = None   # None: the optimizer's torch default (AdamW 0.01, others 0)
 
     @property
     def model_kwargs(self) -> dict:
@@ -118,7 +119,7 @@ class WorkloadSpec:
             argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
-                     "parallelism", "alloc_conf", "steps"):
+                     "parallelism", "alloc_conf", "steps", "weight_decay"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -177,6 +178,9 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS))
     g.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the job")
     g.add_argument("--steps", type=str, default=None, help="training iterations to trace (default 2)")
+    g.add_argument("--weight-decay", type=str, default=None,
+                   help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
+                        "SGD and Adam with weight decay take a temporary copy of the gradients")
 
 
 def _positive_int(name: str, text, minimum: int = 1) -> int:
@@ -186,6 +190,18 @@ def _positive_int(name: str, text, minimum: int = 1) -> int:
         raise WorkloadError(f"--{name} {text!r} is not an integer", f"give --{name} a whole number, e.g. --{name} 32") from None
     if v < minimum:
         raise WorkloadError(f"--{name} {v} must be at least {minimum}", f"give --{name} a value of {minimum} or more")
+    return v
+
+
+def _weight_decay(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        raise WorkloadError(f"--weight-decay {value!r} is not a number", "e.g. --weight-decay 0.01") from None
+    if v < 0:
+        raise WorkloadError(f"--weight-decay {v} is negative", "give 0 or a positive number")
     return v
 
 
@@ -248,6 +264,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         parallelism=_choice("parallelism", pick("parallelism", "ddp"), PARALLELISMS),
         alloc_conf=str(pick("alloc_conf", "")),
         steps=_positive_int("steps", pick("steps", 2), minimum=1),
+        weight_decay=_weight_decay(pick("weight_decay", None)),
     )
     return spec
 
