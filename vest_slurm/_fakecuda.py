@@ -254,6 +254,7 @@ class FakeCudaMode(FakeTensorMode):
                 and kwargs["device"].type == "cpu" and _is_fake_cuda(args[0])
                 and torch._C._current_autograd_node() is not None):
             kwargs = dict(kwargs, device=DEVICE)  # ToCopyBackward: stay on the GPU
+        args, kwargs = self._onto_the_gpu(types, args, kwargs)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.recorder.on_op is not None:
             self.recorder.on_op(func, args)
@@ -261,6 +262,27 @@ class FakeCudaMode(FakeTensorMode):
             if isinstance(t, FakeTensor):
                 self.recorder.see(t)
         return out
+
+    def _onto_the_gpu(self, types, args, kwargs):
+        """C++ composite ops build new tensors from ``input.options()``, whose device is the
+        answer to prim::device, cpu. On the GPU those tensors are CUDA tensors: give a non-scalar
+        fake CPU tensor that meets a fake CUDA tensor in one op CUDA storage (recorded as the
+        GPU would allocate it)."""
+        flat = pytree.tree_leaves((args, kwargs))
+        if not any(_is_fake_cuda(t) for t in flat):
+            return args, kwargs
+        if not any(isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and t.dim() > 0 for t in flat):
+            return args, kwargs
+
+        def move(t):
+            if isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and t.dim() > 0:
+                new = super(FakeCudaMode, self).__torch_dispatch__(
+                    aten.empty_strided.default, (FakeTensor,), (t.shape, t.stride()), {"dtype": t.dtype, "device": DEVICE})
+                self.recorder.see(new)
+                return new
+            return t
+
+        return pytree.tree_map(move, (args, kwargs))
 
 
 def _pin(d):

@@ -1,0 +1,165 @@
+"""Dynamic analysis: unmodified training scripts run with fake CUDA in a bounded child process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+pytest.importorskip("torch")
+
+from vest_slurm.dynamic import Limits, estimate_command
+from vest_slurm.errors import EstimateError
+from vest_slurm.estimator import estimate
+from vest_slurm.launch import parse_train_command
+from vest_slurm.profiles import get_profile
+from vest_slurm.workload import parse_workload_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "scripts", "examples")
+SCRIPTS = os.path.join(ROOT, "tests", "data", "scripts")
+A100 = get_profile("a100-40gb")
+
+# (training command in scripts/examples, the same workload declared with #VEST options)
+EQUIVALENT = [
+    ("python train_imagenet.py --arch resnet18 --batch-size 16 --image-size 112 --optimizer sgd --amp bf16",
+     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer sgd-momentum --precision amp-bf16"),
+    ("python train_imagenet.py --arch resnet18 --batch-size 16 --image-size 112 --optimizer adam --amp fp16",
+     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam --precision amp-fp16"),
+    ("python train_lm.py --n-layer 2 --n-embd 256 --n-head 4 --seq-len 128 --batch-size 4 --amp bf16",
+     "--model hf:GPT2LMHeadModel --model-args {\"n_layer\":2,\"n_embd\":256,\"n_head\":4,\"n_positions\":1024} "
+     "--input seq128 --batch-size 4 --precision amp-bf16 --optimizer adamw"),
+    ("python train_own_model.py --width 16 --image-size 64 --batch-size 8",
+     "--model train_own_model.py:build_model --model-args {\"width\":16} --input 3x64x64 --batch-size 8 "
+     "--optimizer sgd-momentum --loss mse"),
+]
+
+
+def breakdown(e):
+    return dict(e.breakdown)
+
+
+@pytest.mark.parametrize("command,declared", EQUIVALENT, ids=["imagenet-sgd-bf16", "imagenet-adam-fp16", "lm", "own-model"])
+def test_dynamic_equals_declarative(command, declared, monkeypatch):
+    monkeypatch.chdir(EXAMPLES)
+    (dyn,), run = estimate_command(parse_train_command(command), [A100], cwd=EXAMPLES)
+    (dec,) = estimate(parse_workload_args(declared.split()), [A100])
+    d, c = breakdown(dyn), breakdown(dec)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d[part] == c[part], (part, d[part], c[part])
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.02 * dec.peak_bytes, (dyn.peak_bytes, dec.peak_bytes)
+    assert abs(dyn.required_bytes - dec.required_bytes) <= 0.02 * dec.required_bytes
+    assert run.steps == 3
+
+
+def estimate_script(name, *args, limits=Limits(), env=None):
+    cmd = parse_train_command(["python", name, *args])
+    if env:
+        cmd = cmd.__class__(**{**cmd.__dict__, "env": tuple(env.items())})
+    return estimate_command(cmd, [A100], limits=limits, cwd=SCRIPTS)
+
+
+def test_script_that_fails_by_itself_names_file_and_line():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("fails_by_itself.py")
+    msg = str(e.value)
+    assert "failed by itself" in msg and "KeyError" in msg and "learning_rate" in msg
+    assert "fails_by_itself.py:5" in msg
+
+
+def test_script_without_optimizer_step():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("no_step.py")
+    assert "without an optimizer step" in str(e.value) and "optimizer.step()" in str(e.value)
+
+
+def test_data_dependent_work_names_file_and_line():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("data_dependent.py")
+    msg = str(e.value)
+    assert "data-dependent" in msg and "data_dependent.py:6" in msg and "#VEST --model" in msg
+
+
+def test_time_limit():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("sleeps.py", limits=Limits(timeout_s=20))
+    assert "time limit" in str(e.value) and "20 s" in str(e.value)
+
+
+def test_memory_limit():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("hogs_memory.py", limits=Limits(memory_bytes=2 * 2**30))
+    assert "memory limit" in str(e.value) and "2.0 GiB" in str(e.value)
+
+
+def _procs_with(marker: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        out.append(pid)
+            except OSError:
+                pass
+    return out
+
+
+def test_sandbox_no_network_no_writes_outside_no_process_left(tmp_path):
+    # a listener the script will try to reach: it must never see a connection
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    accepted = []
+
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept())
+                return
+            except socket.timeout:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    marker = f"vest-test-{uuid.uuid4().hex}"
+    before = set(os.listdir(SCRIPTS))
+    env = {"VEST_TEST_PORT": str(port), "VEST_TEST_MARKER": marker, "VEST_TEST_OUTSIDE": str(outside)}
+    (est,), run = estimate_script("probes_sandbox.py", env=env)
+    assert run.steps == 3 and est.peak_bytes > 0
+    stop.set()
+    t.join()
+    assert not accepted, "the estimate's child reached the network"
+    assert list(outside.iterdir()) == [], "the child wrote outside its temp dir"
+    assert set(os.listdir(SCRIPTS)) == before
+    assert str(outside / "leak.txt") in run.redirected_writes
+    assert _procs_with(marker) == [], "a process of the estimate outlived it"
+    stop.set()
+    t.join()
+    srv.close()
+
+
+def test_tiny_script_logs_and_checkpoints_are_redirected():
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("tiny_train.py")
+    assert run.steps == 3 and run.batch_hint == 32
+    assert set(os.listdir(SCRIPTS)) == before      # train.log and ckpt.pt went to the temp dir
+    assert any(p.endswith("train.log") for p in run.redirected_writes)
+
+
+def test_vest_estimate_command_line():
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
+                        "python", "tiny_train.py"], cwd=SCRIPTS, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert '"required_mib"' in r.stdout
