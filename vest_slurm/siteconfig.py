@@ -59,6 +59,8 @@ class GpuType:
     profile: str
     memory_bytes: int | None = None   # overrides the profile's capacity (MIG slice, reserved memory)
     cost: float | None = None
+    context_mib: int | None = None    # measured by `vest calibrate` on this site's stack
+    cudnn_mib: int | None = None      # likewise, what cuDNN adds for jobs that convolve
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,23 @@ class Bridge:
 
 
 @dataclass(frozen=True)
+class Dynamic:
+    """``[dynamic]``: limits of the dynamic analysis (the training script run with fake CUDA on
+    the login node, as the user)."""
+
+    timeout_s: float = 120.0
+    memory_mib: int = 4096
+    steps: int = 3
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     path: str
     gpus: tuple[GpuType, ...]
     partitions: tuple[Partition, ...]
     policy: Policy = Policy()
     bridge: Bridge = Bridge()
+    dynamic: Dynamic = Dynamic()
 
     def gpu(self, name: str) -> GpuType | None:
         return next((g for g in self.gpus if g.name == name), None)
@@ -216,8 +229,9 @@ class _Checker:
         return tuple(v) if kind == "strings" else v
 
 
-TOP_KEYS = ("gpu", "partition", "policy", "bridge")
-GPU_KEYS = ("profile", "memory_mib", "cost")
+TOP_KEYS = ("gpu", "partition", "policy", "bridge", "dynamic")
+GPU_KEYS = ("profile", "memory_mib", "cost", "context_mib", "cudnn_mib")
+DYNAMIC_KEYS = ("timeout_s", "memory_mib", "steps")
 PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost")
 POLICY_KEYS = ("headroom_percent", "headroom_mib", "selection", "on_user_choice_too_small",
                "exempt_users", "exempt_accounts", "help_url", "messages")
@@ -240,8 +254,10 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         profile = c.get(t, w, "profile", "str", required=True, choices=DEVICE_PROFILES)
         mem = c.get(t, w, "memory_mib", "int", above=0)
         cost = c.get(t, w, "cost", "number", minimum=0)
+        context = c.get(t, w, "context_mib", "int", minimum=0)
+        cudnn = c.get(t, w, "cudnn_mib", "int", minimum=0)
         if profile is not None:
-            gpus.append(GpuType(name, profile, mem * MiB if mem is not None else None, cost))
+            gpus.append(GpuType(name, profile, mem * MiB if mem is not None else None, cost, context, cudnn))
 
     partitions: list[Partition] = []
     part_tables = top.get("partition", {})
@@ -309,9 +325,15 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         socket_path=_abs(c, b, "socket_path", Bridge.socket_path),
         log_path=_abs(c, b, "log_path", Bridge.log_path),
     )
+    d = c.keys(top.get("dynamic", {}), "dynamic", DYNAMIC_KEYS)
+    dynamic = Dynamic(
+        timeout_s=float(c.get(d, "dynamic", "timeout_s", "number", Dynamic.timeout_s, above=0)),
+        memory_mib=c.get(d, "dynamic", "memory_mib", "int", Dynamic.memory_mib, above=0),
+        steps=c.get(d, "dynamic", "steps", "int", Dynamic.steps, above=0),
+    )
     if c.problems:
         raise SiteConfigError(path, c.problems)
-    return SiteConfig(path, tuple(gpus), tuple(partitions), policy, bridge)
+    return SiteConfig(path, tuple(gpus), tuple(partitions), policy, bridge, dynamic)
 
 
 def _abs(c: _Checker, table: dict, key: str, default: str) -> str:
