@@ -28,3 +28,52 @@ def slurm(tmp_path_factory):
         yield tb
     finally:
         tb.stop()
+
+
+# --- the bridge (issue 5): a separate cluster with JobSubmitPlugins=lua and the decision server ---
+
+BRIDGE_USERS = ("vestbr-alice", "vestbr-exempt")
+
+
+@pytest.fixture(scope="session")
+def bridge_users():
+    """Two local users (the jobs of root are never checked): created here, removed afterwards."""
+    import pwd
+    import subprocess
+
+    made = []
+    for name in BRIDGE_USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
+            made.append(name)
+    try:
+        yield BRIDGE_USERS
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False)
+
+
+@pytest.fixture(scope="session")
+def bridge_slurm(tmp_path_factory, bridge_users):
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm not installed (missing {', '.join(missing)})")
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root")
+    from vest_slurm.bridge.testbed import BridgeTestbed
+
+    import shutil
+    import tempfile
+
+    # Not under pytest's tmp (mode 700): the test users' sbatch must read slurm.conf.
+    workdir = tempfile.mkdtemp(prefix="vest-bridge-tb-")
+    os.chmod(workdir, 0o755)
+    tb = BridgeTestbed(workdir, directives=False, exempt_users=["root", bridge_users[1]])
+    try:
+        tb.start()
+        yield tb
+    finally:
+        tb.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -21,7 +21,8 @@ Known limitations:
 - needs root (munged, slurmd and mknod do); tests skip only when the Slurm binaries are missing.
 - the ports are picked free just before the daemons bind them; another process could take one in
   between (start() then fails with the daemon's log tail and can simply be retried).
-- ``--bridge`` (job_submit.lua talking to the decision server) is not available yet.
+- ``--bridge`` runs the same cluster with job_submit.lua and the decision server through
+  ``vest_slurm.bridge.testbed.BridgeTestbed`` (configured from site-config/testbed.toml).
 """
 
 from __future__ import annotations
@@ -439,7 +440,11 @@ def _supervise(workdir: Path, bridge: bool) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
-    tb = SlurmTestbed(workdir)
+    if bridge:
+        from vest_slurm.bridge.testbed import BridgeTestbed
+        tb = BridgeTestbed(workdir)
+    else:
+        tb = SlurmTestbed(workdir)
     try:
         tb.start()
     except SlurmError as e:
@@ -463,10 +468,6 @@ def _supervise(workdir: Path, bridge: bool) -> int:
 
 
 def cmd_start(workdir: Path, bridge: bool, timeout_s: float = START_TIMEOUT_S + 5) -> int:
-    if bridge:
-        print("slurm-testbed: --bridge is not available yet (the job_submit.lua bridge is issue 5); "
-              "start without it", file=sys.stderr)
-        return 2
     workdir.mkdir(parents=True, exist_ok=True)
     pid = _read_pid(workdir)
     if pid and _pid_alive(pid):
@@ -479,7 +480,7 @@ def cmd_start(workdir: Path, bridge: bool, timeout_s: float = START_TIMEOUT_S + 
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     p = subprocess.Popen(
-        [sys.executable, "-m", "vest_slurm.testbed", "_supervise", str(workdir)],
+        [sys.executable, "-m", "vest_slurm.testbed", "_supervise", str(workdir)] + (["--bridge"] if bridge else []),
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env=env, cwd=workdir,
     )

@@ -1,0 +1,338 @@
+"""The bridge against the real slurmctld (JobSubmitPlugins=lua, site-config/job_submit.lua): plain
+sbatch as a non-root user, the decision applied or refused, faults of the server and the config.
+
+Every submission goes through ``sbatch`` run as a test user (runuser), the script on stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from vest_slurm.attach import attach, make_payload
+from vest_slurm.estimate import MemoryEstimate
+
+pytestmark = pytest.mark.slurm
+GiB = 1 << 30
+USER, EXEMPT = "vestbr-alice", "vestbr-exempt"
+
+
+def estimate_line_script(need_gib: float, partition: str = "v100", gres: str = "gpu:v100:1",
+                         extra: str = "", num_gpus: int = 1) -> str:
+    est = {t: MemoryEstimate(p, c * GiB, int(need_gib * GiB), int(need_gib * GiB))
+           for t, p, c in (("v100", "v100-16gb", 16), ("a100", "a100-40gb", 40), ("h100", "h100-80gb", 80))}
+    return attach(plain_script(partition, gres, extra), make_payload(est, num_gpus=num_gpus))
+
+
+def plain_script(partition: str = "v100", gres: str = "gpu:v100:1", extra: str = "") -> str:
+    lines = ["#!/bin/bash", f"#SBATCH --partition={partition}" if partition else "",
+             f"#SBATCH --gres={gres}" if gres else "", "#SBATCH --output=/dev/null", extra, "true", ""]
+    return "\n".join(lines)
+
+
+def sbatch(tb, script: str | bytes, *args: str, user: str = USER, timeout: float = 30):
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    argv = ["sbatch", f"--job-name={name}", "--parsable", *args]
+    if user != "root":
+        argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={tb.env['SLURM_CONF']}", *argv]
+    data = script if isinstance(script, bytes) else script.encode("utf-8", "surrogateescape")
+    t0 = time.monotonic()
+    p = subprocess.run(argv, input=data, capture_output=True, env=tb.env, cwd="/tmp", timeout=timeout)
+    p.seconds = time.monotonic() - t0
+    p.name = name
+    p.out, p.err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    return p
+
+
+def job_of(tb, name: str) -> list[dict]:
+    """Records of the jobs with this name (22.05 may leave a FAILED record for a refused job)."""
+    r = subprocess.run(["squeue", "--json"], capture_output=True, text=True, env=tb.env, timeout=10)
+    jobs = json.loads(r.stdout)["jobs"]
+    return [j for j in jobs if j.get("name") == name]
+
+
+def queued(tb, name: str) -> list[dict]:
+    return [j for j in job_of(tb, name) if j.get("job_state") not in ("FAILED",)]
+
+
+def sinfo_seconds(tb) -> float:
+    t0 = time.monotonic()
+    r = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, env=tb.env, timeout=10)
+    assert r.returncode == 0
+    return time.monotonic() - t0
+
+
+def ctld_log(tb) -> str:
+    return (tb.workdir / "log" / "slurmctld.log").read_text(errors="replace")
+
+
+@pytest.fixture
+def tb(bridge_slurm):
+    """The bridge cluster reset to testbed.toml (reroute, unknown jobs allowed, fail open)."""
+    if not bridge_slurm.server_alive():
+        bridge_slurm.start_server()
+    bridge_slurm.configure()
+    yield bridge_slurm
+    if not bridge_slurm.server_alive():
+        bridge_slurm.start_server()
+    bridge_slurm.configure()
+
+
+# ---------------------------------------------------------------- decisions
+
+def test_too_big_for_requested_partition_is_rerouted_and_user_told(tb):
+    p = sbatch(tb, estimate_line_script(20))
+    assert p.returncode == 0, p.err
+    assert "moved to partition a100" in p.err
+    (job,) = job_of(tb, p.name)
+    assert job["partition"] == "a100"
+    assert "a100" in job["tres_per_node"]
+    assert f"job={p.name} " in ctld_log(tb) and "action=modify reason=rerouted" in ctld_log(tb)
+
+
+def test_too_big_refused_when_policy_refuses_and_nothing_queued(tb):
+    tb.configure(on_user_choice_too_small="refuse")
+    p = sbatch(tb, estimate_line_script(20))
+    assert p.returncode == 1
+    assert "does not fit on the GPUs you asked for" in p.err
+    assert "Invalid generic resource" in p.err       # ESLURM_INVALID_GRES on the second line
+    assert queued(tb, p.name) == []
+
+
+def test_fits_nowhere_refused(tb):
+    p = sbatch(tb, estimate_line_script(200))
+    assert p.returncode == 1 and "does not fit on any GPU" in p.err
+    assert queued(tb, p.name) == []
+
+
+def test_job_that_fits_passes_unchanged(tb):
+    p = sbatch(tb, estimate_line_script(4))
+    assert p.returncode == 0, p.err
+    (job,) = job_of(tb, p.name)
+    assert job["partition"] == "v100" and job["tres_per_node"] == "gres:gpu:v100:1"
+    assert p.err == ""
+
+
+@pytest.mark.parametrize("policy", ["allow", "warn", "refuse"])
+def test_job_without_estimate_follows_unknown_job_policy(tb, policy):
+    tb.configure(unknown_jobs=policy)
+    p = sbatch(tb, plain_script())
+    if policy == "refuse":
+        assert p.returncode == 1 and "vsbatch" in p.err and "Access/permission denied" in p.err
+        assert queued(tb, p.name) == []
+    else:
+        assert p.returncode == 0, p.err
+        assert len(queued(tb, p.name)) == 1
+        assert ("vsbatch" in p.err) == (policy == "warn")
+
+
+def test_cpu_job_without_estimate_always_passes(tb):
+    tb.configure(unknown_jobs="refuse")
+    p = sbatch(tb, plain_script(partition="", gres=""))
+    assert p.returncode == 0, p.err
+
+
+def test_root_and_exempt_users_pass_untouched(tb):
+    tb.configure(unknown_jobs="refuse", on_user_choice_too_small="refuse")
+    for user in ("root", EXEMPT):
+        p = sbatch(tb, estimate_line_script(200), user=user)
+        assert p.returncode == 0, (user, p.err)
+        (job,) = job_of(tb, p.name)
+        assert job["partition"] == "v100"
+    assert "reason=exempt" in ctld_log(tb)
+    # and the same job from a user who is not exempt is refused: the exemption is what let it through
+    assert sbatch(tb, estimate_line_script(200)).returncode == 1
+
+
+def test_gpus_option_is_rerouted_in_its_own_family(tb):
+    s = estimate_line_script(20, gres="", extra="#SBATCH --gpus=v100:1")
+    p = sbatch(tb, s)
+    assert p.returncode == 0, p.err
+    (job,) = job_of(tb, p.name)
+    assert job["partition"] == "a100" and "a100:1" in job["tres_per_job"]
+
+
+# ---------------------------------------------------------------- faults
+
+class FakeServer:
+    """Listens on the bridge's socket and misbehaves: hang, or answer ``reply``."""
+
+    def __init__(self, path: str, reply: bytes | None):
+        self.path, self.reply = path, reply
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.sock.bind(path)
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.held = []
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            if self.reply is None:
+                self.held.append(c)          # never answers
+            else:
+                try:
+                    c.settimeout(1)
+                    c.recv(1 << 20)
+                    c.sendall(self.reply)
+                except OSError:
+                    pass
+                c.close()
+
+    def close(self):
+        self.stop.set()
+        self.t.join()
+        for c in self.held:
+            c.close()
+        self.sock.close()
+        os.unlink(self.path)
+
+
+def _during(tb, fake_reply, fail):
+    tb.configure(fail=fail, timeout_s=1.0)
+    tb.stop_server()
+    fake = FakeServer(str(tb.socket_path), fake_reply)
+    try:
+        box = {}
+        t = threading.Thread(target=lambda: box.update(p=sbatch(tb, estimate_line_script(20))))
+        t.start()
+        time.sleep(0.3)
+        box["sinfo_s"] = sinfo_seconds(tb)     # while the plugin waits on the bad server
+        t.join()
+        return box["p"], box["sinfo_s"]
+    finally:
+        fake.close()
+        tb.start_server()
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+def test_server_hung_past_timeout(tb, fail):
+    p, sinfo_s = _during(tb, None, fail)
+    assert sinfo_s < 3.0
+    assert 0.9 < p.seconds < 5.0
+    if fail == "open":
+        assert p.returncode == 0, p.err
+        assert job_of(tb, p.name)[0]["partition"] == "v100"       # let through undecided
+    else:
+        assert p.returncode == 1 and "memory check is unavailable" in p.err
+        time.sleep(1.5)
+        assert queued(tb, p.name) == []
+    assert f"reason=bridge-timeout fail={fail}" in ctld_log(tb)
+
+
+@pytest.mark.parametrize("reply", [
+    b"garbage\n",
+    b'{"v":1,"action":"modify","reason":"x","set":{"partition":"a100; touch /tmp/pwned"},"msg":"","log":"x","errno":0}\n',
+    b'{"v":1,"action":"launch","msg":"","log":"x"}\n',
+    b"[" * 5000 + b"\n",
+])
+@pytest.mark.parametrize("fail", ["open", "closed"])
+def test_server_answering_garbage(tb, reply, fail):
+    p, sinfo_s = _during(tb, reply, fail)
+    assert sinfo_s < 3.0
+    assert p.returncode == (0 if fail == "open" else 1), p.err
+    if fail == "closed":
+        assert queued(tb, p.name) == []
+    else:
+        assert job_of(tb, p.name)[0]["partition"] == "v100"
+    assert not os.path.exists("/tmp/pwned")
+
+
+def test_server_killed_falls_back_to_per_call_program(tb):
+    tb.stop_server(kill=True)                       # leaves the socket file, as a crash would
+    p = sbatch(tb, estimate_line_script(20))
+    assert p.returncode == 0, p.err
+    assert job_of(tb, p.name)[0]["partition"] == "a100"
+    assert "via=program" in ctld_log(tb)
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+def test_server_killed_and_config_broken(tb, fail):
+    tb.configure(fail=fail)
+    tb.stop_server(kill=True)
+    tb.write_site("this is [not toml\n")             # the Lua keeps the last good facts
+    p = sbatch(tb, estimate_line_script(20))
+    assert sinfo_seconds(tb) < 3.0
+    assert p.returncode == (0 if fail == "open" else 1), p.err
+    if fail == "closed":
+        assert queued(tb, p.name) == []
+    assert "reason=bridge-error" in ctld_log(tb)
+
+
+def test_config_broken_while_serving_keeps_last_good(tb):
+    tb.configure(on_user_choice_too_small="refuse")
+    tb.configure("[policy\nbroken = \n")
+    assert tb.status()["problem"]
+    p = sbatch(tb, estimate_line_script(20))
+    assert p.returncode == 1 and "does not fit" in p.err       # the last good rules still hold
+    assert "result=failed" in tb.log_path.read_text()
+
+
+# ---------------------------------------------------------------- hostile input
+
+HOSTILE = "'\"; $(touch /tmp/pwned) `touch /tmp/pwned` | & > < \\ %s %n {} \t"
+
+
+def test_shell_metacharacters_in_every_field(tb):
+    p = sbatch(tb, estimate_line_script(20), f"--comment={HOSTILE}", f"--chdir=/tmp",
+               f"--job-name=x{HOSTILE}")
+    assert p.returncode == 0, p.err
+    assert not os.path.exists("/tmp/pwned")
+    line = [ln for ln in ctld_log(tb).splitlines() if "action=modify" in ln][-1]
+    assert "'" not in line and '"' not in line and "$(" not in line       # encoded, not raw
+
+
+def test_metacharacters_through_the_fallback_program(tb):
+    tb.stop_server(kill=True)
+    p = sbatch(tb, estimate_line_script(20, extra=f"# {HOSTILE}"), f"--comment={HOSTILE}")
+    assert p.returncode == 0 and not os.path.exists("/tmp/pwned")
+
+
+def test_very_long_comment_and_binary_script(tb):
+    # Binary bytes after the estimate line: the hash is over the bytes, so the estimate still holds.
+    body = attach(plain_script(extra="# \udcff\udcfe\x01\x7f binary"),
+                  make_payload({"v100": MemoryEstimate("v100-16gb", 16 * GiB, 20 * GiB, 20 * GiB),
+                                "a100": MemoryEstimate("a100-40gb", 40 * GiB, 20 * GiB, 20 * GiB)}))
+    p = sbatch(tb, body.encode("utf-8", "surrogateescape"), "--comment=" + "c" * 1000)
+    assert p.returncode == 0, p.err
+    assert job_of(tb, p.name)[0]["partition"] == "a100"
+    assert f"job={p.name} " in ctld_log(tb)
+    # A comment Slurm itself finds too long: the bridge still decides, then Slurm refuses the job.
+    p = sbatch(tb, body.encode("utf-8", "surrogateescape"), "--comment=" + "c" * 50_000)
+    assert f"job={p.name} " in ctld_log(tb)
+    assert p.returncode == 1 and "too long" in p.err
+    assert queued(tb, p.name) == []
+
+
+def test_script_of_several_mb(tb):
+    s = estimate_line_script(20, extra=("# " + "x" * 1000 + "\n") * 3000)  # about 3 MB, hashed
+    p = sbatch(tb, s)
+    assert p.returncode == 0, p.err
+    assert job_of(tb, p.name)[0]["partition"] == "a100"                   # the hash still checks out
+
+
+def test_forged_and_malformed_estimates_are_not_trusted(tb):
+    tb.configure(unknown_jobs="refuse")
+    good = estimate_line_script(4)
+    tampered = good.replace("true\n", "rm -rf ~\n")                       # script changed after vsbatch
+    garbage = good.split("\n", 2)
+    garbage[1] = "#VEST-ESTIMATE v1 !!!not-base64!!!"
+    for script in (tampered, "\n".join(garbage), good.replace("#VEST-ESTIMATE v1", "#VEST-ESTIMATE v9")):
+        p = sbatch(tb, script)
+        assert p.returncode == 1 and "no usable memory estimate" in p.err, p.err
+        assert queued(tb, p.name) == []

@@ -1,0 +1,291 @@
+"""The resident decision server: a threaded UNIX-socket server, one request line per connection.
+
+- Bounded: a request over ``MAX_REQUEST_BYTES`` or not complete within the per-request budget (the
+  site's ``bridge.timeout_s``) is answered "error" (job_submit.lua then applies the fail mode; it
+  has given up by then anyway).
+- Concurrent-safe: every connection has its own thread; the loaded config is one immutable object
+  swapped by a single assignment; the log file is written under a lock.
+- Reload: SIGHUP, or the config file's mtime changing (checked every second). A config that fails
+  to load is logged and the last good one stays; with none loaded at all, every answer is "error".
+  SIGHUP also reopens the log file (logrotate).
+- ``#VEST`` directives (``bridge.allow_vest_directives``): traced in one worker process, never in
+  the server's threads, with half the timeout as budget; a trace past its budget finishes in the
+  background and is cached, so the job's next submission is decided from it.
+
+Known limitations:
+- The directive worker is one process: a burst of distinct directive jobs waits in its queue (each
+  still answered "over budget" in time).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import socketserver
+import threading
+import time
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import VestError
+from ..estimate import MemoryEstimate
+from ..profiles import get_profile
+from ..siteconfig import SiteConfig, load_site_config
+from .decide import decide_bytes, error_decision
+from .luaconf import write_lua_conf
+from .protocol import MAX_REQUEST_BYTES
+
+WATCH_INTERVAL_S = 1.0
+DIRECTIVE_CACHE_ENTRIES = 512
+
+
+def _trace_worker(argv: tuple[str, ...], num_gpus: int, profiles: tuple[str, ...]) -> dict:
+    from ..estimator import estimate
+    from ..workload import parse_workload_args
+
+    spec = parse_workload_args(list(argv))
+    spec = spec.with_(num_gpus=num_gpus)
+    return {e.gpu: (e.required_bytes, e.peak_bytes) for e in estimate(spec, [get_profile(p) for p in profiles])}
+
+
+def _warm() -> bool:
+    import vest_slurm.estimator  # noqa: F401  (torch import: seconds, paid once at start)
+    return True
+
+
+class DirectiveEstimator:
+    """Estimates from #VEST directives within a time budget; results cached by directive text."""
+
+    def __init__(self, site_of):
+        import multiprocessing
+
+        self._site_of = site_of
+        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._pool.submit(_warm)
+        self._lock = threading.Lock()
+        self._futures: dict[tuple, concurrent.futures.Future] = {}
+
+    def __call__(self, argv: tuple[str, ...], num_gpus: int, profiles: Mapping[str, str]):
+        key = (argv, num_gpus, tuple(sorted(set(profiles.values()))))
+        with self._lock:
+            fut = self._futures.get(key)
+            if fut is None:
+                if len(self._futures) >= DIRECTIVE_CACHE_ENTRIES:
+                    self._futures.pop(next(iter(self._futures)))
+                fut = self._futures[key] = self._pool.submit(_trace_worker, *key)
+        site: SiteConfig = self._site_of()
+        try:
+            per_profile = fut.result(timeout=site.bridge.timeout_s / 2)
+        except concurrent.futures.TimeoutError:
+            return None
+        except Exception:
+            with self._lock:
+                self._futures.pop(key, None)   # a bad directive line: not cached, not estimated
+            return None
+        out = {}
+        for g in site.gpus:
+            if g.profile in per_profile:
+                req, peak = per_profile[g.profile]
+                cap = g.memory_bytes if g.memory_bytes is not None else get_profile(g.profile).usable_bytes
+                out[g.name] = MemoryEstimate(g.profile, cap, req, peak)
+        return out or None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        srv: BridgeServer = self.server.bridge  # type: ignore[attr-defined]
+        srv.handle(self.request)
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+class BridgeServer:
+    def __init__(self, config_path: str, socket_path: str | None = None, lua_conf: str | None = None,
+                 directives: bool = True, log_path: str | None = None):
+        self.config_path = os.path.abspath(config_path)
+        self.lua_conf = lua_conf
+        self.site: SiteConfig | None = None
+        self.problem = ""
+        self.generation = 0
+        self.mtime_ns: int | None = None
+        self._reload = threading.Event()
+        self._stop = threading.Event()
+        self._log_lock = threading.Lock()
+        self._log_file = None
+        self._log_path_override = log_path
+        self.load()
+        self.socket_path = socket_path or (self.site.bridge.socket_path if self.site else None)
+        if not self.socket_path:
+            raise VestError(f"no socket path: the site config did not load ({self.problem})",
+                            "give --socket or fix the site config")
+        self._directives = DirectiveEstimator(lambda: self.site) if (
+            directives and self.site is not None and self.site.bridge.allow_vest_directives) else None
+        self._server: _UnixServer | None = None
+
+    # --- config -------------------------------------------------------------------------------
+
+    def load(self) -> bool:
+        try:
+            mtime = os.stat(self.config_path).st_mtime_ns
+        except OSError:
+            mtime = None
+        self.mtime_ns = mtime
+        try:
+            site = load_site_config(self.config_path)
+        except VestError as e:
+            self.problem = str(e).replace("\n", " ")
+            self.log(f"vest-bridge: action=reload result=failed keeping_generation={self.generation} "
+                     f"problem={json.dumps(self.problem[:500])}")
+            return False
+        self.site, self.problem = site, ""
+        self.generation += 1
+        if self.lua_conf:
+            try:
+                write_lua_conf(site, self.lua_conf)
+            except OSError as e:
+                self.log(f"vest-bridge: action=reload lua_conf_error={json.dumps(str(e))}")
+        self._reopen_log()
+        self.log(f"vest-bridge: action=reload result=ok generation={self.generation} fail={site.bridge.fail} "
+                 f"unknown_jobs={site.bridge.unknown_jobs} timeout_s={site.bridge.timeout_s}")
+        return True
+
+    def _reopen_log(self) -> None:
+        path = self._log_path_override or (self.site.bridge.log_path if self.site else None)
+        with self._log_lock:
+            if self._log_file:
+                self._log_file.close()
+                self._log_file = None
+            if path:
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    self._log_file = open(path, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
+                except OSError:
+                    self._log_file = None
+
+    def log(self, line: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with self._log_lock:
+            if self._log_file:
+                self._log_file.write(f"{stamp} {line}\n")
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            hup = self._reload.wait(WATCH_INTERVAL_S)
+            self._reload.clear()
+            try:
+                mtime = os.stat(self.config_path).st_mtime_ns
+            except OSError:
+                mtime = None
+            if hup or mtime != self.mtime_ns:
+                self.load()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def handle(self, conn: socket.socket) -> None:
+        site = self.site
+        budget = site.bridge.timeout_s if site else 2.0
+        deadline = time.monotonic() + budget
+        chunks, size = [], 0
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                conn.settimeout(left)
+                data = conn.recv(1 << 20)
+                if not data:
+                    break
+                chunks.append(data)
+                size += len(data)
+                if data.endswith(b"\n") or size > MAX_REQUEST_BYTES:
+                    break
+            raw = b"".join(chunks).rstrip(b"\n")
+            if size > MAX_REQUEST_BYTES:
+                d = error_decision("request-too-large", f"{size} bytes or more")
+            elif raw.startswith(b'{"op":"status"'):
+                conn.sendall(self.status_line())
+                return
+            else:
+                d = decide_bytes(raw, site, self.problem, directives=self._directives)
+            conn.settimeout(max(0.05, deadline - time.monotonic()))
+            conn.sendall(d.wire())
+            self.log(d.log + " via=server")
+        except (OSError, TimeoutError):
+            self.log("vest-bridge: action=error reason=request-timeout via=server")
+
+    def status_line(self) -> bytes:
+        obj = {"generation": self.generation, "config": self.config_path, "mtime_ns": self.mtime_ns,
+               "problem": self.problem, "pid": os.getpid(),
+               "fail": self.site.bridge.fail if self.site else None,
+               "unknown_jobs": self.site.bridge.unknown_jobs if self.site else None}
+        return (json.dumps(obj) + "\n").encode()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        path = self.socket_path
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(0.5)
+            try:
+                probe.connect(path)
+                raise VestError(f"another bridge server is listening on {path}", "stop it first")
+            except (ConnectionRefusedError, FileNotFoundError, socket.timeout):
+                os.unlink(path)
+            finally:
+                probe.close()
+        old = os.umask(0o177)           # the socket: the server's user only (slurmctld runs as it)
+        try:
+            self._server = _UnixServer(path, _Handler)
+        finally:
+            os.umask(old)
+        self._server.bridge = self  # type: ignore[attr-defined]
+
+    def serve_forever(self) -> None:
+        if self._server is None:
+            self.bind()
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=self.shutdown, daemon=True).start())
+        watcher = threading.Thread(target=self._watch, daemon=True, name="config-watch")
+        watcher.start()
+        self.log(f"vest-bridge: action=start socket={self.socket_path} pid={os.getpid()}")
+        try:
+            self._server.serve_forever(poll_interval=0.2)
+        finally:
+            self._stop.set()
+            self._server.server_close()
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+            if self._directives:
+                self._directives.close()
+            self.log("vest-bridge: action=stop")
+
+    def shutdown(self) -> None:
+        if self._server:
+            self._server.shutdown()
+
+
+def query_status(socket_path: str, timeout_s: float = 2.0) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(socket_path)
+        s.sendall(b'{"op":"status"}\n')
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
