@@ -79,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA_COMMANDS: list = []
 
 
+def _add_bridge(sub) -> None:   # vest bridge (bridge/cli.py)
+    from .bridge.cli import add_bridge_commands
+
+    add_bridge_commands(sub)
+
+
+_EXTRA_COMMANDS.append(_add_bridge)
+
+
 def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     parser = parser or build_parser()
     try:
