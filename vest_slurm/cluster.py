@@ -55,9 +55,9 @@ _UNREACHABLE = (
 )
 
 
-def default_timeout_s() -> float:
-    """Seconds every Slurm command may take: $VEST_SLURM_TIMEOUT_S, else 5."""
-    raw = os.environ.get(TIMEOUT_ENV)
+def default_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """Seconds every Slurm command may take: $VEST_SLURM_TIMEOUT_S (of ``env``, else os.environ), else 5."""
+    raw = (os.environ if env is None else env).get(TIMEOUT_ENV)
     if raw:
         try:
             value = float(raw)
