@@ -1,0 +1,135 @@
+"""advice: the batch search (pure, against known need curves) and the advice on a real refused job."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vest_slurm.advice import Prober, advise, amp_precision, resolution, search_largest_batch, site_profiles
+from vest_slurm.jobscript import GpuRequest
+from vest_slurm.placement import NoFit, place
+from vest_slurm.profiles import get_profile
+from vest_slurm.siteconfig import parse_site_config
+from vest_slurm.units import MiB
+from vest_slurm.workload import parse_workload_args
+
+
+def _truth(need, cap, max_batch):
+    return max((b for b in range(1, max_batch + 1) if need(b) <= cap), default=None)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_search_finds_the_boundary_to_its_resolution_on_step_curves(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        base, per, step = rng.randint(0, 5000), rng.randint(1, 100), rng.choice([1, 64, 512, 4096])
+        need = lambda b: base + -(-per * b // step) * step  # noqa: E731  allocator-like rounding
+        cap, start, top = rng.randint(0, 40000), rng.randint(1, 500), 500
+        s = search_largest_batch(need, cap, start, max_batch=top)
+        truth = _truth(need, cap, top)
+        if truth is None or truth < 64:
+            assert s.batch == truth
+        else:   # never above the truth, and within 1/64 of it
+            assert s.batch <= truth < s.batch + resolution(s.batch)
+        assert s.complete
+        assert s.exact or s.batch is None
+        if s.batch is not None:
+            assert s.needed_bytes == need(s.batch)
+
+
+def test_resolution():
+    assert [resolution(b) for b in (1, 63, 64, 128, 6400)] == [1, 1, 1, 2, 100]
+
+
+def test_search_uses_few_probes_on_linear_memory():
+    need = lambda b: 600 * MiB + b * 3 * MiB  # noqa: E731
+    up = search_largest_batch(need, 16000 * MiB, 8)
+    assert up.batch <= (16000 - 600) // 3 < up.batch + resolution(up.batch) and up.exact
+    assert len(up.probes) <= 6, up.probes
+    down = search_largest_batch(need, 2000 * MiB, 1024)
+    assert down.batch <= (2000 - 600) // 3 < down.batch + resolution(down.batch) and down.exact
+    assert len(down.probes) <= 6, down.probes
+
+
+def test_search_reports_nothing_fits_and_the_cap():
+    assert search_largest_batch(lambda b: 10 + b, 5, 64).batch is None
+    capped = search_largest_batch(lambda b: b, 10**9, 4, max_batch=1000)
+    assert capped.batch == 1000 and capped.capped and capped.text() == ">=1000"
+
+
+def test_search_stops_at_the_budget_with_a_lower_bound():
+    calls = []
+
+    def need(b):
+        if len(calls) >= 2:
+            return None
+        calls.append(b)
+        return b
+
+    s = search_largest_batch(need, 1000, 10)
+    assert not s.complete and not s.exact and s.batch == 20 and s.text() == ">=20"
+
+
+def test_amp_precision_by_capability():
+    assert amp_precision(get_profile("v100-16gb")) == "amp-fp16"
+    assert amp_precision(get_profile("a100-40gb")) == "amp-bf16"
+
+
+TINY_SITE = """
+[gpu.tiny]
+profile = "v100-16gb"
+memory_mib = 700
+[gpu.small]
+profile = "a100-40gb"
+memory_mib = 650
+[partition.tiny]
+gpu_types = ["tiny"]
+gpus_per_node = 4
+[partition.small]
+gpu_types = ["small"]
+gpus_per_node = 2
+[policy]
+headroom_percent = 0
+exempt_users = []
+"""
+MLP = 'mlp:[["Linear",1024,1024],["ReLU"],["Linear",1024,10]]'
+
+
+def test_site_memory_overrides_the_profile_capacity():
+    site = parse_site_config(TINY_SITE)
+    profiles = site_profiles(site)
+    assert profiles["tiny"].usable_bytes == 700 * MiB and profiles["tiny"].capability == (7, 0)
+
+
+@pytest.mark.slow
+def test_advice_on_a_refused_job_is_verified_by_the_estimator():
+    pytest.importorskip("torch")
+    site = parse_site_config(TINY_SITE)
+    spec = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "32768"])
+    prober = Prober.for_site(site, budget_s=120)
+    estimates, failed = prober.estimates(spec)
+    assert not failed
+    nofit = place(estimates, GpuRequest(None, None, 0, 0), (), site)
+    assert isinstance(nofit, NoFit) and nofit.reason == "no-fit"
+    before = prober.traces_made
+    items = {a.kind: a for a in advise(spec, site, prober, nofit)}
+    advice_traces = prober.traces_made - before
+    batch = items["batch"]
+    assert batch.fits and batch.gpu_type == "tiny" and 1 <= batch.batch_size < 32768
+    # the answer is the boundary to the search's resolution: it fits, a resolution step more does not
+    b = batch.batch_size
+    assert prober.needed(spec.with_(batch_size=b), "tiny") <= 700 * MiB
+    assert prober.needed(spec.with_(batch_size=b + resolution(b)), "tiny") > 700 * MiB
+    amp = items["amp"]
+    assert amp.precision in ("amp-fp16", "amp-bf16")
+    if amp.fits:
+        assert prober.needed(spec.with_(precision=amp.precision), amp.gpu_type) <= prober.capacity(amp.gpu_type)
+    gpus = items["gpus"]
+    if gpus.fits:
+        variant = spec.with_(num_gpus=gpus.num_gpus, batch_size=gpus.batch_size)
+        assert prober.needed(variant, gpus.gpu_type) <= prober.capacity(gpus.gpu_type)
+    else:
+        assert "do not help" in gpus.text
+    # bounded: the batch search, AMP (one trace per GPU class) and the GPU counts reuse traces
+    assert advice_traces <= 16, advice_traces
