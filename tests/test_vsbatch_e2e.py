@@ -1,0 +1,285 @@
+"""vsbatch end to end against the real Slurm testbed (site-config/testbed.toml) with real estimates.
+
+Workloads (checked with `vest estimate`): small_cnn at batch 8 needs ~0.6 GiB (fits the 16 GB V100);
+a 4 x 16384^2 MLP with Adam needs ~20.5 GiB (not a V100; fits the A100 40 GB and the H100); a
+2 x 65536^2 MLP needs ~160 GiB (fits nothing).
+
+testbed.toml exempts root (the tests' user) from refusals; the refusal tests use a copy without
+that exemption, and one test checks the exemption itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vest_slurm import vsbatch
+from vest_slurm.attach import detach
+from vest_slurm.cluster import SlurmCLI
+
+pytestmark = pytest.mark.slurm
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTBED = ROOT / "site-config" / "testbed.toml"
+SMALL = f"#VEST --model {ROOT / 'tests' / 'data' / 'user_models.py'}:small_cnn --batch-size 8 --input 3x32x32"
+_L = '["Linear",16384,16384],["ReLU"]'
+WIDE = f"#VEST --model 'mlp:[{_L},{_L},{_L},{_L},[\"Linear\",16384,10]]' --input 16384 --batch-size 64"
+HUGE = ("#VEST --model 'mlp:[[\"Linear\",65536,65536],[\"ReLU\"],[\"Linear\",65536,65536]]' "
+        "--input 65536 --batch-size 64")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+
+@pytest.fixture
+def cli(slurm):
+    return SlurmCLI(env=slurm.env, timeout_s=10)
+
+
+@pytest.fixture
+def strict_site(tmp_path):
+    """testbed.toml without the root exemption."""
+    p = tmp_path / "strict.toml"
+    p.write_text(TESTBED.read_text().replace('exempt_users = ["root"]', "exempt_users = []"))
+    return str(p)
+
+
+def script(dirpath: Path, name: str, *header: str, body: str = 'echo "CVD=${CUDA_VISIBLE_DEVICES:-none}"') -> Path:
+    p = dirpath / name
+    p.write_text("\n".join(("#!/bin/bash",) + header + (body, "")))
+    return p
+
+
+def run_vsbatch(argv, env, cwd: Path, site: str | None = str(TESTBED)):
+    """In process (torch is imported once for the session); returns (rc, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        rc = vsbatch.run((["--site-config", site] if site else []) + list(argv), env=env,
+                         stdin=io.StringIO(""), stdout=out, stderr=err)
+    finally:
+        os.chdir(old)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def wait_done(cli: SlurmCLI, job_id: int, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rec = cli.job(job_id)
+        if rec is not None and rec.state in TERMINAL:
+            return rec
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not finished after {timeout_s} s: {rec!r}")
+        time.sleep(0.2)
+
+
+def test_job_that_fits_only_larger_gpus_is_routed_and_completes(slurm, cli, tmp_path):
+    job = script(tmp_path, "wide.sh", "#SBATCH --time=5", "#SBATCH --comment=mine", WIDE)
+    rc, out, err = run_vsbatch(["--json", job.name], slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["action"] == "submit" and d["partition"] == "a100" and d["gres"] == "gpu:a100:1"
+    assert d["estimates"]["v100"]["required_mib"] > 16220 > 0 and d["estimate_mib"] < 40550
+    assert "placing on partition a100" in err and "smallest GPU that fits: a100" in err
+    rec = wait_done(cli, d["job_id"])
+    assert rec.state == "COMPLETED" and rec.node_list == "a100-node1" and rec.partition == "a100"
+    assert rec.tres_per_node == "gres:gpu:a100:1"
+    assert rec.name == "wide.sh"                 # the job name sbatch would have given
+    assert rec.comment == "mine"                 # the user's comment untouched
+    assert "CVD=0" in (tmp_path / f"slurm-{d['job_id']}.out").read_text()
+    # the submitted script carries a valid attached estimate for every GPU type
+    text = subprocess.run(["scontrol", "write", "batch_script", str(d["job_id"]), "-"], env=slurm.env,
+                          capture_output=True, text=True, timeout=10).stdout
+    original, attached = detach(text)
+    assert original == job.read_text()
+    assert {g.gpu_type for g in attached.gpus} == {"v100", "a100", "h100"} and attached.batch_size == 64
+
+
+def test_job_that_fits_the_smallest_lands_there_via_the_console_script(slurm, cli, tmp_path):
+    job = script(tmp_path, "small.sh", "#SBATCH --time=5", SMALL)
+    r = subprocess.run(["vsbatch", "--site-config", str(TESTBED), "small.sh"], cwd=tmp_path, env=slurm.env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Submitted batch job "), r.stdout   # sbatch's own output
+    job_id = int(r.stdout.split()[-1])
+    rec = wait_done(cli, job_id)
+    assert rec.state == "COMPLETED" and rec.node_list == "v100-node1" and rec.tres_per_node == "gres:gpu:v100:1"
+    assert job.name == rec.name
+
+
+def test_job_that_fits_nowhere_is_refused_and_nothing_is_queued(slurm, cli, tmp_path, strict_site):
+    script(tmp_path, "huge.sh", "#SBATCH --time=5", HUGE)
+    before = cli.queue_ids()
+    rc, out, err = run_vsbatch(["--json", "huge.sh"], slurm.env, tmp_path, site=strict_site)
+    assert rc == 3
+    d = json.loads(out)
+    assert d["action"] == "refuse" and d["reason"] == "no-fit" and d["partition"] is None and d["job_id"] is None
+    assert d["estimate_mib"] > 80743
+    kinds = {a["kind"] for a in d["advice"]}
+    assert {"batch", "amp", "gpus"} <= kinds and not any(a["fits"] for a in d["advice"])
+    assert "does not fit on any GPU" in err and "The largest GPU here is h100" in err and "Nothing was queued" in err
+    assert cli.queue_ids() == before
+
+
+def test_exempt_user_is_warned_not_refused(slurm, tmp_path):
+    script(tmp_path, "huge.sh", HUGE)
+    rc, out, err = run_vsbatch(["--json", "--dry-run", "huge.sh"], slurm.env, tmp_path)   # testbed.toml: root exempt
+    d = json.loads(out)
+    assert rc == 0 and d["action"] == "submit" and d["partition"] == "h100"
+    assert any("exempt" in w for w in d["warnings"])
+
+
+def test_explicit_gres_that_fits_is_kept(slurm, cli, tmp_path):
+    script(tmp_path, "wide.sh", "#SBATCH --time=5", WIDE)
+    rc, out, err = run_vsbatch(["--json", "--gres=gpu:h100:1", "wide.sh"], slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["partition"] == "h100" and d["gres"] == "gpu:h100:1" and not d["changed"]
+    assert "--gres=gpu:h100:1" in d["sbatch_argv"]
+    rec = wait_done(cli, d["job_id"])
+    assert rec.state == "COMPLETED" and rec.node_list == "h100-node1" and rec.tres_per_node == "gres:gpu:h100:1"
+
+
+def test_other_options_pass_through_unchanged(slurm, cli, tmp_path):
+    script(tmp_path, "small.sh", SMALL, body='echo "task=${SLURM_ARRAY_TASK_ID} VEST_E2E=${VEST_E2E}"')
+    rc, out, err = run_vsbatch(["--json", "--hold", "--time=3", "small.sh"], slurm.env, tmp_path)
+    assert rc == 0, err
+    first = json.loads(out)["job_id"]
+    argv = ["--json", "--time=00:07:00", "-o", "out-%A_%a.txt", "--array=0-2", "--export=ALL,VEST_E2E=hello",
+            f"--dependency=afterok:{first}", "small.sh"]
+    rc, out, err = run_vsbatch(argv, slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    for opt in ("--time=00:07:00", "--output=out-%A_%a.txt", "--array=0-2", "--export=ALL,VEST_E2E=hello",
+                f"--dependency=afterok:{first}"):
+        assert opt in d["sbatch_argv"], d["sbatch_argv"]
+    job = d["job_id"]
+    rec = cli.job(job)
+    assert rec.time_limit == "00:07:00"
+    assert rec.array_task_id == "0-2"
+    assert rec.dependency.startswith(f"afterok:{first}")
+    assert rec.std_out.startswith(str(tmp_path / f"out-{job}_"))
+    assert rec.partition == "v100" and rec.tres_per_node == "gres:gpu:v100:1"
+    subprocess.run(["scontrol", "release", str(first)], env=slurm.env, check=True, timeout=10)
+    wait_done(cli, first)
+    for task in range(3):
+        deadline = time.monotonic() + 60
+        f = tmp_path / f"out-{job}_{task}.txt"
+        while not (f.exists() and "VEST_E2E" in f.read_text()):
+            assert time.monotonic() < deadline, f"no output from task {task}"
+            time.sleep(0.2)
+        assert f.read_text().strip() == f"task={task} VEST_E2E=hello"   # --export reached the job
+
+
+def test_script_without_vest_lines_passes_through(slurm, cli, tmp_path):
+    script(tmp_path, "plain.sh", "#SBATCH --time=5", "#SBATCH --partition=a100")
+    rc, out, err = run_vsbatch(["plain.sh"], slurm.env, tmp_path)
+    assert rc == 0 and "no #VEST line" in err and out.startswith("Submitted batch job")
+    rec = wait_done(cli, int(out.split()[-1]))
+    assert rec.partition == "a100" and rec.tres_per_node == "" and rec.state == "COMPLETED"
+
+
+# ---------------------------------------------------------------- bad input: message, exit code, nothing queued
+
+@pytest.mark.parametrize("name, header, code, words", [
+    ("missing.sh", None, 2, ["job script missing.sh not found"]),
+    ("adir", "dir", 2, ["is a directory"]),
+    ("badsbatch.sh", ["#SBATCH --no-such-option=1", SMALL], 2, ["line 2", "unknown sbatch option --no-such-option"]),
+    ("badquote.sh", ["#SBATCH --comment='open", SMALL], 2, ["line 2", "unmatched"]),
+    ("badvest.sh", ["#VEST --model"], 2, ["#VEST line(s) 2", "--model"]),
+    ("badvest2.sh", ["#VESTmodel=x"], 2, ["line 2", "malformed #VEST line"]),
+    ("badvest3.sh", [SMALL, "#VEST --batch-size -3"], 2, ["#VEST line(s) 2, 3", "--batch-size"]),
+    ("nofile.sh", ["#VEST --model torchvision:no_such_net --batch-size 2"], 2, ["no_such_net"]),
+])
+def test_bad_scripts(slurm, cli, tmp_path, name, header, code, words):
+    if header == "dir":
+        (tmp_path / name).mkdir()
+    elif header is not None:
+        script(tmp_path, name, *header)
+    before = cli.queue_ids()
+    rc, out, err = run_vsbatch([name], slurm.env, tmp_path)
+    assert rc == code, err
+    for w in words:
+        assert w in err, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert cli.queue_ids() == before
+
+
+def test_invalid_site_config(slurm, cli, tmp_path):
+    script(tmp_path, "small.sh", SMALL)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TESTBED.read_text().replace("headroom_percent = 5", "headroom_pct = 5"))
+    before = cli.queue_ids()
+    rc, out, err = run_vsbatch(["small.sh"], slurm.env, tmp_path, site=str(bad))
+    assert rc == 2 and "unknown key policy.headroom_pct" in err and "headroom_percent" in err
+    assert cli.queue_ids() == before
+
+
+def _conf_with_port(slurm, tmp_path, port: int) -> dict:
+    text = slurm.conf_path.read_text()
+    lines = [f"SlurmctldPort={port}" if ln.startswith("SlurmctldPort=") else ln for ln in text.splitlines()]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    for f in ("gres.conf", "cgroup.conf"):
+        (tmp_path / f).write_text((slurm.etc / f).read_text())
+    return dict(slurm.env, SLURM_CONF=str(conf))
+
+
+def test_controller_down_is_a_clear_error(slurm, cli, tmp_path):
+    script(tmp_path, "small.sh", SMALL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # closed again: nothing listens there
+    env = _conf_with_port(slurm, tmp_path, port)
+    before = cli.queue_ids()
+    t0 = time.monotonic()
+    rc, out, err = run_vsbatch(["small.sh"], env, tmp_path)
+    assert rc == 4 and "controller" in err and "slurmctld" in err, err
+    assert time.monotonic() - t0 < 10
+    assert cli.queue_ids() == before
+
+
+def test_controller_too_slow_is_bounded_by_the_timeout(slurm, cli, tmp_path):
+    script(tmp_path, "small.sh", SMALL)
+    with socket.socket() as mute:          # accepts connections (the kernel does), never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)
+        env = _conf_with_port(slurm, tmp_path, mute.getsockname()[1])
+        env["VEST_SLURM_TIMEOUT_S"] = "1.5"
+        before = cli.queue_ids()
+        t0 = time.monotonic()
+        rc, out, err = run_vsbatch(["small.sh"], env, tmp_path)
+        took = time.monotonic() - t0
+    assert rc == 4 and "did not answer within 1.5 s" in err and "too slow" in err, err
+    assert took < 6
+    assert cli.queue_ids() == before
+
+
+def test_dry_run_prints_the_command_and_queues_nothing(slurm, cli, tmp_path):
+    script(tmp_path, "wide.sh", "#SBATCH --time=5", WIDE)
+    before = cli.queue_ids()
+    rc, out, err = run_vsbatch(["--dry-run", "-t", "9", "wide.sh", "arg one"], slurm.env, tmp_path)
+    assert rc == 0
+    assert out.strip() == "sbatch --time=9 --partition=a100 --gres=gpu:a100:1 wide.sh 'arg one'"
+    assert cli.queue_ids() == before
+
+
+def test_resolve_script_path_as_sbatch(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "job.sh").write_text("#!/bin/bash\n")
+    (tmp_path / "cwd").mkdir()
+    cwd, path = str(tmp_path / "cwd"), f"/nonexistent:{tmp_path / 'bin'}"
+    assert vsbatch.resolve_script_path("job.sh", cwd, path) == str(tmp_path / "bin" / "job.sh")
+    (tmp_path / "cwd" / "job.sh").write_text("#!/bin/bash\n")
+    assert vsbatch.resolve_script_path("job.sh", cwd, path) == str(tmp_path / "cwd" / "job.sh")   # cwd first
+    assert vsbatch.resolve_script_path("./job.sh", cwd, path) == "./job.sh"
+    assert vsbatch.resolve_script_path("nope.sh", cwd, path) == "nope.sh"
+    assert vsbatch.resolve_script_path("job.sh", cwd, "") == "job.sh"
