@@ -75,8 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_check(sub) -> None:   # vest check (check.py)
+    from .check import add_check_parser
+    add_check_parser(sub)
+
+
 # Other modules add subcommands here (check, bridge, calibrate) without cli.py importing them eagerly.
-_EXTRA_COMMANDS: list = []
+_EXTRA_COMMANDS: list = [_add_check]
 
 
 def _add_bridge(sub) -> None:   # vest bridge (bridge/cli.py)

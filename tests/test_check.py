@@ -1,0 +1,104 @@
+"""`vest check`: one row per GPU type of the site, the largest batch, where vsbatch would place it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vest_slurm.cli import run
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTBED = str(ROOT / "site-config" / "testbed.toml")
+SMALL = f"{ROOT / 'tests' / 'data' / 'user_models.py'}:small_cnn"
+TINY_SITE = """
+[gpu.tiny]
+profile = "v100-16gb"
+memory_mib = 700
+[gpu.big]
+profile = "a100-40gb"
+memory_mib = 900
+[partition.tiny]
+gpu_types = ["tiny"]
+gpus_per_node = 4
+[partition.big]
+gpu_types = ["big"]
+gpus_per_node = 4
+[policy]
+headroom_percent = 0
+"""
+MLP = 'mlp:[["Linear",1024,1024],["ReLU"],["Linear",1024,10]]'
+
+
+def _script(tmp_path, body: str, name="job.sh") -> str:
+    p = tmp_path / name
+    p.write_text("#!/bin/bash\n" + body + "\necho hi\n")
+    return str(p)
+
+
+def test_check_script_table(tmp_path, capsys):
+    job = _script(tmp_path, f"#SBATCH --time=5\n#VEST --model {SMALL} --batch-size 8 --input 3x32x32")
+    assert run(["check", job, "--site-config", TESTBED, "--no-search"]) == 0
+    out = capsys.readouterr().out
+    for word in ("v100", "a100", "h100", "capacity MiB", "largest batch", "partitions",
+                 "vsbatch would submit to partition v100"):
+        assert word in out, out
+
+
+def test_check_json_with_search_on_a_small_site(tmp_path, capsys):
+    site = tmp_path / "site.toml"
+    site.write_text(TINY_SITE)
+    rc = run(["check", "--model", MLP, "--input", "1024", "--batch-size", "4096", "--site-config", str(site),
+              "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {g["gpu"]: g for g in doc["gpus"]}
+    assert set(rows) == {"tiny", "big"}
+    for g in rows.values():
+        assert g["fits"] and g["capacity_mib"] in (700, 900)
+        assert g["headroom_mib"] == pytest.approx(g["capacity_mib"] - g["needed_mib"], abs=0.2)
+        assert g["largest_batch"] > 4096 and g["largest_batch_exact"]
+    assert rows["big"]["largest_batch"] > rows["tiny"]["largest_batch"]
+    assert doc["placement"]["action"] == "submit" and doc["placement"]["partition"] == "tiny"
+
+
+def test_check_options_override_the_script_and_refusal_exits_3(tmp_path, capsys):
+    site = tmp_path / "site.toml"
+    site.write_text(TINY_SITE)
+    job = _script(tmp_path, f"#VEST --model '{MLP}' --input 1024 --batch-size 64")
+    rc = run(["check", job, "--batch-size", "65536", "--site-config", str(site), "--json", "--search-budget", "60"])
+    assert rc == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workload"]["batch_size"] == 65536
+    assert doc["placement"]["action"] == "refuse" and not any(g["fits"] for g in doc["gpus"])
+    assert all(g["largest_batch"] < 65536 for g in doc["gpus"])
+    assert doc["advice"], doc
+
+
+@pytest.mark.parametrize("body, words", [
+    ("#SBATCH --time=5", ["no #VEST line"]),
+    ("#VEST --model", ["#VEST line(s) 2", "expected one argument"]),
+    ("#VEST --model torchvision:resnet18 --batch-size zero", ["#VEST line(s) 2", "not an integer"]),
+    ("#SBATCH --no-such-option", ["line 2", "unknown sbatch option"]),
+])
+def test_check_bad_scripts(tmp_path, capsys, body, words):
+    job = _script(tmp_path, body)
+    assert run(["check", job, "--site-config", TESTBED]) == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err
+    assert "Traceback" not in err
+
+
+def test_check_missing_script_and_bad_site_config(tmp_path, capsys):
+    assert run(["check", str(tmp_path / "nope.sh"), "--site-config", TESTBED]) == 2
+    assert "not found" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gpu.v100]\nprofile = 'v100-16gb'\nmemroy_mib = 3\n[partition.v100]\ngpu_types=['v100']\ngpus_per_node=4\n")
+    job = _script(tmp_path, f"#VEST --model {SMALL} --batch-size 8 --input 3x32x32")
+    assert run(["check", job, "--site-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key gpu.v100.memroy_mib" in err and "memory_mib" in err
