@@ -231,10 +231,9 @@ class Recorder:
 class FakeCudaMode(FakeTensorMode):
     """FakeTensorMode that answers ``cpu`` to autograd's device query and records storages."""
 
-    def __init__(self, recorder: Recorder, sdp_choice: Callable | None = None, scalar_stand_in: bool = False):
+    def __init__(self, recorder: Recorder, scalar_stand_in: bool = False):
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
-        self.sdp_choice = sdp_choice
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
@@ -246,8 +245,6 @@ class FakeCudaMode(FakeTensorMode):
         if func is aten._local_scalar_dense.default and self.scalar_stand_in and isinstance(args[0], FakeTensor):
             t = args[0]
             return False if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
-        if func is aten._fused_sdp_choice.default and self.sdp_choice is not None:
-            return self.sdp_choice(*args, **kwargs)
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         if (func is aten._to_copy.default and kwargs.get("device") is not None
@@ -302,12 +299,19 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
     - ``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
       mode: build the host tensor, then an empty fake CUDA tensor of its shape (values are not
       needed to trace memory);
-    - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``."""
+    - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``;
+    - scaled_dot_product_attention takes the kernel the GPU would take (gpu_sdp_choice)."""
 
     FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
 
+    def __init__(self, capability: tuple[int, int] = (8, 0)):
+        super().__init__()
+        self.sdpa = _sdpa(tuple(capability), torch.nn.functional.scaled_dot_product_attention)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            return self.sdpa(*args, **kwargs)
         dev = kwargs.get("device")
         if dev is not None and not isinstance(dev, int):
             pinned = _pin(dev)
@@ -331,27 +335,52 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# ---- SDPA backend choice as the GPU makes it (sdp_utils.cpp) ----------------------------------------
-# Values of sdp::SDPBackend: error -1, math 0, flash_attention 1, efficient_attention 2, cudnn 3.
-SDP_MATH, SDP_FLASH, SDP_EFFICIENT = 0, 1, 2
+# ---- SDPA backend choice as the GPU makes it (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) ----
+# scaled_dot_product_attention picks its kernel from the C++ device of the query, which here is the
+# CPU: the CPU's choice (math, saving the S x S attention) would stand in for the GPU's flash or
+# memory-efficient kernels (saving only the log-sum-exp). The choice is made here as on the GPU.
+SDP_MATH, SDP_FLASH, SDP_EFFICIENT = "math", "flash", "efficient"
 
 
-def gpu_sdp_choice(compute_capability: tuple[int, int]):
-    """Return a function mirroring _fused_sdp_choice_cuda for fake inputs on a GPU of this capability:
-    flash attention for fp16/bf16, no explicit mask, head dim <= 256, sm80+; else memory-efficient
-    attention (any float dtype, masks allowed, sm50+); math otherwise."""
-
-    def choose(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        head_dim = query.shape[-1]
-        half = query.dtype in (torch.float16, torch.bfloat16)
-        if (half and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0
-                and compute_capability >= (8, 0) and not enable_gqa):
-            return SDP_FLASH
-        if head_dim % (8 if half else 4) == 0 and compute_capability >= (5, 0):
-            return SDP_EFFICIENT
+def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
+    """Flash attention: fp16/bf16, no explicit mask, head dim <= 256 and a multiple of 8, sm80+;
+    memory-efficient attention: any float dtype, masks allowed, head dim a multiple of 8 (fp16/bf16)
+    or 4 (fp32), sm50+; math otherwise (the priority order of torch 2.x)."""
+    if enable_gqa and query.shape[-3] != key.shape[-3]:
         return SDP_MATH
+    if query.dim() != 4 or key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+        return SDP_MATH
+    head_dim = query.shape[-1]
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    if half and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0 and capability >= (8, 0):
+        return SDP_FLASH
+    if head_dim % (8 if half else 4) == 0 and capability >= (5, 0) and query.dtype != torch.float64:
+        return SDP_EFFICIENT
+    return SDP_MATH
 
-    return choose
+
+def _sdpa(capability, original):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if not _is_fake_cuda(query):
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
+        if choice == SDP_FLASH:
+            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if choice == SDP_EFFICIENT:
+            bias = attn_mask
+            if bias is not None and bias.dtype == torch.bool:
+                # the GPU converts a boolean mask to an additive bias of the query's dtype
+                bias = torch.zeros(bias.shape, dtype=query.dtype, device=DEVICE).masked_fill(bias.logical_not(), float("-inf"))
+            if bias is not None:
+                bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p,
+                                                                is_causal, scale=scale)[0]
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+
+    return sdpa
 
 
 # ---- patches for code that asks CUDA questions --------------------------------------------------------

@@ -142,11 +142,11 @@ def run(ns) -> dict:
     sys.argv = [ns.script or ns.module] + list(ns.args)
     if ns.script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
-    mode = fc.FakeCudaMode(tracer.recorder, sdp_choice=fc.gpu_sdp_choice(tuple(ns.capability)), scalar_stand_in=True)
+    mode = fc.FakeCudaMode(tracer.recorder, scalar_stand_in=True)
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode():
+                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode(tuple(ns.capability)):
             try:
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)

@@ -226,10 +226,10 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     tracer = Tracer(capability)
     weight_dtype = _DTYPES[spec.weight_dtype]
     amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
-    mode = fc.FakeCudaMode(tracer.recorder, sdp_choice=fc.gpu_sdp_choice(capability))
+    mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
     try:
-        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode():
+        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode(capability):
             tracer.s.category = "parameter"
             fc.materialize(model, weight_dtype, spec.channels_last)
             tracer.s.category = None
