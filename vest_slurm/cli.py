@@ -63,6 +63,35 @@ def cmd_estimate(ns) -> int:
     return 0
 
 
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this GPU's CUDA context for the site config (run on a GPU node)",
+                       description="Measure the CUDA context + loaded kernels of a PyTorch process on this node's GPU "
+                                   "and print the [gpu.<type>] lines for the site config. Run it on each GPU type, "
+                                   "e.g. `srun -p a100 --gres=gpu:1 vest calibrate --gres-type a100`.")
+    p.add_argument("--gres-type", required=True, help="the GPU's gres type name in Slurm (e.g. a100)")
+    p.add_argument("--profile", default=None, help="device profile (default: from the device name)")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(ns) -> int:
+    import torch
+
+    from .gpu_measure import calibration_lines, measure
+    from .profiles import get_profile, profile_for_device_name
+    from .workload import parse_workload_args
+
+    if not torch.cuda.is_available():
+        raise VestError("no CUDA GPU is visible to this process",
+                        "run vest calibrate on a GPU node, e.g. srun --gres=gpu:1 vest calibrate --gres-type a100")
+    m = measure(parse_workload_args(["--model", 'mlp:[["Linear",256,256],["ReLU"],["Linear",256,10]]',
+                                     "--batch-size", "8", "--optimizer", "sgd"]), device="cuda", steps=2)
+    profile = get_profile(ns.profile) if ns.profile else profile_for_device_name(m.device_name, int(m.total_mib or 0))
+    if profile is None:
+        raise VestError(f"no built-in profile matches {m.device_name!r}", "give --profile with the closest built-in type")
+    print(calibration_lines(m, ns.gres_type, profile.key), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _ArgParser(prog="vest", description=__doc__.splitlines()[0])
     from . import __version__
@@ -70,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"vest-slurm {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_ArgParser)
     _add_estimate(sub)
+    _add_calibrate(sub)
     for hook in _EXTRA_COMMANDS:
         hook(sub)
     return p

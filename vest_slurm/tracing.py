@@ -171,28 +171,27 @@ def make_optimizer(spec: WorkloadSpec, params):
     return torch.optim.AdamW(params, lr=1e-3, **impl, **wd)
 
 
-def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype):
+def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype, dev: torch.device):
     """A batch as the data loader would put it on the GPU; returns (forward kwargs or args, target)."""
     b = spec.batch_size
-    dev = fc.DEVICE
     inp = built.input
     if built.family == "hf":
         if built.hf_main_input == "input_ids":
-            ids = torch.empty((b, inp.shape[0]), dtype=torch.long, device=dev)
-            labels = torch.empty((b, inp.shape[0]), dtype=torch.long, device=dev)
+            ids = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)   # valid token ids on a real GPU
+            labels = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)
             return {"input_ids": ids, "labels": labels}, None
         feats = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)
         kwargs = {built.hf_main_input: feats}
         if built.hf_is_encoder_decoder:
             dec = int(spec.model_kwargs.get("decoder_seq", 448 if built.hf_main_input == "input_features" else 128))
-            kwargs["labels"] = torch.empty((b, dec), dtype=torch.long, device=dev)
+            kwargs["labels"] = torch.zeros((b, dec), dtype=torch.long, device=dev)
         return kwargs, None
     fmt = torch.channels_last if (spec.channels_last and len(inp.shape) == 3) else torch.contiguous_format
     x = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev, memory_format=fmt)
     return x, "target"
 
 
-def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind):
+def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch.device):
     if built.family == "hf" or spec.loss == "model":
         loss = getattr(out, "loss", None)
         if loss is None:
@@ -209,14 +208,113 @@ def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind):
         if mode == "cross-entropy":
             if o.dim() < 2:
                 raise EstimateError(f"cross-entropy needs class scores [batch, classes], the model gave {tuple(o.shape)}", "use --loss mse")
-            target = torch.empty((o.shape[0],) + tuple(o.shape[2:]), dtype=torch.long, device=fc.DEVICE)
+            target = torch.zeros((o.shape[0],) + tuple(o.shape[2:]), dtype=torch.long, device=device)
             part = nn.functional.cross_entropy(o, target)
         else:
-            target = torch.empty(o.shape, dtype=o.dtype, device=fc.DEVICE)
+            target = torch.zeros(o.shape, dtype=o.dtype, device=device)
             part = nn.functional.mse_loss(o, target)
         part = part if i == 0 else part * 0.4   # auxiliary heads (inception, googlenet), as in the reference recipes
         total = part if total is None else total + part
     return total
+
+
+class LoopHooks:
+    """What the tracer wants to know about the loop; the GPU measurement passes the no-op default."""
+
+    def phase(self, name: str) -> None:
+        pass
+
+    def category(self, name: str | None) -> None:
+        pass
+
+    def iteration(self, i: int) -> None:
+        pass
+
+    def mark(self, tensors, category: str) -> None:
+        pass
+
+
+class _TracerHooks(LoopHooks):
+    def __init__(self, tracer: Tracer):
+        self.t = tracer
+
+    def phase(self, name):
+        self.t.s.phase = name
+
+    def category(self, name):
+        self.t.s.category = name
+
+    def iteration(self, i):
+        self.t.s.iteration = i
+
+    def mark(self, tensors, category):
+        self.t.mark(tensors, category)
+
+
+def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, device: torch.device,
+                      hooks: LoopHooks = LoopHooks()) -> None:
+    """The training loop of the module docstring, on ``device`` (fake or real CUDA, or the CPU)."""
+    weight_dtype = _DTYPES[spec.weight_dtype]
+    amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(spec, params)
+    scale = None
+    if spec.precision == "amp-fp16":
+        hooks.category("other")
+        scale = torch.full((), 65536.0, dtype=torch.float32, device=device)
+        hooks.category(None)
+    keep = None
+    batch = None
+    for it in range(spec.steps):
+        hooks.iteration(it)
+        for micro in range(spec.grad_accum):
+            hooks.phase("setup")
+            batch = None   # the loader's next batch replaces the previous one
+            hooks.category("input")
+            batch, target_kind = _make_batch(built, spec, weight_dtype, device)
+            hooks.category(None)
+            hooks.phase("forward")
+            ctx = torch.autocast(device.type, dtype=amp) if amp is not None else _null()
+            with ctx:
+                out = model(**batch) if isinstance(batch, dict) else model(batch)
+                loss = _loss(spec, built, out, target_kind, device)
+                if spec.grad_accum > 1:
+                    loss = loss / spec.grad_accum
+            keep = None   # the previous iteration's outputs are dropped when rebound
+            hooks.phase("backward")
+            (loss * scale if scale is not None else loss).backward()
+            hooks.phase("other")
+            keep = (out, loss)
+            del out, loss
+        hooks.mark([p.grad for p in params if p.grad is not None], "gradient")
+        hooks.phase("optimizer")
+        if scale is not None:
+            grads = [p.grad for p in params if p.grad is not None]
+            inv = scale.double().reciprocal().float()
+            torch._foreach_mul_(grads, inv)   # GradScaler.unscale_ (in place)
+            del inv, grads
+        opt.step()
+        hooks.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
+                   "optimizer_state")
+        hooks.phase("zero_grad")
+        opt.zero_grad(set_to_none=True)
+    hooks.phase("other")
+    del keep, batch
+
+
+def build_real_model(spec: WorkloadSpec, device: str):
+    """The workload's model with real storage on ``device`` (for measuring on a GPU)."""
+    built = build_model(spec)
+    model = built.module.to_empty(device=device)
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    if spec.weight_dtype != "float32":
+        model = model.to(_DTYPES[spec.weight_dtype])
+    if spec.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model, built
 
 
 def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
@@ -224,63 +322,19 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     t0 = time.perf_counter()
     built = build_model(spec)
     tracer = Tracer(capability)
-    weight_dtype = _DTYPES[spec.weight_dtype]
-    amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
     mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
     try:
         with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode(capability):
             tracer.s.category = "parameter"
-            fc.materialize(model, weight_dtype, spec.channels_last)
+            fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
             tracer.s.category = None
-            model.train()
-            params = [p for p in model.parameters() if p.requires_grad]
-            opt = make_optimizer(spec, params)
-            hooks = _module_hooks(tracer, model)
-            scale = None
-            if spec.precision == "amp-fp16":
-                tracer.s.category = "other"
-                scale = torch.full((), 65536.0, dtype=torch.float32, device=fc.DEVICE)
-                tracer.s.category = None
-            keep = None
-            batch = None
-            for it in range(spec.steps):
-                tracer.s.iteration = it
-                for micro in range(spec.grad_accum):
-                    tracer.s.phase = "setup"
-                    batch = None   # the loader's next batch replaces the previous one
-                    tracer.s.category = "input"
-                    batch, target_kind = _make_batch(built, spec, weight_dtype)
-                    tracer.s.category = None
-                    tracer.s.phase = "forward"
-                    ctx = torch.autocast("cuda", dtype=amp) if amp is not None else _null()
-                    with ctx:
-                        out = model(**batch) if isinstance(batch, dict) else model(batch)
-                        loss = _loss(spec, built, out, target_kind)
-                        if spec.grad_accum > 1:
-                            loss = loss / spec.grad_accum
-                    keep = None   # the previous iteration's outputs are dropped when rebound
-                    tracer.s.phase = "backward"
-                    (loss * scale if scale is not None else loss).backward()
-                    tracer.s.phase = "other"
-                    keep = (out, loss)
-                    del out, loss
-                tracer.mark([p.grad for p in params if p.grad is not None], "gradient")
-                tracer.s.phase = "optimizer"
-                if scale is not None:
-                    grads = [p.grad for p in params if p.grad is not None]
-                    inv = scale.double().reciprocal().float()
-                    torch._foreach_mul_(grads, inv)   # GradScaler.unscale_ (in place)
-                    del inv, grads
-                opt.step()
-                tracer.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
-                            "optimizer_state")
-                tracer.s.phase = "zero_grad"
-                opt.zero_grad(set_to_none=True)
-            tracer.s.phase = "other"
-            for h in hooks:
-                h.remove()
-            del keep, batch
+            module_hooks = _module_hooks(tracer, model)
+            try:
+                run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer))
+            finally:
+                for h in module_hooks:
+                    h.remove()
     except EstimateError:
         raise
     except torch._subclasses.fake_tensor.DataDependentOutputException as e:

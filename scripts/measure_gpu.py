@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Run workloads on a real GPU and compare the allocator replay with what PyTorch and NVML report.
+
+    python scripts/measure_gpu.py --out benchmarks/gpu-measurements.csv [--gpu-profile h200-141gb] \
+        [--workload "--model torchvision:resnet50 --batch-size 64" ...]
+
+For each workload (the same options as `vest estimate`): runs the estimator's training loop on the
+GPU (vest_slurm/tracing.py run_training_loop, real tensors), records torch.cuda.max_memory_allocated,
+max_memory_reserved, the device's used memory from NVML (a polling thread) and the CUDA context
+measured before the model; then estimates the same workload on the CPU and prints both side by
+side. `--device cpu` runs the loop on the CPU (no CUDA figures): the check where there is no GPU.
+Each workload runs in its own process so that one's cache does not feed the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+from tabulate import tabulate
+
+DEFAULT_WORKLOADS = [
+    "--model torchvision:resnet50 --batch-size 64 --optimizer sgd",
+    "--model torchvision:resnet50 --batch-size 128 --optimizer adam --precision amp-bf16",
+    "--model torchvision:vgg16 --batch-size 64 --optimizer adam",
+    "--model timm:convnext_tiny --batch-size 64 --optimizer adamw --precision amp-fp16",
+    "--model hf:bert-base --input seq512 --batch-size 16 --optimizer adamw",
+    "--model hf:gpt2 --input seq1024 --batch-size 8 --optimizer adamw --precision amp-bf16",
+]
+
+_CHILD = r"""
+import json, sys
+from vest_slurm.gpu_measure import measure
+from vest_slurm.workload import parse_workload_args
+spec = parse_workload_args(json.loads(sys.argv[1]))
+print("VEST-RESULT " + json.dumps(measure(spec, device=sys.argv[2]).to_dict()))
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", action="append", help="workload options (repeatable); default: a built-in set")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--gpu-profile", default=None, help="profile for the CPU estimate (default: from the device name)")
+    p.add_argument("--out", default="benchmarks/gpu-measurements.csv")
+    p.add_argument("--timeout", type=float, default=300)
+    args = p.parse_args()
+
+    from vest_slurm.estimator import estimate
+    from vest_slurm.profiles import get_profile, profile_for_device_name
+    from vest_slurm.workload import parse_workload_args
+
+    rows = []
+    for w in args.workload or DEFAULT_WORKLOADS:
+        argv = shlex.split(w)
+        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argv), args.device], capture_output=True,
+                           text=True, timeout=args.timeout)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("VEST-RESULT ")), None)
+        if line is None:
+            rows.append({"workload": w, "status": f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:200]}"})
+            continue
+        m = json.loads(line[len("VEST-RESULT "):])
+        profile = get_profile(args.gpu_profile) if args.gpu_profile else profile_for_device_name(m["device_name"], m["total_mib"])
+        row = {"workload": w, "status": "ok", "device": m["device_name"], "torch": m["torch_version"],
+               "measured_max_allocated_mib": m["max_allocated_mib"], "measured_max_reserved_mib": m["max_reserved_mib"],
+               "measured_device_peak_mib": m["device_peak_used_mib"], "measured_context_mib": m["context_used_mib"],
+               "seconds": m["seconds"]}
+        if profile is not None:
+            (e,) = estimate(parse_workload_args(argv), [profile])
+            b = dict(e.breakdown)
+            row.update({"profile": profile.key, "replay_peak_allocated_mib": round(b["allocator_peak_allocated"] / 2**20, 1),
+                        "replay_peak_reserved_mib": round(b["allocator_peak_reserved"] / 2**20, 1),
+                        "predicted_peak_mib": round(e.peak_bytes / 2**20, 1)})
+            if m["max_reserved_mib"]:
+                row["reserved_rel_err"] = round(row["replay_peak_reserved_mib"] / m["max_reserved_mib"] - 1, 4)
+            if m["device_peak_used_mib"]:
+                row["peak_rel_err"] = round(row["predicted_peak_mib"] / m["device_peak_used_mib"] - 1, 4)
+        rows.append(row)
+    cols = ["workload", "status", "measured_max_reserved_mib", "replay_peak_reserved_mib", "reserved_rel_err",
+            "measured_device_peak_mib", "predicted_peak_mib", "peak_rel_err", "measured_context_mib"]
+    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, tablefmt="github"))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "workload", k))
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {args.out}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The GPU measurement runs the estimator's own training loop on real tensors; here on the CPU."""
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vest_slurm.gpu_measure import DevicePoller, calibration_lines, measure
+from vest_slurm.workload import parse_workload_args
+
+
+def test_loop_runs_for_real_on_cpu():
+    spec = parse_workload_args(["--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
+                                "--optimizer", "adam"])
+    m = measure(spec, device="cpu", steps=2)
+    assert m.device == "cpu" and m.max_reserved_mib is None and m.device_peak_used_mib is None
+    assert m.workload["model"] == "torchvision:resnet18" and m.seconds > 0
+
+
+def test_hf_loop_runs_for_real_on_cpu():
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--input", "seq16", "--batch-size", "2",
+                                "--precision", "amp-bf16", "--optimizer", "adamw"])
+    assert measure(spec, device="cpu", steps=1).seconds > 0
+
+
+def test_poller_samples_only_where_a_gpu_answers():
+    import time
+
+    with DevicePoller(interval_s=0.01) as p:
+        time.sleep(0.1)
+    if torch.cuda.is_available():
+        assert p.available and p.samples > 0 and p.max_used_bytes > 0
+    else:
+        assert not p.available and p.samples == 0 and p.max_used_bytes == 0
+
+
+def test_calibrate_without_gpu_says_where_to_run():
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "calibrate", "--gres-type", "a100"],
+                       capture_output=True, text=True, timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr and "srun --gres=gpu:1" in r.stderr
+    assert "Traceback" not in r.stderr
