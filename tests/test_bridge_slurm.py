@@ -336,3 +336,31 @@ def test_forged_and_malformed_estimates_are_not_trusted(tb):
         p = sbatch(tb, script)
         assert p.returncode == 1 and "no usable memory estimate" in p.err, p.err
         assert queued(tb, p.name) == []
+
+
+def test_testbed_script_start_bridge(tmp_path):
+    """scripts/slurm-testbed.sh start DIR --bridge: JobSubmitPlugins=lua, this job_submit.lua and a
+    decision server configured from site-config/testbed.toml."""
+    from pathlib import Path
+
+    from vest_slurm.bridge.server import query_status
+    from vest_slurm.testbed import missing_binaries
+
+    if missing_binaries() or os.geteuid() != 0:
+        pytest.skip("needs the Slurm packages and root")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "slurm-testbed.sh"
+    d = tmp_path / "tb"
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    run = lambda *a: subprocess.run([str(script), *a], capture_output=True, text=True, env=env, timeout=90)
+    started = run("start", str(d), "--bridge")
+    try:
+        assert started.returncode == 0, started.stderr
+        conf = (d / "etc" / "slurm.conf").read_text()
+        assert "JobSubmitPlugins=lua" in conf
+        assert (d / "etc" / "job_submit.lua").resolve() == (script.parent.parent / "site-config" / "job_submit.lua")
+        facts = json.loads((d / "etc" / "vest-bridge.json").read_text())
+        st = query_status(facts["socket_path"])
+        assert st["generation"] >= 1 and st["fail"] == "open" and st["config"] == str(d / "etc" / "vest-site.toml")
+    finally:
+        stopped = run("stop", str(d))
+    assert stopped.returncode == 0, stopped.stderr
