@@ -252,8 +252,9 @@ class _TracerHooks(LoopHooks):
 
 
 def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, device: torch.device,
-                      hooks: LoopHooks = LoopHooks()) -> None:
-    """The training loop of the module docstring, on ``device`` (fake or real CUDA, or the CPU)."""
+                      hooks: LoopHooks = LoopHooks()) -> torch.optim.Optimizer:
+    """The training loop of the module docstring, on ``device`` (fake or real CUDA, or the CPU).
+    Returns the optimizer: its state lives as long as the caller keeps it."""
     weight_dtype = _DTYPES[spec.weight_dtype]
     amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
     model.train()
@@ -301,6 +302,7 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
         opt.zero_grad(set_to_none=True)
     hooks.phase("other")
     del keep, batch
+    return opt
 
 
 def build_real_model(spec: WorkloadSpec, device: str):
@@ -331,7 +333,9 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
             tracer.s.category = None
             module_hooks = _module_hooks(tracer, model)
             try:
-                run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer))
+                opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer))
+                tracer.freeze()   # the run is over: what is released from here on is not part of it
+                del opt
             finally:
                 for h in module_hooks:
                     h.remove()
