@@ -21,8 +21,10 @@ def site(**policy):
     return site_config_from_dict(data)
 
 
-def ests(required, caps=CAPS):
-    return {t: MemoryEstimate(PROFILES[t], c, required, required + GiB) for t, c in caps.items()}
+def ests(peak, caps=CAPS):
+    """Estimates whose peak (what the headroom rule is applied to) is ``peak`` on every type; the
+    least the job could run in (required) is below it and must not matter."""
+    return {t: MemoryEstimate(PROFILES[t], c, max(1, peak - GiB), peak) for t, c in caps.items()}
 
 
 def req(*opts):

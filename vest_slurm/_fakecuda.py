@@ -234,6 +234,7 @@ class FakeCudaMode(FakeTensorMode):
     def __init__(self, recorder: Recorder, scalar_stand_in: bool = False):
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
+        self._depth = 0   # nesting of __torch_dispatch__ (decompositions re-enter the mode)
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
@@ -251,8 +252,19 @@ class FakeCudaMode(FakeTensorMode):
                 and kwargs["device"].type == "cpu" and _is_fake_cuda(args[0])
                 and torch._C._current_autograd_node() is not None):
             kwargs = dict(kwargs, device=DEVICE)  # ToCopyBackward: stay on the GPU
-        args, kwargs = self._onto_the_gpu(types, args, kwargs)
-        out = super().__torch_dispatch__(func, types, args, kwargs)
+        outermost = self._depth == 0
+        if outermost:
+            args, kwargs = self._onto_the_gpu(types, args, kwargs)
+        self._depth += 1
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._depth -= 1
+        if not outermost:
+            # An op that FakeTensorMode runs as a Python decomposition (native_batch_norm, ...)
+            # dispatches its pieces back here. On the GPU it is one kernel: only its outputs are
+            # allocations, not the decomposition's intermediates.
+            return out
         if self.recorder.on_op is not None:
             self.recorder.on_op(func, args)
         for t in pytree.tree_leaves(out):

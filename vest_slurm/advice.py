@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .errors import EstimateError
 from .estimate import MemoryEstimate
-from .placement import NoFit, needed_bytes
+from .placement import NoFit, estimate_need, needed_bytes
 from .profiles import DeviceProfile, get_profile
 from .siteconfig import SiteConfig
 from .units import MiB, fmt_mib
@@ -167,7 +167,7 @@ class Prober:
         est = self.estimate(spec, gres_type)
         if est is None:
             return None
-        return needed_bytes(est.required_bytes, self.headroom_percent, self.headroom_bytes)
+        return needed_bytes(estimate_need(est), self.headroom_percent, self.headroom_bytes)
 
 
 # ---------------------------------------------------------------- the batch search

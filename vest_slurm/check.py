@@ -72,7 +72,7 @@ def _workload(ns):
 
 def cmd_check(ns) -> int:
     from .advice import Prober, advise, search_largest_batch
-    from .placement import NoFit, needed_bytes, place
+    from .placement import NoFit, estimate_need, needed_bytes, place
     from .siteconfig import load_site_config
 
     t0 = time.perf_counter()
@@ -89,7 +89,7 @@ def cmd_check(ns) -> int:
     if not ns.no_search:
         prober.restart_budget(ns.search_budget)
         for t in sorted(estimates, key=lambda t: prober.capacity(t)):
-            need0 = needed_bytes(estimates[t].required_bytes, pol.headroom_percent, pol.headroom_bytes)
+            need0 = needed_bytes(estimate_need(estimates[t]), pol.headroom_percent, pol.headroom_bytes)
             searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
                                                prober.capacity(t), spec.batch_size, known={spec.batch_size: need0})
     result = place(estimates, request, partitions, site)
@@ -106,9 +106,9 @@ def cmd_check(ns) -> int:
                              note=f"cannot run here: {err.what}" if err else "no estimate"))
             continue
         e = estimates[g.name]
-        need = needed_bytes(e.required_bytes, pol.headroom_percent, pol.headroom_bytes)
+        need = needed_bytes(estimate_need(e), pol.headroom_percent, pol.headroom_bytes)
         s = searches.get(g.name)
-        rows.append(dict(gpu=g.name, profile=g.profile, capacity_bytes=cap, estimate_bytes=e.required_bytes,
+        rows.append(dict(gpu=g.name, profile=g.profile, capacity_bytes=cap, estimate_bytes=estimate_need(e),
                          peak_bytes=e.peak_bytes, needed_bytes=need, headroom_bytes=cap - need, fits=need <= cap,
                          largest_batch=s.batch if s else None, largest_batch_exact=bool(s and s.exact),
                          largest_batch_text=s.text() if s else "(not searched)", partitions=parts, note=""))

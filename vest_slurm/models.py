@@ -54,29 +54,72 @@ class BuiltModel:
     family: str          # torchvision, timm, hf, mlp, user
     input: InputSpec     # resolved (no "default")
     hf_main_input: str = ""   # input_ids, input_features, pixel_values (hf only)
-    hf_is_encoder_decoder: bool = False
+    hf_labels: str = ""   # tokens (one per input token), decoder (a decoder sequence), class (one per sample), none
     num_classes: int | None = None
 
 
 def build_model(spec: WorkloadSpec) -> BuiltModel:
+    """Build on the meta device. Constructors that compute with tensors and read the values back
+    (torchvision's RegNet derives its widths that way) cannot run there: they are built again with
+    host tensors for their arithmetic and each parameter moved to meta as it is registered."""
+    try:
+        with torch.device("meta"):
+            return _build(spec)
+    except NotImplementedError as e:
+        if "meta" not in str(e):
+            raise WorkloadError(f"building {spec.model} failed: {e}", "check the model name and its arguments") from None
+    with _weights_on_meta():
+        return _build(spec)
+
+
+def _build(spec: WorkloadSpec) -> BuiltModel:
     family, _, name = spec.model.partition(":")
     kwargs = spec.model_kwargs
     try:
-        with torch.device("meta"):
-            if family == "torchvision":
-                return _torchvision(name, kwargs, spec.input)
-            if family == "timm":
-                return _timm(name, kwargs, spec.input)
-            if family == "hf":
-                return _hf(name, kwargs, spec.input)
-            if family == "mlp":
-                return _mlp(name, spec.input)
-            return _user(spec.model, kwargs, spec.input)
-    except WorkloadError:
+        if family == "torchvision":
+            return _torchvision(name, kwargs, spec.input)
+        if family == "timm":
+            return _timm(name, kwargs, spec.input)
+        if family == "hf":
+            return _hf(name, kwargs, spec.input)
+        if family == "mlp":
+            return _mlp(name, spec.input)
+        return _user(spec.model, kwargs, spec.input)
+    except (WorkloadError, NotImplementedError):
         raise
     except TypeError as e:
         raise WorkloadError(f"model {spec.model!r} rejected its arguments {kwargs}: {e}",
                             "check --model-args / --model-arg names against the model's constructor") from None
+    except (ValueError, RuntimeError, KeyError, AttributeError, AssertionError, ImportError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WorkloadError(f"building {spec.model} failed: {type(e).__name__}: {msg}",
+                            "check the model name and its arguments (--model-args)") from None
+
+
+class _weights_on_meta:
+    """Parameters and buffers go to the meta device as modules register them (the pattern of
+    accelerate's init_empty_weights): host memory holds one layer's weights at a time."""
+
+    def __enter__(self):
+        self._reg_p, self._reg_b = nn.Module.register_parameter, nn.Module.register_buffer
+        reg_p, reg_b = self._reg_p, self._reg_b
+
+        def register_parameter(module, name, param):
+            if param is not None and param.device.type != "meta":
+                param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+            reg_p(module, name, param)
+
+        def register_buffer(module, name, tensor, persistent=True):
+            if tensor is not None and tensor.device.type != "meta":
+                tensor = tensor.to("meta")
+            reg_b(module, name, tensor, persistent)
+
+        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
+        return self
+
+    def __exit__(self, *exc):
+        nn.Module.register_parameter, nn.Module.register_buffer = self._reg_p, self._reg_b
+        return False
 
 
 def _require_input(inp: InputSpec, model: str, example: str) -> InputSpec:
@@ -136,11 +179,14 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     if unknown:
         raise WorkloadError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}",
                             f"use fields of {config_cls.__name__} (see its documentation)")
-    # Eager attention as a GPU run picks it: sdpa where the model supports it.
+    # Attention as a GPU run picks it: sdpa where the model supports it, else eager. A refused
+    # attempt leaves its choice in the config, hence a fresh copy for each.
+    import copy
+
     try:
-        module = cls._from_config(config, attn_implementation="sdpa")
+        module = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa")
     except (ValueError, ImportError):
-        module = cls._from_config(config)
+        module = cls._from_config(copy.deepcopy(config), attn_implementation="eager")
     main = getattr(cls, "main_input_name", "input_ids")
     if inp.kind == "default":
         if main == "input_features":
@@ -153,8 +199,13 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
             inp = InputSpec("tokens", (min(int(n), 2048),))
     if main == "input_ids" and inp.kind != "tokens":
         raise WorkloadError(f"{cls_name} reads token ids, but the input is {inp}", "give --input seqN, e.g. --input seq512")
-    return BuiltModel(module, "hf", inp, hf_main_input=main,
-                      hf_is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)))
+    if "Classification" in cls_name:
+        labels = "class"
+    elif bool(getattr(config, "is_encoder_decoder", False)) and main != "input_ids":
+        labels = "decoder"
+    else:
+        labels = "tokens" if main == "input_ids" else "none"
+    return BuiltModel(module, "hf", inp, hf_main_input=main, hf_labels=labels)
 
 
 def _mlp(text: str, inp: InputSpec) -> BuiltModel:

@@ -3,9 +3,11 @@
 The policy, stated once:
 
 - Headroom. A GPU type is acceptable for a job when
-  ``required_bytes * (1 + headroom_percent / 100) + headroom_mib MiB <= capacity_bytes``,
-  where ``required_bytes`` is the estimator's per-GPU need on that type and ``capacity_bytes`` is the
-  site's ``memory_mib`` for the type when set, else the device profile's capacity from the estimate.
+  ``peak_bytes * (1 + headroom_percent / 100) + headroom_mib MiB <= capacity_bytes``,
+  where ``peak_bytes`` is the estimator's per-GPU peak on that type (what nvidia-smi would show: the
+  job runs there without the caching allocator ever having to flush its cache; the estimate's
+  ``required_bytes``, the least it could run in, is never more) and ``capacity_bytes`` is the site's
+  ``memory_mib`` for the type when set, else the device profile's capacity from the estimate.
 - A candidate is a (partition, GPU type) of the site config with an estimate for that type. It fits
   when the memory is acceptable and the job's GPUs per node and total fit the partition
   (``gpus_per_node``, ``max_gpus_per_job``).
@@ -40,7 +42,7 @@ class Candidate:
     partition: str
     gpu_type: str
     capacity_bytes: int
-    needed_bytes: int           # required_bytes with the site's headroom
+    needed_bytes: int           # the estimated peak with the site's headroom
     cost: float | None
     gpus_ok: bool               # the GPU count fits this partition
 
@@ -96,9 +98,14 @@ class NoFit:
 Advise = Callable[[NoFit], Iterable[str]]
 
 
-def needed_bytes(required_bytes: int, headroom_percent: float, headroom_bytes: int) -> int:
-    """The headroom rule: required × (1 + percent/100) + fixed headroom, rounded up to a byte."""
-    return math.ceil(required_bytes * (1 + headroom_percent / 100)) + headroom_bytes
+def needed_bytes(peak_bytes: int, headroom_percent: float, headroom_bytes: int) -> int:
+    """The headroom rule: peak × (1 + percent/100) + fixed headroom, rounded up to a byte."""
+    return math.ceil(peak_bytes * (1 + headroom_percent / 100)) + headroom_bytes
+
+
+def estimate_need(est: MemoryEstimate) -> int:
+    """What the headroom rule is applied to: the peak (never below what the job requires)."""
+    return max(est.peak_bytes, est.required_bytes)
 
 
 # ---------------------------------------------------------------- context and rules
@@ -225,7 +232,7 @@ def _candidates(site: SiteConfig, estimates: Mapping[str, MemoryEstimate], reque
                 continue
             capacity = gpu.memory_bytes if gpu.memory_bytes is not None else est.capacity_bytes
             gpus_ok = per_node <= part.gpus_per_node and (part.max_gpus_per_job is None or total <= part.max_gpus_per_job)
-            out.append(Candidate(part.name, t, capacity, needed_bytes(est.required_bytes, pol.headroom_percent,
+            out.append(Candidate(part.name, t, capacity, needed_bytes(estimate_need(est), pol.headroom_percent,
                                                                       pol.headroom_bytes),
                                  part.cost if part.cost is not None else gpu.cost, gpus_ok))
     return tuple(out)
@@ -280,7 +287,7 @@ def _select(ctx: _Ctx, warnings: list[str], exempt: bool) -> Placement:
         reasons.append("the job asked for no GPU; asking for one")
     est = ctx.estimates[best.gpu_type]
     reasons.append(f"needs {fmt_mib(best.needed_bytes)} per GPU with headroom "
-                   f"(estimate {fmt_mib(est.required_bytes)}), {best.gpu_type} has {fmt_mib(best.capacity_bytes)}")
+                   f"(estimated peak {fmt_mib(est.peak_bytes)}), {best.gpu_type} has {fmt_mib(best.capacity_bytes)}")
     gres = req.gres_string(best.gpu_type)
     overrides = ((("partition", best.partition),) + req.overrides_for(best.gpu_type)) if changed else ()
     admin = _admin("place", ctx, partition=best.partition, gres=gres, changed="yes" if changed else "no",
@@ -301,7 +308,7 @@ def _refuse(ctx: _Ctx, refusal: _Refusal, advise: Advise | None) -> NoFit:
     lines = [f"vsbatch refused the job: {refusal.text}"]
     if closest is not None and est is not None:
         lines.append(f"It needs {fmt_mib(closest.needed_bytes)} per GPU with the site's headroom "
-                     f"(estimate {fmt_mib(est.required_bytes)}).")
+                     f"(estimated peak {fmt_mib(estimate_need(est))}).")
     if largest is not None:
         lines.append(f"The largest GPU here is {largest.gpu_type} with {fmt_mib(largest.capacity_bytes)}"
                      + (f": {fmt_mib(largest.shortfall_bytes)} short." if largest.shortfall_bytes else "."))

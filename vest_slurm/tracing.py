@@ -178,11 +178,14 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
     if built.family == "hf":
         if built.hf_main_input == "input_ids":
             ids = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)   # valid token ids on a real GPU
-            labels = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)
-            return {"input_ids": ids, "labels": labels}, None
-        feats = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)
-        kwargs = {built.hf_main_input: feats}
-        if built.hf_is_encoder_decoder:
+            kwargs = {"input_ids": ids}
+        else:
+            kwargs = {built.hf_main_input: torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)}
+        if built.hf_labels == "tokens":
+            kwargs["labels"] = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)
+        elif built.hf_labels == "class":
+            kwargs["labels"] = torch.zeros((b,), dtype=torch.long, device=dev)
+        elif built.hf_labels == "decoder":
             dec = int(spec.model_kwargs.get("decoder_seq", 448 if built.hf_main_input == "input_features" else 128))
             kwargs["labels"] = torch.zeros((b, dec), dtype=torch.long, device=dev)
         return kwargs, None

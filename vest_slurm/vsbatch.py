@@ -54,6 +54,7 @@ from .errors import EXIT_NO_FIT, JobScriptError, SlurmError, VestError, Workload
 from .jobscript import (VSBATCH_OPTIONS, JobScript, effective_options, gpu_request, has_option,
                         option_value, options_from_env, parse_job_script, parse_sbatch_argv,
                         partitions_of, read_job_script)
+from .placement import estimate_need, needed_bytes
 from .units import MiB
 
 EXIT_INTERNAL = 70
@@ -364,7 +365,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     if isinstance(result, NoFit):
         d.action, d.reason, d.message, d.advice = "refuse", result.reason, result.message, advice_items
         if result.estimate is not None:
-            d.estimate_bytes, d.gpu_type = result.estimate.required_bytes, result.closest.gpu_type if result.closest else None
+            d.estimate_bytes, d.gpu_type = estimate_need(result.estimate), result.closest.gpu_type if result.closest else None
         d.needed_bytes = result.needed_bytes or None
         d.capacity_bytes = result.largest_capacity_bytes or None
         for w in d.warnings:
@@ -372,11 +373,10 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         print(result.message + "\nNothing was queued.", file=out.stderr)
         return EXIT_NO_FIT
     d.action, d.partition, d.gres, d.gpu_type = "submit", result.partition, result.gres, result.gpu_type
-    d.estimate_bytes = result.estimate.required_bytes
+    d.estimate_bytes = estimate_need(result.estimate)
     cand = site.gpu(result.gpu_type)
     d.capacity_bytes = cand.memory_bytes if cand and cand.memory_bytes is not None else result.estimate.capacity_bytes
-    from .placement import needed_bytes
-    d.needed_bytes = needed_bytes(result.estimate.required_bytes, site.policy.headroom_percent, site.policy.headroom_bytes)
+    d.needed_bytes = needed_bytes(estimate_need(result.estimate), site.policy.headroom_percent, site.policy.headroom_bytes)
     d.changed, d.reasons = result.changed, list(result.reasons)
     d.warnings += list(result.warnings)
     where = f"partition {result.partition}, --gres={result.gres}" if result.changed else \
@@ -434,7 +434,7 @@ def _reconcile_gpus(spec, request, js: JobScript, d: Decision):
 
 
 def _estimate_line(spec, estimates, site, seconds: float) -> str:
-    parts = ", ".join(f"{t} {_mib(e.required_bytes)}" for t, e in estimates.items())
+    parts = ", ".join(f"{t} {_mib(estimate_need(e))}" for t, e in estimates.items())
     gpus = f", {spec.num_gpus} GPUs" if spec.num_gpus > 1 else ""
     return (f"estimate for {_short(spec.model)} batch {spec.batch_size} per GPU{gpus}, {spec.precision}: "
             f"{parts} per GPU ({seconds:.1f} s; site headroom {site.policy.headroom_percent:g}% "
