@@ -9,8 +9,9 @@ Each row of a ground-truth CSV (schema: shared/groundtruth/README.md) is rebuilt
 Rows that differ only in GPU share one trace (per spec and capability class, as estimator.estimate
 does); a process pool runs the traces, one task per distinct trace, so each trace runs once.
 
-Written per row: our peak (what nvidia-smi shows) and required (placement's number), the request
-vsbatch would make (required with the site's default headroom), and two baselines:
+Written per row: our peak (what nvidia-smi shows) and required (the least the job runs in), the
+request vsbatch would make (the peak with the site's default headroom, placement.needed_bytes),
+and two baselines:
 - live_tensor_mib: CUDA context + the live-tensor peak of the same trace, what a FakeTensor or
   torch MemTracker count gives (no allocator rounding, caching or fragmentation, no cuDNN);
 - param_rule_mib: weights + gradients + optimizer states (Adam/AdamW 2 per parameter, SGD with
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tabulate import tabulate  # noqa: E402
 
 from vest_slurm.groundtruth import RowSkip, is_amd, row_to_spec  # noqa: E402
+from vest_slurm.placement import needed_bytes  # noqa: E402
 from vest_slurm.siteconfig import Policy  # noqa: E402
 
 MiB = 1 << 20
@@ -54,10 +56,9 @@ COLUMNS = ["id", "source", "gpu", "vendor", "profile", "confidence", "model_kind
            "status", "reason", "command"]
 
 
-def request_bytes(required_bytes: float) -> int:
-    """What vsbatch requests: the headroom rule of placement.needed_bytes's docstring, with the
-    default Policy: required x (1 + headroom_percent/100) + headroom_bytes."""
-    return math.ceil(required_bytes * (1 + POLICY.headroom_percent / 100)) + POLICY.headroom_bytes
+def request_bytes(need_bytes: float) -> int:
+    """What vsbatch requests: placement's headroom rule with the default Policy."""
+    return needed_bytes(math.ceil(need_bytes), POLICY.headroom_percent, POLICY.headroom_bytes)
 
 
 # ------------------------------------------------------------------ profiles
@@ -246,7 +247,7 @@ def _record(rows: list[Row], res: dict) -> None:
             status="ok",
             predicted_peak_mib=f"{e['peak_bytes'] / MiB:.1f}",
             predicted_required_mib=f"{e['required_bytes'] / MiB:.1f}",
-            request_mib=f"{request_bytes(e['required_bytes']) / MiB:.1f}",
+            request_mib=f"{request_bytes(max(e['peak_bytes'], e['required_bytes'])) / MiB:.1f}",
             live_tensor_mib=f"{live / MiB:.1f}",
             live_tensor_request_mib=f"{request_bytes(live) / MiB:.1f}",
             param_rule_mib=f"{rule / MiB:.1f}",
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
     nv = [r for r in selected if r.out["vendor"] != "amd"]
     amd = [r for r in selected if r.out["vendor"] == "amd"]
     headroom = f"{POLICY.headroom_percent:g}% + {POLICY.headroom_bytes // MiB} MiB"
-    print(f"\nrequest = required x (1 + headroom) with the site's default headroom ({headroom}); "
+    print(f"\nrequest = estimated peak x (1 + headroom) with the site's default headroom ({headroom}); "
           "over-prov = (request - measured) / measured\n")
     print(group_table(nv, ("source",), "NVIDIA rows, per source"))
     print()

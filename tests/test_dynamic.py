@@ -163,3 +163,54 @@ def test_vest_estimate_command_line():
                         "python", "tiny_train.py"], cwd=SCRIPTS, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert '"required_mib"' in r.stdout
+
+
+# ---- vsbatch and vest check on job scripts without #VEST lines ---------------------------------------
+
+TESTBED = os.path.join(ROOT, "site-config", "testbed.toml")
+
+
+def _job(tmp_path, name, command, *sbatch):
+    import shutil
+
+    for f in ("train_lm.py", "train_own_model.py"):
+        shutil.copy(os.path.join(EXAMPLES, f), tmp_path / f)
+    p = tmp_path / name
+    p.write_text("\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in sbatch), "srun " + command, ""]))
+    return p
+
+
+def test_vest_check_runs_the_training_command(tmp_path):
+    job = _job(tmp_path, "own.sbatch", "python train_own_model.py --width 16 --image-size 64 --batch-size 8",
+               "--gres=gpu:1")
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "check", "--site-config", TESTBED, "--json", job.name],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert "train_own_model.py" in doc["workload"]["model"] and doc["workload"]["batch_size"] == 8
+    assert [g["gpu"] for g in doc["gpus"]] == ["v100", "a100", "h100"] and all(g["fits"] for g in doc["gpus"])
+    assert doc["placement"]["action"] == "submit" and doc["placement"]["partition"] == "v100"
+
+
+@pytest.mark.slurm
+def test_vsbatch_places_a_script_by_its_training_command(slurm, tmp_path):
+    """No #VEST line: the training command is run with fake CUDA; an fp32 GPT-2 that needs more than a
+    V100's 16 GB goes to the A100 partition (held, so the test node never runs it)."""
+    import json
+
+    from vest_slurm.cluster import SlurmCLI
+
+    job = _job(tmp_path, "lm.sbatch", "python train_lm.py --n-layer 12 --n-embd 768 --n-head 12 --seq-len 1024 "
+               "--batch-size 8 --steps 10", "--gres=gpu:1", "--hold", "--time=5")
+    r = subprocess.run(["vsbatch", "--site-config", TESTBED, "--json", job.name], cwd=tmp_path, env=slurm.env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "running it with fake CUDA" in r.stderr
+    assert d["action"] == "submit" and d["partition"] == "a100" and d["gres"] == "gpu:a100:1"
+    assert d["estimates"]["v100"]["peak_mib"] > 16220
+    rec = SlurmCLI(env=slurm.env).job(d["job_id"])
+    assert rec is not None and rec.partition == "a100" and rec.tres_per_node == "gres:gpu:a100:1"
+    subprocess.run(["scancel", str(d["job_id"])], env=slurm.env, timeout=10)

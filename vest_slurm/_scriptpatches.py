@@ -336,15 +336,15 @@ def patched(state: ScriptState):
     tr = state.tracer
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    def pre_forward(mod, args, kwargs=None):
+    def pre_forward(mod, args):
         if state.depth == 0:
             tr.s.phase = "forward"
-            if state.batch_hint is None:
-                first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-                if first is None and kwargs:
-                    first = next((a for a in kwargs.values() if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-                if first is not None:
-                    state.batch_hint = int(first.shape[0])
+        if state.batch_hint is None and state.depth <= 1:
+            # the batch: the first tensor given to the model (or, when the model takes keyword
+            # arguments only, which global hooks do not see, to its first submodule)
+            first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+            if first is not None:
+                state.batch_hint = int(first.shape[0])
         state.depth += 1
 
     def post_forward(mod, args, out):

@@ -47,6 +47,7 @@ from .siteconfig import SiteConfig
 from .units import MiB, fmt_mib
 from .workload import WorkloadSpec
 
+SCRIPT_PREFIX = "script:"   # WorkloadSpec.model of a training script estimated by dynamic analysis
 MAX_BATCH = 1 << 16          # the search never proposes a larger per-GPU batch
 ADVICE_BUDGET_S = 20.0       # vsbatch: the user waits for the refusal; advice stops starting traces after this
 ADVICE_MAX_TRACES = 16
@@ -62,7 +63,7 @@ def site_profiles(site: SiteConfig) -> dict[str, DeviceProfile]:
         if g.memory_bytes is not None:
             # memory_mib is what a process can use: no further driver reservation on top.
             p = replace(p, total_mib=g.memory_bytes // MiB, reserved_mib=0)
-        out[g.name] = p
+        out[g.name] = p.with_overrides(context_mib=g.context_mib, cudnn_mib=g.cudnn_mib)   # `vest calibrate`
     return out
 
 
@@ -112,10 +113,23 @@ class Prober:
             return True
         return self.max_traces is not None and self.traces_made >= self.max_traces
 
+    def add_script_traces(self, spec: WorkloadSpec, summaries: Mapping[bool, object]) -> None:
+        """Traces of a training script (dynamic analysis), per capability class. The script fixes
+        its own batch and precision: variants of it cannot be traced, so advice about them is not
+        offered (probes of variants answer None)."""
+        for cls, summary in summaries.items():
+            self._traces[(_trace_key(spec), cls)] = summary
+
     def _trace(self, spec: WorkloadSpec, profile: DeviceProfile, bounded: bool):
         from .estimator import trace_for   # torch is imported only when a trace is made
 
         key = (_trace_key(spec), _trace_class(profile))
+        if key not in self._traces and spec.model.startswith(SCRIPT_PREFIX):
+            if bounded:
+                self.stopped = True
+                return None
+            raise EstimateError(f"{spec.model[len(SCRIPT_PREFIX):].strip()} was not run for this GPU class",
+                                "add #VEST --model ... lines to describe the workload")
         if key not in self._traces:
             if bounded and self._over_budget():
                 self.stopped = True

@@ -14,6 +14,7 @@ Exit codes: 0 the job fits somewhere (vsbatch would submit it); 3 it fits nowher
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from tabulate import tabulate
@@ -21,7 +22,7 @@ from tabulate import tabulate
 from . import __version__
 from .errors import EXIT_NO_FIT, JobScriptError, WorkloadError
 from .units import MiB
-from .workload import add_workload_arguments, parse_workload_args, spec_from_namespace
+from .workload import WorkloadSpec, add_workload_arguments, parse_workload_args, spec_from_namespace
 
 SEARCH_BUDGET_S = 60.0
 
@@ -57,9 +58,18 @@ def _workload(ns):
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
     elif not ns.model:
-        raise JobScriptError(f"{js.path} has no #VEST line and no --model was given",
-                             "describe the workload in the script, e.g. #VEST --model torchvision:resnet50 "
-                             "--batch-size 64, or give the options here")
+        from .launch import find_train_command
+
+        train = find_train_command([c.text for c in js.commands])
+        if train is None:
+            raise JobScriptError(f"{js.path} has no #VEST line, no Python training command, and no --model was given",
+                                 "describe the workload in the script, e.g. #VEST --model torchvision:resnet50 "
+                                 "--batch-size 64, or give the options here")
+        request = gpu_request(js.options)
+        if not request.wants_gpu:
+            n = max(train.nproc, 1)
+            request = GpuRequest(None, None, n, n, request.nodes)
+        return train, request, js.partitions, js.path
     spec = spec_from_namespace(ns, base)
     request = gpu_request(js.options)
     said = ns.num_gpus is not None or any(w.startswith("--num-gpus") for w in js.vest_argv)
@@ -81,6 +91,15 @@ def cmd_check(ns) -> int:
     if ns.search_budget <= 0:
         raise WorkloadError("--search-budget must be positive", "e.g. --search-budget 30, or --no-search")
     prober = Prober.for_site(site)
+    if not isinstance(spec, WorkloadSpec):   # a training command: dynamic analysis, batch set by the script
+        from .dynamic import Limits, trace_command
+
+        dyn = site.dynamic
+        limits = Limits(timeout_s=dyn.timeout_s, memory_bytes=dyn.memory_mib * MiB, steps=dyn.steps)
+        spec, summaries, _run = trace_command(spec, list(prober.profiles.values()), request.total_gpus, limits,
+                                              cwd=os.getcwd())   # where sbatch would run it
+        prober.add_script_traces(spec, summaries)
+        ns.no_search = True
     estimates, failed = prober.estimates(spec)
     if not estimates:
         raise next(iter(failed.values()))
@@ -128,8 +147,13 @@ def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
     from .placement import NoFit
 
     gpus = f"  {spec.num_gpus} GPUs" if spec.num_gpus > 1 else ""
-    head = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
-            f"{spec.precision}{gpus}\n(from {source}; site config {site.path}; headroom "
+    if spec.model.startswith("script:"):
+        what = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the training command ran with fake "
+                f"CUDA, batch {spec.batch_size} seen per GPU{gpus}; the batch is the script's, so no batch search)")
+    else:
+        what = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
+                f"{spec.precision}{gpus}")
+    head = (f"{what}\n(from {source}; site config {site.path}; headroom "
             f"{site.policy.headroom_percent:g}% + {site.policy.headroom_bytes // MiB} MiB)")
     table = tabulate(
         [[r["gpu"], r["profile"], _m(r["capacity_bytes"]), _m(r["estimate_bytes"]), _m(r["needed_bytes"]),

@@ -190,27 +190,49 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str) -> None:
                         "fix the script (run it directly to see the error); the estimate runs it unchanged")
 
 
-def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
-                     cwd: str | None = None, alloc_conf: str | None = None):
-    """MemoryEstimates of a training command for each profile, and the run behind them.
-
-    The script runs once per class of GPU it could behave differently on (flash attention and
-    bf16 need sm80+). ``num_gpus`` defaults to what the launcher starts per node."""
-    from .estimator import estimate_from_trace, summarize
+def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf: str):
+    """The WorkloadSpec that stands for a script in reports and placement (its trace is the script's)."""
     from .workload import WorkloadSpec
+
+    return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
+                        parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps)
+
+
+def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
+                  cwd: str | None = None, alloc_conf: str | None = None):
+    """Run the script once per capability class of ``profiles``: (spec, {class: TraceSummary or
+    EstimateError}, run). A script can fail on one class only (bf16 autocast needs sm80+); it is an
+    error only when it fails on every class."""
+    from .estimator import summarize
 
     gpus = num_gpus or (cmd.nproc if cmd.nproc > 0 else 1)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-    runs: dict[bool, DynamicRun] = {}
-    estimates = []
-    for p in profiles:
+    summaries, first = {}, None
+    # newest GPU class first: a script that needs sm80+ (bf16) is traced where it runs
+    for p in sorted(profiles, key=lambda p: p.capability, reverse=True):
         cls = p.capability >= (8, 0)
-        if cls not in runs:
-            runs[cls] = run_dynamic(cmd, p, gpus, limits, cwd)
-        run = runs[cls]
-        spec = WorkloadSpec(model=f"script:{cmd.display}", batch_size=run.batch_hint or 1, num_gpus=gpus,
-                            parallelism="ddp", alloc_conf=conf, steps=run.steps)
-        estimates.append(estimate_from_trace(summarize(run.trace, run.seconds), spec, p))
-    first = next(iter(runs.values()))
-    return estimates, first
+        if cls in summaries:
+            continue
+        try:
+            run = run_dynamic(cmd, p, gpus, limits, cwd)
+        except EstimateError as e:
+            summaries[cls] = e
+            continue
+        summaries[cls] = summarize(run.trace, run.seconds)
+        first = first or run
+    if first is None:
+        raise next(iter(summaries.values()))
+    return script_spec(cmd, first, gpus, conf), summaries, first
+
+
+def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
+                     cwd: str | None = None, alloc_conf: str | None = None):
+    """MemoryEstimates of a training command for the profiles it runs on, and the run behind them.
+    Raises EstimateError when it runs on none of them."""
+    from .estimator import estimate_from_trace
+
+    spec, summaries, run = trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
+    estimates = [estimate_from_trace(summaries[p.capability >= (8, 0)], spec, p) for p in profiles
+                 if not isinstance(summaries[p.capability >= (8, 0)], EstimateError)]
+    return estimates, run

@@ -280,12 +280,16 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         js = read_job_script(script_path)
     for line in js.ignored_sbatch_lines:
         d.warnings.append(f"{js.path}: line {line}: #SBATCH below the first command; sbatch ignores it")
+    train = None
     if not js.vest_directives:
-        clock.lap("parse_s")
-        out.say(f"note: {js.path} has no #VEST line: submitting it unchanged, without a memory check "
-                "(add e.g. `#VEST --model torchvision:resnet50 --batch-size 64`; estimating the training "
-                "command itself is not built yet)")
-        return _pass_through(cmd, js, script_path, env, out, clock, d)
+        from .launch import find_train_command
+
+        train = find_train_command([c.text for c in js.commands])
+        if train is None:
+            clock.lap("parse_s")
+            out.say(f"note: {js.path} has no #VEST line and no Python training command: submitting it unchanged, "
+                    "without a memory check (add e.g. `#VEST --model torchvision:resnet50 --batch-size 64`)")
+            return _pass_through(cmd, js, script_path, env, out, clock, d)
 
     from .siteconfig import load_site_config
     from .workload import parse_workload_args
@@ -294,13 +298,15 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     effective = effective_options(js.options, options_from_env(env), cmd.options)
     request = gpu_request(effective)
     partitions = partitions_of(effective)
-    lines = ", ".join(str(v.lineno) for v in js.vest_directives)
-    try:
-        spec = parse_workload_args(list(js.vest_argv))
-    except WorkloadError as e:
-        raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
-    spec, request = _reconcile_gpus(spec, request, js, d)
-    d.workload = spec.to_dict()
+    spec = None
+    if train is None:
+        lines = ", ".join(str(v.lineno) for v in js.vest_directives)
+        try:
+            spec = parse_workload_args(list(js.vest_argv))
+        except WorkloadError as e:
+            raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
+        spec, request = _reconcile_gpus(spec, request, js, d)
+        d.workload = spec.to_dict()
     clock.lap("parse_s")
 
     # --- the cluster, asked while the estimate runs (it needs nothing from it; both are needed to place)
@@ -316,6 +322,9 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
 
     prober = Prober.for_site(site)
     try:
+        if train is not None:
+            spec, request = _trace_script(train, request, effective, site, prober, cwd, out)
+            d.workload = spec.to_dict()
         estimates, failed = prober.estimates(spec)
     except BaseException:
         query.join()
@@ -417,6 +426,25 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"):
+    """Dynamic analysis: run the job's training command with fake CUDA, once per GPU class of the
+    site, and give the prober its traces. The GPU count is the job's (#SBATCH), else the launcher's."""
+    from .dynamic import Limits, trace_command
+
+    gpus = request.total_gpus if request.wants_gpu else max(train.nproc, 1)
+    if not request.wants_gpu and gpus > 1:
+        request = replace(request, gpus_per_node=gpus, total_gpus=gpus)
+    dyn = site.dynamic
+    limits = Limits(timeout_s=dyn.timeout_s, memory_bytes=dyn.memory_mib * MiB, steps=dyn.steps)
+    workdir = option_value(effective, "chdir") or cwd
+    out.say(f"no #VEST line: estimating `{train.display}` by running it with fake CUDA "
+            f"({dyn.steps} optimizer steps, at most {dyn.timeout_s:.0f} s)")
+    spec, summaries, _run = trace_command(train, list(prober.profiles.values()), gpus, limits, cwd=workdir)
+    prober.add_script_traces(spec, summaries)
+    prober.trace_seconds += sum(s.seconds for s in summaries.values())
+    return spec, request
 
 
 def _reconcile_gpus(spec, request, js: JobScript, d: Decision):
