@@ -10,8 +10,9 @@ What it does, in order:
    looked up in the --chdir directory (else the current one) first, then in each ``$PATH`` directory.
    No script: read from stdin, as sbatch does.
 3. Reads the workload from the script's ``#VEST`` lines (the options of ``vest estimate``). A script
-   with none is passed to sbatch unchanged, with a note (the dynamic analysis of the training
-   command will estimate those later).
+   with none has its Python training command (``python train.py``, ``torchrun ...``, ``srun python``)
+   estimated by dynamic analysis (dynamic.py); one with neither is passed to sbatch unchanged, with a
+   note.
 4. Asks Slurm for its partitions and their GPU types (cluster.py) and warns where the site config
    disagrees; partitions the config names but Slurm lacks are not chosen.
 5. Estimates the job on every GPU type of the site (one device profile per gres type; the site's
@@ -64,9 +65,10 @@ WAIT_TIMEOUT_S = 30 * 24 * 3600.0   # sbatch --wait blocks until the job ends
 USAGE = """\
 usage: vsbatch [--dry-run] [--json] [--site-config PATH] [sbatch options] job.sh [script args]
 
-Estimate the job's peak GPU memory from its #VEST lines, pick a partition and GPU that hold it,
-and submit with sbatch (every other option unchanged). Refuses, queueing nothing, when no GPU of
-the site can hold it, and says what would fit.
+Estimate the job's peak GPU memory from its #VEST lines (or, without them, by running its Python
+training command with fake CUDA), pick a partition and GPU that hold it, and submit with sbatch
+(every other option unchanged). Refuses, queueing nothing, when no GPU of the site can hold it, and
+says what would fit.
 
   --dry-run            print the sbatch command instead of running it
   --json               print the decision as one JSON object on stdout
