@@ -15,12 +15,12 @@ Where the defaults come from (MiB; see README "Accuracy" for the measurement):
 - ``reserved_mib``: memory the driver keeps that no process can allocate even on an idle GPU
   (ECC and driver reservations: about 0.5-1.5 % of the board; cudaMemGetInfo's free on an idle
   GPU falls short of the total by this much).
-- ``context_mib``: the CUDA context of a PyTorch process with lazy module loading
-  (CUDA >= 11.7, the default since torch 1.13) after its first cuBLAS call: driver context, the
-  per-thread local-memory reservation (SMs x max resident threads x default 1 KiB stack), and the
-  cuBLAS/torch kernels loaded. Set from the floor of small-job measurements on that GPU type
-  (`vest calibrate`; README "Accuracy").
-- ``cudnn_mib``: what loading cuDNN's handle and convolution kernels adds for jobs that convolve.
+- ``context_mib``: the CUDA context of a PyTorch process and what its libraries load into it
+  (driver context, the per-thread local-memory reservation of SMs x max resident threads x the
+  default 1 KiB stack, cuBLAS/cuDNN handles and kernels; with lazy module loading, CUDA >= 11.7,
+  only the kernels used). It depends on the GPU and the whole stack (driver, CUDA, torch), so it is
+  a measured floor (`vest calibrate`; the defaults below and README "Accuracy").
+- ``cudnn_mib``: what loading cuDNN adds for jobs that convolve, where a calibration separates it.
 - ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per handle and stream
   (CUDABlas.cpp getChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB = 8.125 MiB
   before Hopper, ``:4096:8`` = 32 MiB on sm90 and later. It is allocated through the caching
@@ -70,17 +70,28 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
                          context, cudnn, ws)
 
 
-# context_mib / cudnn_mib: see the module docstring and README "Accuracy" (calibrated floors).
+# context_mib: the floor of each GPU type's software stack, outside the allocator. Where measured
+# runs exist (shared/groundtruth/, see README "Accuracy"), it is what `vest calibrate` does with one
+# tiny job, done on those runs: for each model, the smallest-batch run's measured device peak minus
+# the allocator's replayed peak reserved; the median over models. Those stacks load cuDNN for conv
+# nets and transformers alike (conv and non-conv floors agree within their spread), so cudnn_mib is
+# 0 there. Types without measured runs keep a conservative floor (that of the older measured stack)
+# until the site calibrates them.
+#   a100-40gb: 544 (11 models, CARMA, torch 2.x with lazy module loading; spread 456-592 for the
+#              small models)                                      a100-80gb: same chip and stack
+#   h100-80gb: 1365 (15 models, milabench, torch 2.6 + CUDA 12.6; spread 1235-1471 for 10 of them)
+#   h200-141gb: 1382 (15 models, milabench; spread 1360-1552 for 8 of them)
+#   l40s-48gb: 1111 (15 models, milabench; spread 883-1197 for 12 of them)
 PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
-    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 420, 180),
-    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 420, 180),
-    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 440, 190),
-    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 440, 190),
-    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 520, 220),
-    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 520, 220),
-    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 480, 200),
-    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 400, 170),
-    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 380, 160),
+    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 1100, 0),
+    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 1100, 0),
+    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 544, 0),
+    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 544, 0),
+    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1365, 0),
+    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
+    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 1111, 0),
+    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 1100, 0),
+    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 1100, 0),
 )}
 
 ALIASES = {

@@ -270,6 +270,14 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
         hooks.category(None)
     keep = None
     batch = None
+    if spec.pre_forward != "none":
+        hooks.phase("forward")
+        hooks.category("input")
+        batch, _ = _make_batch(built, spec, weight_dtype, device)
+        hooks.category(None)
+        with (torch.no_grad() if spec.pre_forward == "no-grad" else _null()):
+            out = model(**batch) if isinstance(batch, dict) else model(batch)
+        del out   # its graph (and the activations it saved) go with it
     for it in range(spec.steps):
         hooks.iteration(it)
         for micro in range(spec.grad_accum):

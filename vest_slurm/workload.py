@@ -21,6 +21,7 @@ OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
 PARALLELISMS = ("ddp", "dp", "none")
+PRE_FORWARDS = ("none", "grad", "no-grad")
 MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
 
 
@@ -90,6 +91,8 @@ class WorkloadSpec:
     alloc_conf: str = ""
     steps: int = 2
     weight_decay: float | None = None   # None: the optimizer's torch default (AdamW 0.01, others 0)
+    pre_forward: str = "none"   # one full-batch fp32 forward before training (a sanity check, a summary,
+                                # targets built from the model's output): with autograd ("grad") or not
 
     @property
     def model_kwargs(self) -> dict:
@@ -119,7 +122,7 @@ class WorkloadSpec:
             argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
-                     "parallelism", "alloc_conf", "steps", "weight_decay"):
+                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -178,6 +181,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS))
     g.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the job")
     g.add_argument("--steps", type=str, default=None, help="training iterations to trace (default 2)")
+    g.add_argument("--pre-forward", default=None,
+                   help="one fp32 forward of a full batch before training, as scripts that check the model or "
+                        "build targets from its output do: grad (autograd on, its activations held until it "
+                        "ends), no-grad, none (default)")
     g.add_argument("--weight-decay", type=str, default=None,
                    help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
                         "SGD and Adam with weight decay take a temporary copy of the gradients")
@@ -265,6 +272,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         alloc_conf=str(pick("alloc_conf", "")),
         steps=_positive_int("steps", pick("steps", 2), minimum=1),
         weight_decay=_weight_decay(pick("weight_decay", None)),
+        pre_forward=_choice("pre-forward", pick("pre_forward", "none"), PRE_FORWARDS),
     )
     return spec
 
