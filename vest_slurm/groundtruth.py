@@ -152,6 +152,10 @@ def _hf_model(cls_name: str, args: dict) -> tuple[str, dict]:
         # runtime settings the description states ("num_buckets set to 128 if unset")
         for key, value in re.findall(r"(\w+) set to (\d+) if unset", cfg):
             fields.setdefault(key, int(value))
+    if cls_name.startswith("T5") and "attn_implementation" not in fields:
+        # The measured runs predate transformers' SDPA for T5 (PR #47014, merged 2026-07): eager
+        # attention, which keeps the attention probabilities for backward.
+        fields["attn_implementation"] = "eager"
     if checkpoint is None:
         return f"hf:{cls_name}", fields
     preset = checkpoint.rsplit("/", 1)[-1]

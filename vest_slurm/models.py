@@ -161,6 +161,9 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     import transformers
 
     kwargs = {k: v for k, v in kwargs.items() if k not in ("from_config", "config")}
+    # attention kernel: the job's transformers decides (e.g. T5 runs eagerly before transformers
+    # PR #47014, 2026-07); default sdpa where the model supports it, as current transformers does
+    attn = kwargs.pop("attn_implementation", None)
     if name in HF_PRESETS:
         cls_name, preset = HF_PRESETS[name]
         kwargs = {**preset, **kwargs}
@@ -183,10 +186,15 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     # attempt leaves its choice in the config, hence a fresh copy for each.
     import copy
 
-    try:
-        module = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa")
-    except (ValueError, ImportError):
-        module = cls._from_config(copy.deepcopy(config), attn_implementation="eager")
+    if attn is not None:
+        if attn not in ("eager", "sdpa"):
+            raise WorkloadError(f"attn_implementation {attn!r} is not one vest can trace", "use eager or sdpa")
+        module = cls._from_config(copy.deepcopy(config), attn_implementation=attn)
+    else:
+        try:
+            module = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+        except (ValueError, ImportError):
+            module = cls._from_config(copy.deepcopy(config), attn_implementation="eager")
     main = getattr(cls, "main_input_name", "input_ids")
     if inp.kind == "default":
         if main == "input_features":
