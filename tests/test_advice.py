@@ -77,12 +77,16 @@ def test_amp_precision_by_capability():
 
 
 TINY_SITE = """
+# context_mib pinned: the tests size these GPUs around a 420 MiB CUDA context, whatever the
+# profiles' calibrated defaults are
 [gpu.tiny]
 profile = "v100-16gb"
 memory_mib = 700
+context_mib = 420
 [gpu.small]
 profile = "a100-40gb"
 memory_mib = 650
+context_mib = 440
 [partition.tiny]
 gpu_types = ["tiny"]
 gpus_per_node = 4

@@ -15,12 +15,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTBED = str(ROOT / "site-config" / "testbed.toml")
 SMALL = f"{ROOT / 'tests' / 'data' / 'user_models.py'}:small_cnn"
 TINY_SITE = """
+# context_mib pinned: the tests size these GPUs around a 420 MiB CUDA context, whatever the
+# profiles' calibrated defaults are
 [gpu.tiny]
 profile = "v100-16gb"
 memory_mib = 700
+context_mib = 420
 [gpu.big]
 profile = "a100-40gb"
 memory_mib = 900
+context_mib = 440
 [partition.tiny]
 gpu_types = ["tiny"]
 gpus_per_node = 4
