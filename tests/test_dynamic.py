@@ -214,3 +214,8 @@ def test_vsbatch_places_a_script_by_its_training_command(slurm, tmp_path):
     rec = SlurmCLI(env=slurm.env).job(d["job_id"])
     assert rec is not None and rec.partition == "a100" and rec.tres_per_node == "gres:gpu:a100:1"
     subprocess.run(["scancel", str(d["job_id"])], env=slurm.env, timeout=10)
+
+
+def test_older_amp_api_compile_and_value_reads():
+    (est,), run = estimate_script("old_amp_api.py")
+    assert run.steps == 3 and run.batch_hint == 8 and est.peak_bytes > 0

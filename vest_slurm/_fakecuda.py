@@ -79,6 +79,12 @@ BLAS_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.
 CONV_OPS = {aten.convolution.default, aten.convolution_backward.default}
 
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+# A bool tensor whose stand-in value is known carries it as this attribute (dynamic analysis; see
+# FakeCudaMode._remember_truth). An attribute, not a dict: tensors compare elementwise.
+TRUTH_ATTR = "_vest_truth"
+_TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False}
+_TRUTH_OPS = {aten.isfinite, aten.isnan, aten.isinf, aten.isposinf, aten.isneginf, aten.all, aten.any,
+              aten.logical_not, aten.bitwise_not}
 
 
 def _is_fake_cuda(t) -> bool:
@@ -145,14 +151,14 @@ def _autocast_kernel(op, policy: str):
             elif policy == "promote":
                 tensors = [a for a in pytree.tree_leaves((args, kwargs)) if _is_fake_cuda(a) and a.is_floating_point()]
                 if tensors:
-                    widest = functools_reduce_promote(tensors)
+                    widest = _widest_dtype(tensors)
                     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, widest), (args, kwargs))
             return op(*args, **kwargs)
 
     return kernel
 
 
-def functools_reduce_promote(tensors):
+def _widest_dtype(tensors):
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
@@ -245,7 +251,9 @@ class FakeCudaMode(FakeTensorMode):
             return torch.device("cpu")
         if func is aten._local_scalar_dense.default and self.scalar_stand_in and isinstance(args[0], FakeTensor):
             t = args[0]
-            return False if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+            if t.dtype == torch.bool:
+                return getattr(t, TRUTH_ATTR, False)
+            return 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         if (func is aten._to_copy.default and kwargs.get("device") is not None
@@ -265,12 +273,28 @@ class FakeCudaMode(FakeTensorMode):
             # dispatches its pieces back here. On the GPU it is one kernel: only its outputs are
             # allocations, not the decomposition's intermediates.
             return out
+        if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS and isinstance(out, FakeTensor):
+            self._remember_truth(func, args, out)
         if self.recorder.on_op is not None:
             self.recorder.on_op(func, args)
         for t in pytree.tree_leaves(out):
             if isinstance(t, FakeTensor):
                 self.recorder.see(t)
         return out
+
+    def _remember_truth(self, func, args, out) -> None:
+        """What a training script's checks on values would read on a healthy run: losses are
+        finite (isfinite true; isnan / isinf false), carried through all/any/not."""
+        op = func.overloadpacket
+        src = getattr(args[0], TRUTH_ATTR, None) if args and isinstance(args[0], FakeTensor) else None
+        if op is aten.isfinite:
+            setattr(out, TRUTH_ATTR, True)
+        elif op in (aten.isnan, aten.isinf, aten.isposinf, aten.isneginf):
+            setattr(out, TRUTH_ATTR, False)
+        elif op in (aten.all, aten.any) and src is not None:
+            setattr(out, TRUTH_ATTR, src)
+        elif op in (aten.logical_not, aten.bitwise_not) and src is not None:
+            setattr(out, TRUTH_ATTR, not src)
 
     def _onto_the_gpu(self, types, args, kwargs):
         """C++ composite ops build new tensors from ``input.options()``, whose device is the
@@ -322,6 +346,12 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        truth = _TRUTH_FUNCTIONS.get(getattr(func, "__name__", None))
+        if truth is not None and args and _is_fake_cuda(args[0]):
+            out = func(*args, **kwargs)   # composite: decomposed below, so it is marked here
+            if isinstance(out, FakeTensor):
+                setattr(out, TRUTH_ATTR, truth)
+            return out
         if func is torch.nn.functional.scaled_dot_product_attention:
             return self.sdpa(*args, **kwargs)
         dev = kwargs.get("device")

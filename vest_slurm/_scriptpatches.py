@@ -109,9 +109,6 @@ class FakeGradScaler:
 
     def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
-        if not isinstance(device, str) or device not in ("cuda", "cpu"):
-            enabled = enabled if isinstance(device, str) else device  # GradScaler(enabled) old positional form
-            device = "cuda"
         self._enabled = bool(enabled)
         self._scale = None
         self._init_scale = init_scale
@@ -154,6 +151,14 @@ class FakeGradScaler:
 
     def load_state_dict(self, state):
         pass
+
+
+class FakeCudaGradScaler(FakeGradScaler):
+    """torch.cuda.amp.GradScaler's signature (no device argument)."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True):
+        super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
 
 
 # ---- DistributedDataParallel -----------------------------------------------------------------------
@@ -407,7 +412,7 @@ def patched(state: ScriptState):
         (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist)),
         (torch.Tensor, "numpy", _numpy(torch.Tensor.numpy)),
         (torch.amp, "GradScaler", FakeGradScaler),
-        (torch.cuda.amp, "GradScaler", FakeGradScaler),
+        (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
         (torch, "compile", _compile),
         (torch, "save", _save(state)),
         (torch.cuda, "_lazy_init", lambda: None),

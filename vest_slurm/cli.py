@@ -12,7 +12,7 @@ import sys
 import time
 
 from .errors import EXIT_BAD_INPUT, VestError
-from .workload import WorkloadSpec, add_workload_arguments, spec_from_namespace
+from .workload import add_workload_arguments, spec_from_namespace
 
 EXIT_INTERNAL = 70   # a bug in vest-slurm (EX_SOFTWARE)
 
@@ -43,7 +43,8 @@ def cmd_estimate(ns) -> int:
     profiles = [get_profile(g) for g in ns.gpu] if ns.gpu else list(PROFILES.values())
     t0 = time.perf_counter()
     if ns.command:
-        from .dynamic import Limits, estimate_command
+        from .dynamic import Limits, trace_command
+        from .estimator import estimate_from_trace
         from .launch import parse_train_command
 
         if ns.model:
@@ -52,9 +53,13 @@ def cmd_estimate(ns) -> int:
         cmd = parse_train_command(ns.command)
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
-        estimates, run = estimate_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
-        spec = WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1,
-                            num_gpus=gpus or max(cmd.nproc, 1), optimizer="adam")
+        spec, summaries, run = trace_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
+        estimates = [estimate_from_trace(summaries[p.capability >= (8, 0)], spec, p) for p in profiles
+                     if not isinstance(summaries[p.capability >= (8, 0)], VestError)]
+        for p in profiles:
+            failure = summaries[p.capability >= (8, 0)]
+            if isinstance(failure, VestError):
+                print(f"vest: not estimated on {p.key}: {failure.what}", file=sys.stderr)
     else:
         spec = spec_from_namespace(ns)
         estimates = estimate(spec, profiles)
