@@ -431,7 +431,6 @@ def _sdpa(capability, original):
 def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-SXM4-80GB",
                  capability: tuple[int, int] = (8, 0), device_count: int = 1):
     """Make torch.cuda queries answer as a GPU of this kind would, for the duration."""
-    import torch.amp.autocast_mode as am
     import torch.cuda.amp.common as common
 
     @dataclass
@@ -471,7 +470,6 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         CAST_CACHE.clear()
-    del am
 
 
 def _clear_autocast_cache(original):
