@@ -219,3 +219,16 @@ def test_vsbatch_places_a_script_by_its_training_command(slurm, tmp_path):
 def test_older_amp_api_compile_and_value_reads():
     (est,), run = estimate_script("old_amp_api.py")
     assert run.steps == 3 and run.batch_hint == 8 and est.peak_bytes > 0
+
+
+def test_torchrun_ddp_script_one_rank_of_the_world():
+    """torchrun --nproc_per_node 2: rank 0 runs with a fake process group of world size 2; DDP's
+    gradient buckets come from the script's own DDP, and NCCL's buffers are added per GPU."""
+    cmd = parse_train_command("torchrun --nproc_per_node 2 ddp_train.py")
+    (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and run.batch_hint == 16
+    assert any(e.module == "ddp_buckets" for e in run.trace.events)
+    assert b["nccl"] > 0
+    params = (64 * 512 + 512 + 512 * 10 + 10) * 4
+    assert b["parameters"] == params and b["optimizer_state"] == 2 * params

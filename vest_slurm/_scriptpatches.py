@@ -191,13 +191,18 @@ class FakeDDP(nn.Module):
 
 
 def _init_process_group(state: ScriptState):
+    """init_process_group("nccl", ...) becomes rank 0 of a fake process group of the launch's world
+    size: collectives return at once, no other rank is needed."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
     def init(backend=None, *args, **kwargs):
-        import torch.distributed as dist
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         if dist.is_initialized():
             return
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=state.world_size)
+        original("fake", store=FakeStore(), rank=0, world_size=state.world_size)
 
     return init
 

@@ -117,8 +117,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         i, seen = _skip_options(words, start, _TORCHRUN_FLAGS_WITH_VALUE)
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
         launcher = "torchrun"
-        if i < len(words) and words[i] in ("-m", "--module"):
-            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), nproc, launcher, tuple(env))
+        if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
+            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env))
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
