@@ -289,7 +289,7 @@ HOSTILE = "'\"; $(touch /tmp/pwned) `touch /tmp/pwned` | & > < \\ %s %n {} \t"
 
 
 def test_shell_metacharacters_in_every_field(tb):
-    p = sbatch(tb, estimate_line_script(20), f"--comment={HOSTILE}", f"--chdir=/tmp",
+    p = sbatch(tb, estimate_line_script(20), f"--comment={HOSTILE}", "--chdir=/tmp",
                f"--job-name=x{HOSTILE}")
     assert p.returncode == 0, p.err
     assert not os.path.exists("/tmp/pwned")

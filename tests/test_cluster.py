@@ -7,22 +7,12 @@ import time
 
 import pytest
 
+from slurm_wait import wait_for_state
 from vest_slurm.cluster import SlurmCLI, get_backend, reconcile, run_slurm
 from vest_slurm.errors import SlurmError
 from vest_slurm.testbed import SlurmTestbed, _pid_alive
 
 pytestmark = pytest.mark.slurm
-
-
-def wait_for_state(cli: SlurmCLI, job_id: int, states: set[str], timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rec = cli.job(job_id)
-        if rec is not None and rec.state in states:
-            return rec
-        if time.monotonic() > deadline:
-            pytest.fail(f"job {job_id} not in {states} after {timeout_s} s: {rec!r}")
-        time.sleep(0.1)
 
 
 def test_cluster_info_shows_three_gpu_partitions(slurm):

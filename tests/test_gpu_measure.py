@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vest_slurm.gpu_measure import DevicePoller, calibration_lines, measure
+from vest_slurm.gpu_measure import DevicePoller, measure
 from vest_slurm.workload import parse_workload_args
 
 

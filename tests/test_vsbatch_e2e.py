@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from vest_slurm import vsbatch
 from vest_slurm.attach import detach
+from slurm_wait import wait_done
 from vest_slurm.cluster import SlurmCLI
 
 pytestmark = pytest.mark.slurm
@@ -35,7 +35,6 @@ _L = '["Linear",16384,16384],["ReLU"]'
 WIDE = f"#VEST --model 'mlp:[{_L},{_L},{_L},{_L},[\"Linear\",16384,10]]' --input 16384 --batch-size 64"
 HUGE = ("#VEST --model 'mlp:[[\"Linear\",65536,65536],[\"ReLU\"],[\"Linear\",65536,65536]]' "
         "--input 65536 --batch-size 64")
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
 
 @pytest.fixture
@@ -68,17 +67,6 @@ def run_vsbatch(argv, env, cwd: Path, site: str | None = str(TESTBED)):
     finally:
         os.chdir(old)
     return rc, out.getvalue(), err.getvalue()
-
-
-def wait_done(cli: SlurmCLI, job_id: int, timeout_s: float = 60):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rec = cli.job(job_id)
-        if rec is not None and rec.state in TERMINAL:
-            return rec
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} not finished after {timeout_s} s: {rec!r}")
-        time.sleep(0.2)
 
 
 def test_job_that_fits_only_larger_gpus_is_routed_and_completes(slurm, cli, tmp_path):

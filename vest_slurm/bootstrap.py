@@ -127,8 +127,6 @@ def _user_frame(tb, script_path: str | None):
 
 
 def run(ns) -> dict:
-    import torch
-
     from . import _fakecuda as fc
     from . import _scriptpatches as sp
     from .tracing import Tracer

@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from .errors import WorkloadError
 

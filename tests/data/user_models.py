@@ -1,6 +1,5 @@
 """User model factories for the estimator tests (``tests/data/user_models.py:NAME``)."""
 
-import torch
 from torch import nn
 
 

@@ -5,7 +5,6 @@ Nothing here imports more than argparse until a subcommand runs, so ``vest`` sta
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

@@ -21,7 +21,6 @@ Nothing here runs a model or a shell; the cost is one SHA-256 of the script plus
 
 from __future__ import annotations
 
-import json
 import pwd
 import sys
 import time

@@ -2,7 +2,6 @@
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 
