@@ -10,9 +10,9 @@ class MemoryEstimate:
     """A job's GPU memory on one GPU type (per GPU, for multi-GPU jobs).
 
     ``required_bytes``: the smallest device capacity at which the job runs (the allocator's
-    flush-and-retry applied, workspaces shrunk to what still fits). Placement uses this.
-    ``peak_bytes``: what nvidia-smi would show at the peak on this GPU type (libraries take
-    workspace from what is free). Comparisons with measured runs use this.
+    flush-and-retry applied). Shown beside the peak.
+    ``peak_bytes``: what nvidia-smi would show at the peak on this GPU type. Placement applies
+    the site's headroom to it (placement.estimate_need); comparisons with measured runs use it.
     ``breakdown``: named parts (context, allocator reserved, workspaces, ...) in bytes.
     """
 

@@ -5,8 +5,8 @@
       -> replay(...)                          (allocator.py: the caching allocator)
       -> + CUDA context, cuDNN, NCCL          (profiles.py)
       = peak     what nvidia-smi shows on this GPU type
-      = required the smallest device memory at which the job runs (flush-and-retry; the
-                 libraries' transient workspaces shrunk to what fits)
+      = required the smallest device memory at which the job runs (the allocator's
+                 flush-and-retry applied; cuDNN's workspaces are not modelled, README "Accuracy")
 
 Multi-GPU data parallel jobs are estimated per GPU: the batch is per GPU; DDP adds its gradient
 buckets (one flat copy of the gradients, torch DistributedDataParallel's default
@@ -66,16 +66,16 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
-def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary,
-                transient_workspaces: bool) -> list[AllocEvent]:
-    """The trace with this GPU type's workspace sizes, and DDP's buckets for multi-GPU jobs."""
+def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary) -> list[AllocEvent]:
+    """The trace with this GPU type's cuBLAS workspace, and DDP's buckets for multi-GPU jobs.
+    cuDNN's transient workspaces keep the size the trace gives them (0: not modelled, README
+    "Accuracy"); were they sized, ``required`` would still be right only if they shrank at capacity."""
     ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
     last_param = max((i for i, e in enumerate(trace.events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
     for i, e in enumerate(trace.events):
-        if e.category == "workspace" and e.action == "alloc":
-            size = profile.cublas_workspace_bytes if e.module == "cublas" else (e.size_bytes if transient_workspaces else 0)
-            e = replace(e, size_bytes=size)
+        if e.category == "workspace" and e.action == "alloc" and e.module == "cublas":
+            e = replace(e, size_bytes=profile.cublas_workspace_bytes)
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -93,10 +93,9 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
     config = parse_alloc_conf(spec.alloc_conf)
-    events = _events_for(summary.trace, profile, spec, summary, transient_workspaces=True)
+    events = _events_for(summary.trace, profile, spec, summary)
     result = replay(events, config)
-    lean = _events_for(summary.trace, profile, spec, summary, transient_workspaces=False)
-    need = min_capacity_bytes(lean, config)
+    need = min_capacity_bytes(events, config)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
     if summary.uses_cudnn:
