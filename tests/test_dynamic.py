@@ -232,3 +232,11 @@ def test_torchrun_ddp_script_one_rank_of_the_world():
     assert b["nccl"] > 0
     params = (64 * 512 + 512 + 512 * 10 + 10) * 4
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params
+
+
+def test_building_a_huge_model_costs_no_host_memory():
+    """8.6e9 parameters: 34 GB if they were real; the run stays under a 2 GiB memory limit."""
+    (est,), run = estimate_script("huge_model.py", limits=Limits(memory_bytes=2 * 2**30))
+    params = 2 * 65536 * 65536 * 4
+    assert dict(est.breakdown)["parameters"] == params
+    assert run.peak_rss_bytes < 2 * 2**30 and est.peak_bytes > 2 * params
