@@ -240,3 +240,18 @@ def test_building_a_huge_model_costs_no_host_memory():
     params = 2 * 65536 * 65536 * 4
     assert dict(est.breakdown)["parameters"] == params
     assert run.peak_rss_bytes < 2 * 2**30 and est.peak_bytes > 2 * params
+
+
+def test_vsbatch_dry_run_skips_the_gpu_class_a_script_cannot_run_on(tmp_path):
+    """bf16 autocast fails on the testbed's V100 (sm70): vsbatch places on the A100 and says why."""
+    import json
+
+    job = _job(tmp_path, "lm.sbatch", "python train_lm.py --n-layer 1 --n-embd 64 --n-head 2 --seq-len 32 "
+               "--batch-size 2 --amp bf16", "--gres=gpu:1")
+    r = subprocess.run(["vsbatch", "--site-config", TESTBED, "--dry-run", "--json", job.name], cwd=tmp_path,
+                       env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["action"] == "submit" and d["partition"] == "a100"
+    assert "v100" not in d["estimates"] and any("v100" in w and "bfloat16" in w for w in d["warnings"])

@@ -438,14 +438,13 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     gpus = request.total_gpus if request.wants_gpu else max(train.nproc, 1)
     if not request.wants_gpu and gpus > 1:
         request = replace(request, gpus_per_node=gpus, total_gpus=gpus)
-    dyn = site.dynamic
-    limits = Limits(timeout_s=dyn.timeout_s, memory_bytes=dyn.memory_mib * MiB, steps=dyn.steps)
+    limits = Limits.for_site(site)
     workdir = option_value(effective, "chdir") or cwd
     out.say(f"no #VEST line: estimating `{train.display}` by running it with fake CUDA "
-            f"({dyn.steps} optimizer steps, at most {dyn.timeout_s:.0f} s)")
+            f"({limits.steps} optimizer steps, at most {limits.timeout_s:.0f} s)")
     spec, summaries, _run = trace_command(train, list(prober.profiles.values()), gpus, limits, cwd=workdir)
     prober.add_script_traces(spec, summaries)
-    prober.trace_seconds += sum(s.seconds for s in summaries.values())
+    prober.trace_seconds += sum(s.seconds for s in summaries.values() if not isinstance(s, VestError))
     return spec, request
 
 
