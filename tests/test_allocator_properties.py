@@ -48,6 +48,19 @@ def traces(draw, max_ops=80):
     return events
 
 
+def _rounded_live_peak(trace, config) -> int:
+    """Peak of the live request sizes, each rounded as the allocator rounds it."""
+    live, peak, sizes = 0, 0, {}
+    for e in trace:
+        if e.action == "alloc":
+            sizes[e.block] = round_size(e.size_bytes, config) if e.size_bytes else 0
+            live += sizes[e.block]
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(e.block)
+    return peak
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=traces(), config=CONFIGS, capacity_mib=st.one_of(st.none(), st.integers(2, 1200)))
 def test_invariants_hold_after_every_event(trace, config, capacity_mib):
@@ -93,14 +106,7 @@ def test_ample_capacity_agrees_with_uncapped(trace, config):
 def test_allocated_at_least_rounded_live_bytes(trace, config):
     """A block handed out is at least the rounded request (more when the remainder is not split off),
     so peak allocated >= the peak of live rounded sizes; and reserved >= allocated."""
-    live, peak, sizes = 0, 0, {}
-    for e in trace:
-        if e.action == "alloc":
-            sizes[e.block] = round_size(e.size_bytes, config) if e.size_bytes else 0
-            live += sizes[e.block]
-            peak = max(peak, live)
-        else:
-            live -= sizes.pop(e.block)
+    peak = _rounded_live_peak(trace, config)
     r = replay(trace, config)
     assert r.peak_allocated_bytes >= peak
     assert r.peak_reserved_bytes >= r.peak_allocated_bytes
@@ -113,14 +119,7 @@ def test_min_capacity_is_a_verified_boundary(trace, config):
     replays: its answer passes, and one granule less fails unless it is below the rounded live peak."""
     g = 2 * MiB
     c = min_capacity_bytes(trace, config, g)
-    live, need, sizes = 0, 0, {}
-    for e in trace:
-        if e.action == "alloc":
-            sizes[e.block] = round_size(e.size_bytes, config) if e.size_bytes else 0
-            live += sizes[e.block]
-            need = max(need, live)
-        else:
-            live -= sizes.pop(e.block)
+    need = _rounded_live_peak(trace, config)
     if need == 0:
         assert c == 0
         return

@@ -305,19 +305,6 @@ class _Stream:
         return False
 
 
-def _live_bytes(state: ScriptState) -> int:
-    sizes = {}
-    live = peak = 0
-    for action, block, size, *_ in state.tracer.s.events:
-        if action == "alloc":
-            sizes[block] = size
-            live += size
-            peak = max(peak, live)
-        else:
-            live -= sizes.pop(block, 0)
-    return live
-
-
 def _save(state: ScriptState):
     def save(obj, f, *args, **kwargs):
         # Fake tensors have no data to serialize: write a marker into the temp dir instead.
@@ -427,11 +414,11 @@ def patched(state: ScriptState):
         (torch.cuda, "empty_cache", lambda: None),
         (torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None),
         (torch.cuda, "reset_max_memory_allocated", lambda *a, **k: None),
-        (torch.cuda, "memory_allocated", lambda *a, **k: _live_bytes(state)),
-        (torch.cuda, "max_memory_allocated", lambda *a, **k: tr.finish(0).live_peak_bytes()),
-        (torch.cuda, "memory_reserved", lambda *a, **k: _live_bytes(state)),
-        (torch.cuda, "max_memory_reserved", lambda *a, **k: tr.finish(0).live_peak_bytes()),
-        (torch.cuda, "mem_get_info", lambda *a, **k: (torch.cuda.get_device_properties(0).total_memory - _live_bytes(state),
+        (torch.cuda, "memory_allocated", lambda *a, **k: tr.s.live_bytes),
+        (torch.cuda, "max_memory_allocated", lambda *a, **k: tr.s.peak_bytes),
+        (torch.cuda, "memory_reserved", lambda *a, **k: tr.s.live_bytes),
+        (torch.cuda, "max_memory_reserved", lambda *a, **k: tr.s.peak_bytes),
+        (torch.cuda, "mem_get_info", lambda *a, **k: (torch.cuda.get_device_properties(0).total_memory - tr.s.live_bytes,
                                                      torch.cuda.get_device_properties(0).total_memory)),
         (torch.cuda, "Event", _Event),
         (torch.cuda, "Stream", _Stream),

@@ -94,8 +94,7 @@ def cmd_check(ns) -> int:
     if not isinstance(spec, WorkloadSpec):   # a training command: dynamic analysis, batch set by the script
         from .dynamic import Limits, trace_command
 
-        dyn = site.dynamic
-        limits = Limits(timeout_s=dyn.timeout_s, memory_bytes=dyn.memory_mib * MiB, steps=dyn.steps)
+        limits = Limits.for_site(site)
         spec, summaries, _run = trace_command(spec, list(prober.profiles.values()), request.total_gpus, limits,
                                               cwd=os.getcwd())   # where sbatch would run it
         prober.add_script_traces(spec, summaries)

@@ -43,8 +43,7 @@ def cmd_estimate(ns) -> int:
     profiles = [get_profile(g) for g in ns.gpu] if ns.gpu else list(PROFILES.values())
     t0 = time.perf_counter()
     if ns.command:
-        from .dynamic import Limits, trace_command
-        from .estimator import estimate_from_trace
+        from .dynamic import Limits, estimates_from_summaries, trace_command
         from .launch import parse_train_command
 
         if ns.model:
@@ -54,12 +53,9 @@ def cmd_estimate(ns) -> int:
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
         spec, summaries, run = trace_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
-        estimates = [estimate_from_trace(summaries[p.capability >= (8, 0)], spec, p) for p in profiles
-                     if not isinstance(summaries[p.capability >= (8, 0)], VestError)]
-        for p in profiles:
-            failure = summaries[p.capability >= (8, 0)]
-            if isinstance(failure, VestError):
-                print(f"vest: not estimated on {p.key}: {failure.what}", file=sys.stderr)
+        estimates, failed = estimates_from_summaries(spec, summaries, profiles)
+        for key, failure in failed.items():
+            print(f"vest: not estimated on {key}: {failure.what}", file=sys.stderr)
     else:
         spec = spec_from_namespace(ns)
         estimates = estimate(spec, profiles)

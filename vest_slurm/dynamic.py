@@ -23,7 +23,7 @@ from .errors import EstimateError
 from .launch import TrainCommand
 from .profiles import DeviceProfile
 from .trace import AllocEvent, AllocTrace
-from .units import GiB
+from .units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_BYTES = 4 * GiB
@@ -36,6 +36,12 @@ class Limits:
     timeout_s: float = DEFAULT_TIMEOUT_S
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     steps: int = DEFAULT_STEPS
+
+    @classmethod
+    def for_site(cls, site) -> "Limits":
+        """The site config's ``[dynamic]`` limits."""
+        d = site.dynamic
+        return cls(timeout_s=d.timeout_s, memory_bytes=d.memory_mib * MiB, steps=d.steps)
 
 
 @dataclass(frozen=True)
@@ -226,13 +232,24 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     return script_spec(cmd, first, gpus, conf), summaries, first
 
 
+def estimates_from_summaries(spec, summaries, profiles):
+    """(estimates for the profiles whose GPU class the script ran on, {profile key: EstimateError}
+    for the others)."""
+    from .estimator import estimate_from_trace
+
+    estimates, failed = [], {}
+    for p in profiles:
+        summary = summaries[p.capability >= (8, 0)]
+        if isinstance(summary, EstimateError):
+            failed[p.key] = summary
+        else:
+            estimates.append(estimate_from_trace(summary, spec, p))
+    return estimates, failed
+
+
 def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
                      cwd: str | None = None, alloc_conf: str | None = None):
     """MemoryEstimates of a training command for the profiles it runs on, and the run behind them.
     Raises EstimateError when it runs on none of them."""
-    from .estimator import estimate_from_trace
-
     spec, summaries, run = trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
-    estimates = [estimate_from_trace(summaries[p.capability >= (8, 0)], spec, p) for p in profiles
-                 if not isinstance(summaries[p.capability >= (8, 0)], EstimateError)]
-    return estimates, run
+    return estimates_from_summaries(spec, summaries, profiles)[0], run

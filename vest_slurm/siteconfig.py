@@ -246,10 +246,7 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
     top = c.keys(dict(data), "(top level)", TOP_KEYS)
 
     gpus: list[GpuType] = []
-    gpu_tables = top.get("gpu", {})
-    if not isinstance(gpu_tables, dict) or not gpu_tables:
-        c.problems.append("no [gpu.<gres type>] table: define at least one GPU type")
-        gpu_tables = gpu_tables if isinstance(gpu_tables, dict) else {}
+    gpu_tables = dict(_named_tables(c, top, "gpu", "no [gpu.<gres type>] table: define at least one GPU type"))
     for name, table in gpu_tables.items():
         w = f"gpu.{name}"
         t = c.keys(table, w, GPU_KEYS)
@@ -262,11 +259,7 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
             gpus.append(GpuType(name, profile, mem * MiB if mem is not None else None, cost, context, cudnn))
 
     partitions: list[Partition] = []
-    part_tables = top.get("partition", {})
-    if not isinstance(part_tables, dict) or not part_tables:
-        c.problems.append("no [partition.<name>] table: define at least one GPU partition")
-        part_tables = part_tables if isinstance(part_tables, dict) else {}
-    for name, table in part_tables.items():
+    for name, table in _named_tables(c, top, "partition", "no [partition.<name>] table: define at least one GPU partition"):
         w = f"partition.{name}"
         t = c.keys(table, w, PARTITION_KEYS)
         types = c.get(t, w, "gpu_types", "strings", required=True)
@@ -336,6 +329,15 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
     if c.problems:
         raise SiteConfigError(path, c.problems)
     return SiteConfig(path, tuple(gpus), tuple(partitions), policy, bridge, dynamic)
+
+
+def _named_tables(c: _Checker, top: dict, key: str, missing: str):
+    """The ``[key.<name>]`` tables, or a problem saying there are none."""
+    tables = top.get(key, {})
+    if not isinstance(tables, dict) or not tables:
+        c.problems.append(missing)
+        return []
+    return list(tables.items())
 
 
 def _abs(c: _Checker, table: dict, key: str, default: str) -> str:

@@ -51,6 +51,8 @@ class _State:
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
     blas_seen: bool = False
     next_ws: int = -1
+    live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
+    peak_bytes: int = 0
 
 
 class Tracer:
@@ -78,6 +80,8 @@ class Tracer:
         category = "weight_copy" if fc.CASTING_WEIGHT[0] else (s.category or "")
         s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration)
         s.events.append(["alloc", block, nbytes, phase, category, module])
+        s.live_bytes += nbytes
+        s.peak_bytes = max(s.peak_bytes, s.live_bytes)
 
     def _free(self, block: int) -> None:
         if self.frozen:
@@ -86,7 +90,9 @@ class Tracer:
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.freed_in[block] = phase
         info = s.blocks.get(block)
-        s.events.append(["free", block, info and s.events[info.index][2] or 0, phase, "", ""])
+        size = info and s.events[info.index][2] or 0
+        s.events.append(["free", block, size, phase, "", ""])
+        s.live_bytes -= size
 
     def _op(self, func, args) -> None:
         s = self.s
