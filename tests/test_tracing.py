@@ -126,3 +126,41 @@ def test_events_are_consistent():
     assert ("forward", "activation") in kinds and ("backward", "gradient") in kinds
     assert any(e.category == "workspace" and e.module == "cublas" for e in trace.events)
     assert any(e.category == "workspace" and e.module == "cudnn" for e in trace.events)
+
+
+def _scratch(trace, name):
+    """Sizes of the kernel-scratch allocations named `name`, checking each is freed right away."""
+    events = list(trace.events)
+    sizes = []
+    for i, e in enumerate(events):
+        if e.action == "alloc" and e.category == "workspace" and e.module == name:
+            freed = [j for j in range(i + 1, len(events)) if events[j].action == "free" and events[j].block == e.block]
+            assert freed and freed[0] <= i + 3, "scratch must be freed before the op returns"
+            sizes.append(e.size_bytes)
+    return sizes
+
+
+# BERT with 2 layers of 4 heads x 24 dims (hidden 96), sequence 200, batch 3: the backward of each
+# attention takes flash's softmax_d [3, 4, 256] fp32 and dq_accum [3, 256, 4, 32] fp32
+# (seq rounded to 128, head dim to 32: flash_api.cpp mha_bwd) in AMP, and the memory-efficient
+# kernel's delta [3, 4, 200] fp32 and gradQ accumulator (tiles of 64 x 64 fp32 + 16 B header:
+# ceil(200/64) x ceil(24/64) = 4 tiles per batch x head) in fp32.
+_TINY_BERT = ("--model", "hf:BertForMaskedLM", "--input", "seq200", "--batch-size", "3", "--optimizer", "sgd",
+              "--model-args", '{"hidden_size": 96, "num_attention_heads": 4, "num_hidden_layers": 2, '
+              '"intermediate_size": 128, "vocab_size": 1000}')
+
+
+def test_flash_attention_backward_scratch_sizes():
+    tr = trace_training(spec(*_TINY_BERT, "--precision", "amp-fp16"), capability=(9, 0))
+    sizes = _scratch(tr, "flash_attention")
+    one_step = [3 * 4 * 256 * 4, 3 * 256 * 4 * 32 * 4]
+    assert sizes == one_step * (len(sizes) // 2) and len(sizes) == 2 * 2 * tr.iterations
+
+
+def test_efficient_attention_backward_scratch_sizes():
+    tr = trace_training(spec(*_TINY_BERT, "--precision", "fp32"), capability=(9, 0))
+    sizes = _scratch(tr, "efficient_attention")
+    workspace = 3 * 4 * (4 * (64 * 64 * 4 + 16) // 4) * 4
+    assert sizes == [3 * 4 * 200 * 4, workspace] * (len(sizes) // 2) and len(sizes) == 2 * 2 * tr.iterations
+    assert not _scratch(tr, "flash_attention")
+

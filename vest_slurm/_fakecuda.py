@@ -275,11 +275,13 @@ class FakeCudaMode(FakeTensorMode):
             return out
         if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS and isinstance(out, FakeTensor):
             self._remember_truth(func, args, out)
-        if self.recorder.on_op is not None:
-            self.recorder.on_op(func, args)
         for t in pytree.tree_leaves(out):
             if isinstance(t, FakeTensor):
                 self.recorder.see(t)
+        if self.recorder.on_op is not None:
+            # after the outputs: a CUDA op allocates its outputs before the library takes its
+            # workspace or the kernel its scratch
+            self.recorder.on_op(func, args)
         return out
 
     def _remember_truth(self, func, args, out) -> None:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from . import _fakecuda as fc
+from .scratch import kernel_scratch
 from .errors import EstimateError
 from .models import BuiltModel, build_model
 from .trace import AllocEvent, AllocTrace
@@ -95,6 +96,8 @@ class Tracer:
         s.live_bytes -= size
 
     def _op(self, func, args) -> None:
+        if self.frozen:
+            return
         s = self.s
         if not s.blas_seen and func in fc.BLAS_OPS:
             # First cuBLAS call on the stream: the handle's workspace comes from the caching
@@ -104,15 +107,33 @@ class Tracer:
         if func in fc.CONV_OPS:
             # cuDNN takes a transient workspace per convolution; its size is the GPU's (estimator).
             self._workspace("cudnn", persistent=False)
+        scratch = kernel_scratch(func, args)
+        if scratch is not None:
+            # buffers the CUDA kernel allocates for itself and frees before returning (scratch.py)
+            name, sizes = scratch
+            blocks = [self._workspace(name, persistent=True, nbytes=n) for n in sizes]
+            for block in reversed(blocks):
+                self._release(block)
 
-    def _workspace(self, name: str, persistent: bool) -> None:
+    def _workspace(self, name: str, persistent: bool, nbytes: int = 0) -> int:
         s = self.s
         block = s.next_ws
         s.next_ws -= 1
-        s.blocks[block] = _Block(len(s.events), s.phase, "workspace", name, s.iteration)
-        s.events.append(["alloc", block, 0, s.phase, "workspace", name])
+        phase = "backward" if fc.current_autograd_node() is not None else s.phase
+        s.blocks[block] = _Block(len(s.events), phase, "workspace", name, s.iteration)
+        s.events.append(["alloc", block, nbytes, phase, "workspace", name])
+        s.live_bytes += nbytes
+        s.peak_bytes = max(s.peak_bytes, s.live_bytes)
         if not persistent:
-            s.events.append(["free", block, 0, s.phase, "", ""])
+            self._release(block)
+        return block
+
+    def _release(self, block: int) -> None:
+        s = self.s
+        info = s.blocks[block]
+        size = s.events[info.index][2]
+        s.events.append(["free", block, size, info.phase, "", ""])
+        s.live_bytes -= size
 
     # -- helpers used by the loop
     def block_of(self, t: torch.Tensor) -> int | None:
