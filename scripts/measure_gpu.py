@@ -38,7 +38,8 @@ import json, sys
 from vest_slurm.gpu_measure import measure
 from vest_slurm.workload import parse_workload_args
 spec = parse_workload_args(json.loads(sys.argv[1]))
-print("VEST-RESULT " + json.dumps(measure(spec, device=sys.argv[2]).to_dict()))
+m = measure(spec, device=sys.argv[2], alloc_history=sys.argv[3] == "1")
+print("VEST-RESULT " + json.dumps(m.to_dict()))
 """
 
 
@@ -49,6 +50,8 @@ def main() -> int:
     p.add_argument("--gpu-profile", default=None, help="profile for the CPU estimate (default: from the device name)")
     p.add_argument("--out", default="benchmarks/gpu-measurements.csv")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--alloc-diff", metavar="DIR", default=None,
+                   help="record the GPU run's allocations and write their difference from the CPU trace here")
     args = p.parse_args()
 
     from vest_slurm.estimator import estimate
@@ -56,10 +59,10 @@ def main() -> int:
     from vest_slurm.workload import parse_workload_args
 
     rows = []
-    for w in args.workload or DEFAULT_WORKLOADS:
+    for n, w in enumerate(args.workload or DEFAULT_WORKLOADS):
         argv = shlex.split(w)
-        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argv), args.device], capture_output=True,
-                           text=True, timeout=args.timeout)
+        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(argv), args.device, "1" if args.alloc_diff else "0"],
+                           capture_output=True, text=True, timeout=args.timeout)
         line = next((l for l in r.stdout.splitlines() if l.startswith("VEST-RESULT ")), None)
         if line is None:
             rows.append({"workload": w, "status": f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:200]}"})
@@ -80,9 +83,13 @@ def main() -> int:
                 row["reserved_rel_err"] = round(row["replay_peak_reserved_mib"] / m["max_reserved_mib"] - 1, 4)
             if m["device_peak_used_mib"]:
                 row["peak_rel_err"] = round(row["predicted_peak_mib"] / m["device_peak_used_mib"] - 1, 4)
+            if args.alloc_diff and m.get("allocations") is not None:
+                row.update(_alloc_diff(args.alloc_diff, n, w, parse_workload_args(argv), profile, m["allocations"]))
         rows.append(row)
     cols = ["workload", "status", "measured_max_reserved_mib", "replay_peak_reserved_mib", "reserved_rel_err",
             "measured_device_peak_mib", "predicted_peak_mib", "peak_rel_err", "measured_context_mib"]
+    if args.alloc_diff:
+        cols += ["unmatched_real_mib", "unmatched_traced_mib"]
     print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, tablefmt="github"))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "workload", k))
@@ -92,6 +99,21 @@ def main() -> int:
         w.writerows(rows)
     print(f"wrote {args.out}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def _alloc_diff(out_dir: str, n: int, workload: str, spec, profile, allocations) -> dict:
+    """Pair the GPU run's allocations with the CPU trace of the same loop; write the leftovers."""
+    from vest_slurm.allocdiff import diff_allocations, expand
+    from vest_slurm.tracing import trace_training
+
+    trace = trace_training(spec, capability=profile.capability)
+    sizes = [e.size_bytes for e in trace.events if e.action == "alloc"]
+    d = diff_allocations(expand(allocations), sizes)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{n:02d}.json"), "w") as f:
+        json.dump({"workload": workload, **d.to_dict()}, f, indent=1)
+    return {"unmatched_real_mib": round(d.unmatched_real_bytes / 2**20, 1),
+            "unmatched_traced_mib": round(d.unmatched_traced_bytes / 2**20, 1)}
 
 
 if __name__ == "__main__":

@@ -96,12 +96,16 @@ class Measurement:
     seconds: float
     torch_version: str
     cuda_version: str | None
+    # with alloc_history: [rounded size, where, count] of every caching-allocator allocation of the
+    # run (allocdiff.py pairs them with the CPU trace's)
+    allocations: list | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None) -> Measurement:
+def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None,
+            alloc_history: bool = False) -> Measurement:
     import torch
 
     from .tracing import build_real_model, run_training_loop
@@ -120,11 +124,20 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None) 
         torch.cuda.reset_peak_memory_stats()
         if poller and poller.available:
             context = poller.read()
+    history = on_gpu and alloc_history
+    if history:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, context="alloc", stacks="python")
     with (poller if poller else _Null()):
         model, built = build_real_model(spec, device)
         run_training_loop(model, built, spec.with_(steps=steps or spec.steps), torch.device(device))
         if on_gpu:
             torch.cuda.synchronize()
+    allocations = None
+    if history:
+        from .allocdiff import aggregate, allocations_from_snapshot
+
+        allocations = aggregate(allocations_from_snapshot(torch.cuda.memory._snapshot()))
+        torch.cuda.memory._record_memory_history(enabled=None)
     seconds = time.perf_counter() - t0
     props = torch.cuda.get_device_properties(0) if on_gpu else None
     mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
@@ -137,7 +150,7 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None) 
         max_reserved_mib=mib(torch.cuda.max_memory_reserved()) if on_gpu else None,
         device_peak_used_mib=mib(poller.max_used_bytes - (baseline or 0)) if poller and poller.available else None,
         nvml_samples=poller.samples if poller else 0, seconds=round(seconds, 3),
-        torch_version=torch.__version__, cuda_version=torch.version.cuda,
+        torch_version=torch.__version__, cuda_version=torch.version.cuda, allocations=allocations,
     )
 
 
