@@ -255,3 +255,27 @@ def test_vsbatch_dry_run_skips_the_gpu_class_a_script_cannot_run_on(tmp_path):
     d = json.loads(r.stdout)
     assert d["action"] == "submit" and d["partition"] == "a100"
     assert "v100" not in d["estimates"] and any("v100" in w and "bfloat16" in w for w in d["warnings"])
+
+
+def _same_as_declared(dyn, declared):
+    (dec,) = estimate(parse_workload_args(declared.split()), [A100])
+    d, c = breakdown(dyn), breakdown(dec)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d[part] == c[part] and c[part] > 0, (part, d[part], c[part])
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.02 * dec.peak_bytes, (dyn.peak_bytes, dec.peak_bytes)
+
+
+def test_optimizer_built_before_the_model_moves():
+    """Fake parameters are new objects after .to('cuda'); the optimizer is pointed at them, so its
+    gradients and state count as on a GPU (before the fix both were 0)."""
+    (dyn,), run = estimate_script("optimizer_before_move.py", "--batch-size", "16")
+    _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam")
+    assert run.steps == 3
+
+
+def test_accelerate_prepare_loop():
+    pytest.importorskip("accelerate")
+    (dyn,), run = estimate_script("accelerate_train.py", "--batch-size", "16", "--mixed-precision", "bf16")
+    _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adamw "
+                           "--precision amp-bf16")
+    assert run.steps == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,7 @@ class ScriptState:
     depth: int = 0
     batch_hint: int | None = None
     saved: list = field(default_factory=list)
+    optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
 
     def finish(self) -> None:
         self.tracer.s.phase = "other"
@@ -37,13 +39,19 @@ class ScriptState:
 def _apply_overwrite(state: ScriptState):
     """Module._apply that puts the converted tensor in place of the old one (torch's
     overwrite_module_params_on_conversion behaviour). torch 2.14 swaps FakeTensor parameters in
-    place instead, which fake tensors refuse. Tied parameters stay tied (one memo per call)."""
+    place instead, which fake tensors refuse. Tied parameters stay tied (one memo per call).
+
+    A new Parameter object is not the one an optimizer built before the move holds (accelerate's
+    ``prepare(model, optimizer)`` does exactly that; on a GPU ``.to()`` keeps the objects), so the
+    optimizers made so far are pointed at the new ones when the top-level call ends."""
     memo_stack: list[dict] = []
+    moved: list[tuple] = []
 
     def _apply(self, fn, recurse=True):
         top = not memo_stack
         if top:
             memo_stack.append({})
+            moved.clear()
         memo = memo_stack[0]
         try:
             if recurse:
@@ -65,18 +73,31 @@ def _apply_overwrite(state: ScriptState):
                     with torch.no_grad():
                         new.grad = fn(p.grad)
                 memo[id(p)] = new
+                moved.append((p, new))
                 self._parameters[key] = new
             for key, b in list(self._buffers.items()):
                 if b is not None:
                     if id(b) not in memo:
                         memo[id(b)] = fn(b)
                     self._buffers[key] = memo[id(b)]
+            if top and moved:
+                _repoint_optimizers(state.optimizers, {id(old): new for old, new in moved})
             return self
         finally:
             if top:
                 memo_stack.clear()
+                moved.clear()
 
     return _apply
+
+
+def _repoint_optimizers(optimizers, new_of: dict) -> None:
+    """Replace moved parameters in the optimizers' groups and state (keyed by parameter)."""
+    for opt in list(optimizers):
+        for group in opt.param_groups:
+            group["params"] = [new_of.get(id(p), p) for p in group["params"]]
+        for old_key in [k for k in opt.state if id(k) in new_of]:
+            opt.state[new_of[id(old_key)]] = opt.state.pop(old_key)
 
 
 def _as_parameters(state: ScriptState, orig, is_cuda):
@@ -380,6 +401,12 @@ def patched(state: ScriptState):
         finally:
             tr.s.phase = "other"
 
+    orig_opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init(self, *a, **k):
+        orig_opt_init(self, *a, **k)
+        state.optimizers.add(self)
+
     orig_dl_init = torch.utils.data.DataLoader.__init__
 
     def dl_init(self, *a, **k):
@@ -399,6 +426,7 @@ def patched(state: ScriptState):
         (nn.Module, "to", _as_parameters(state, nn.Module.to, _to_cuda)),
         (torch.autograd, "backward", backward),
         (torch.optim.Optimizer, "zero_grad", zero_grad),
+        (torch.optim.Optimizer, "__init__", opt_init),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch.Tensor, "item", _item(torch.Tensor.item)),
         (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist)),
