@@ -279,3 +279,23 @@ def test_accelerate_prepare_loop():
     _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adamw "
                            "--precision amp-bf16")
     assert run.steps == 3
+
+
+def test_lightning_trainer_loop():
+    pytest.importorskip("pytorch_lightning")
+    (dyn,), run = estimate_script("lightning_train.py", "--batch-size", "16")
+    _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam "
+                           "--precision amp-bf16")
+    assert run.steps == 3
+
+
+def test_deep_copied_model_holds_a_second_set_of_weights():
+    """copy.deepcopy of a fake-CUDA model (an EMA) clones its weights on the GPU: the same loop
+    with the copy holds resnet18's weights (and BN buffers) once more."""
+    (with_ema,), _ = estimate_script("ema_train.py", "--batch-size", "16")
+    (without,), _ = estimate_script("ema_train.py", "--batch-size", "16", "--no-ema")
+    weights = dict(without.breakdown)["parameters"]
+    assert weights > 40 * 2**20
+    # tensors alone (the allocator adds whole segments)
+    extra = dict(with_ema.breakdown)["live_tensor_peak"] - dict(without.breakdown)["live_tensor_peak"]
+    assert weights <= extra <= 1.01 * weights, (extra, weights)

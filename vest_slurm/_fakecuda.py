@@ -356,6 +356,8 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             return out
         if func is torch.nn.functional.scaled_dot_product_attention:
             return self.sdpa(*args, **kwargs)
+        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+            return _deepcopy_fake(*args)
         dev = kwargs.get("device")
         if dev is not None and not isinstance(dev, int):
             pinned = _pin(dev)
@@ -377,6 +379,22 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0],) + tuple(_pin(a) for a in args[1:])
         return func(*args, **kwargs)
+
+
+def _deepcopy_fake(t: FakeTensor, memo: dict):
+    """copy.deepcopy of a fake tensor (EMA copies of a model, torchmetrics' default states): a clone
+    on the same device, as on a GPU. Tensor.__deepcopy__ would rebuild the storage from its bytes,
+    which a fake tensor does not have."""
+    if id(t) in memo:
+        return memo[id(t)]
+    with torch.no_grad():
+        new = t.clone(memory_format=torch.preserve_format)
+    if isinstance(t, torch.nn.Parameter):
+        new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+    elif t.requires_grad:
+        new.requires_grad_(True)
+    memo[id(t)] = new
+    return new
 
 
 # ---- SDPA backend choice as the GPU makes it (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) ----

@@ -159,6 +159,8 @@ def run(ns) -> dict:
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
             state.finish()
     except BaseException as e:  # the script failed by itself, or fake tensors could not answer it
+        if os.environ.get("VEST_TRACEBACK"):   # developers: the whole stack into the child's log
+            traceback.print_exc()
         where, line = _user_frame(e.__traceback__, ns.script)
         kind = "script-error"
         name = type(e).__name__
