@@ -78,6 +78,53 @@ BLAS_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.
             aten.addmv.default, aten.mv.default}
 CONV_OPS = {aten.convolution.default, aten.convolution_backward.default}
 
+
+def conv_workspace_keys(func, args) -> list[str]:
+    """The cuDNN convolutions a convolution op runs, as cudnn_ws.conv_key strings: the forward for
+    ``convolution``; backward-data then backward-filter (as ``output_mask`` asks) for
+    ``convolution_backward``. 1-d convolutions run as 2-d ones of height 1 (ATen's view4d);
+    transposed and 3-d convolutions are left out (no key: workspace 0)."""
+    from .cudnn_ws import conv_key
+
+    if func is aten.convolution.default:
+        x, w, _bias, stride, padding, dilation, transposed = args[:7]
+        kinds = ["fprop"]
+    else:
+        _grad, x, w, _bias_sizes, stride, padding, dilation, transposed = args[:8]
+        mask = args[10] if len(args) > 10 else (True, True, True)
+        kinds = [k for k, on in (("dgrad", mask[0]), ("wgrad", mask[1])) if on]
+    if transposed or not (_is_fake_cuda(x) and _is_fake_cuda(w)) or x.dim() not in (3, 4):
+        return []
+    xs, ws = list(x.shape), list(w.shape)
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    if x.dim() == 3:   # (N, C, L) -> (N, C, 1, L)
+        xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
+        stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
+    channels_last = x.dim() == 4 and (x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                                      or w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+    if not _depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
+        return []
+    dtype = str(x.dtype).replace("torch.", "")
+    return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last) for k in kinds]
+
+
+def _depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
+    """ATen's backend choice (Convolution.cpp select_conv_backend): a depthwise convolution
+    (groups == input channels) runs on cuDNN only in channels_last, or in fp16 where
+    use_cudnn_depthwise's simplified rule for cuDNN >= 8.2 allows it (1-d with stride 1; square
+    1/3/5 filters, width >= 7, stride 1; stride-2 cases are left to ATen's kernel here); otherwise
+    on ATen's own depthwise kernel, which takes no workspace. Any other convolution: cuDNN."""
+    groups = xs[1] // ws[1] if ws[1] else 1
+    if not (groups > 1 and groups == xs[1] and ws[0] % xs[1] == 0):
+        return True
+    if channels_last:
+        return True
+    if dtype != torch.float16 or any(d != 1 for d in dilation) or xs[1] < 32:
+        return False
+    if xs[2] == 1 and stride[1] == 1:
+        return True
+    return ws[2] == ws[3] and ws[3] in (1, 3, 5) and xs[3] >= 7 and stride[0] == stride[1] == 1
+
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
 # A bool tensor whose stand-in value is known carries it as this attribute (dynamic analysis; see
 # FakeCudaMode._remember_truth). An attribute, not a dict: tensors compare elementwise.

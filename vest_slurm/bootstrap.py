@@ -178,7 +178,8 @@ def run(ns) -> dict:
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step")
     trace = tracer.finish(state.steps, ())
-    result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module] for e in trace.events]
+    result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
+                        for e in trace.events]
     result["batch_hint"] = state.batch_hint
     return result
 

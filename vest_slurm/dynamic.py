@@ -147,8 +147,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         with open(out) as f:
             result = json.load(f)
         _raise_for_status(cmd, result, log_path)
-        events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod)
-                       for a, b, size, phase, cat, mod in result["events"])
+        events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
+                       for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}",))
         return DynamicRun(trace, result["steps"], result.get("batch_hint"), seconds, peak_rss,
                           tuple(result.get("redirected_writes", ())))

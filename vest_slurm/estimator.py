@@ -1,12 +1,13 @@
 """From a WorkloadSpec to a MemoryEstimate per GPU type: trace, replay, add what lives outside.
 
     trace_training(spec)                       (tracing.py: fake CUDA on the CPU)
-      -> workspace sizes of this GPU type     (cuBLAS workspace per profile)
+      -> workspace sizes of this GPU type     (cuBLAS per profile; cuDNN per convolution, cudnn_ws.py)
       -> replay(...)                          (allocator.py: the caching allocator)
       -> + CUDA context, cuDNN, NCCL          (profiles.py)
-      = peak     what nvidia-smi shows on this GPU type
+      = peak     what nvidia-smi shows on this GPU type (cuDNN takes the workspace of its
+                 heuristics' first plan, as on a GPU with room for it)
       = required the smallest device memory at which the job runs (the allocator's
-                 flush-and-retry applied; cuDNN's workspaces are not modelled, README "Accuracy")
+                 flush-and-retry applied; cuDNN falls back to plans without a workspace)
 
 Multi-GPU data parallel jobs are estimated per GPU: the batch is per GPU; DDP adds its gradient
 buckets (one flat copy of the gradients, torch DistributedDataParallel's default
@@ -66,16 +67,26 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
-def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary) -> list[AllocEvent]:
-    """The trace with this GPU type's cuBLAS workspace, and DDP's buckets for multi-GPU jobs.
-    cuDNN's transient workspaces keep the size the trace gives them (0: not modelled, README
-    "Accuracy"); were they sized, ``required`` would still be right only if they shrank at capacity."""
+def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary,
+                cudnn_workspaces: bool = True) -> list[AllocEvent]:
+    """The trace with this GPU type's workspaces, and DDP's buckets for multi-GPU jobs.
+
+    cuBLAS: PyTorch's default workspace per handle (profiles.py). cuDNN: with
+    ``cudnn_workspaces``, the workspace of the plan PyTorch runs on a GPU with room for it
+    (cudnn_ws.py, cuDNN's own heuristics); without, none: at capacity PyTorch falls back to plans
+    that fit (Conv_v8.cpp try_plans catches the allocation failure), which is what ``required``
+    models."""
+    from . import cudnn_ws
+
     ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
     last_param = max((i for i, e in enumerate(trace.events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
     for i, e in enumerate(trace.events):
-        if e.category == "workspace" and e.action == "alloc" and e.module == "cublas":
-            e = replace(e, size_bytes=profile.cublas_workspace_bytes)
+        if e.category == "workspace" and e.action == "alloc":
+            if e.module == "cublas":
+                e = replace(e, size_bytes=profile.cublas_workspace_bytes)
+            elif e.module == "cudnn" and e.detail:
+                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail) if cudnn_workspaces else 0)
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -95,7 +106,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     config = parse_alloc_conf(spec.alloc_conf)
     events = _events_for(summary.trace, profile, spec, summary)
     result = replay(events, config)
-    need = min_capacity_bytes(events, config)
+    need = min_capacity_bytes(_events_for(summary.trace, profile, spec, summary, cudnn_workspaces=False), config)
+    cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
     if summary.uses_cudnn:
@@ -112,6 +124,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         ("allocator_peak_reserved", result.peak_reserved_bytes),
         ("allocator_required", need),
     )
+    if summary.uses_cudnn:
+        breakdown += (("cudnn_workspace_max", cudnn_ws_max),)
     return MemoryEstimate(
         gpu=profile.key,
         capacity_bytes=profile.usable_bytes,

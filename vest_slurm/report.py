@@ -23,6 +23,7 @@ _BREAKDOWN_LABELS = {
     "allocator_peak_allocated": "allocator peak allocated (rounded blocks)",
     "allocator_peak_reserved": "allocator peak reserved (segments)",
     "allocator_required": "allocator need after flush-and-retry",
+    "cudnn_workspace_max": "largest cuDNN workspace (in the allocator)",
 }
 
 

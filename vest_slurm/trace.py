@@ -29,6 +29,7 @@ class AllocEvent:
     phase: str = "other"
     category: str = "other"
     module: str = ""
+    detail: str = ""   # what sizes a workspace per GPU type (cuDNN: the convolution, cudnn_ws.conv_key)
 
 
 @dataclass(frozen=True)

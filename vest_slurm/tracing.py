@@ -105,8 +105,10 @@ class Tracer:
             s.blas_seen = True
             self._workspace("cublas", persistent=True)
         if func in fc.CONV_OPS:
-            # cuDNN takes a transient workspace per convolution; its size is the GPU's (estimator).
-            self._workspace("cudnn", persistent=False)
+            # cuDNN takes a transient workspace per convolution (forward; backward-data, then
+            # backward-filter); its size depends on the GPU (cudnn_ws.py, estimator.py).
+            for key in fc.conv_workspace_keys(func, args):
+                self._workspace("cudnn", persistent=False, detail=key)
         scratch = kernel_scratch(func, args)
         if scratch is not None:
             # buffers the CUDA kernel allocates for itself and frees before returning (scratch.py)
@@ -115,13 +117,13 @@ class Tracer:
             for block in reversed(blocks):
                 self._release(block)
 
-    def _workspace(self, name: str, persistent: bool, nbytes: int = 0) -> int:
+    def _workspace(self, name: str, persistent: bool, nbytes: int = 0, detail: str = "") -> int:
         s = self.s
         block = s.next_ws
         s.next_ws -= 1
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.blocks[block] = _Block(len(s.events), phase, "workspace", name, s.iteration)
-        s.events.append(["alloc", block, nbytes, phase, "workspace", name])
+        s.events.append(["alloc", block, nbytes, phase, "workspace", name, detail])
         s.live_bytes += nbytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
         if not persistent:
@@ -151,11 +153,11 @@ class Tracer:
     def finish(self, iterations: int, notes=()) -> AllocTrace:
         s = self.s
         out = []
-        for action, block, size, phase, _cat, module in s.events:
+        for action, block, size, phase, _cat, module, *detail in s.events:
             info = s.blocks.get(block)
             if action == "alloc":
                 cat = info.category or self._lifetime_category(block, info)
-                out.append(AllocEvent("alloc", block, size, 0, phase, cat, module))
+                out.append(AllocEvent("alloc", block, size, 0, phase, cat, module, detail[0] if detail else ""))
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
         return AllocTrace(tuple(out), iterations, tuple(notes))

@@ -1,0 +1,112 @@
+"""cuDNN convolution workspaces: which convolutions the trace hands to cuDNN (ATen's backend
+choice), and how the estimator sizes them per GPU from cuDNN's own heuristics (no GPU needed)."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vest_slurm import cudnn_ws
+from vest_slurm.estimator import _events_for, estimate_from_trace, trace_for
+from vest_slurm.profiles import PROFILES, get_profile
+from vest_slurm.tracing import trace_training
+from vest_slurm.workload import parse_workload_args
+
+USER = "tests/data/user_models.py"
+A100 = get_profile("a100-40gb")
+
+
+def spec(*argv):
+    return parse_workload_args(list(argv))
+
+
+def conv_keys(trace):
+    return [json.loads(e.detail) for e in trace.events if e.module == "cudnn" and e.action == "alloc"]
+
+
+def test_each_convolution_is_recorded_with_its_shapes():
+    # resnet18 on 3x32x32, batch 4: 20 convolutions; the stem's input needs no gradient, so its
+    # backward runs backward-filter only (output_mask), the other 19 run backward-data and -filter
+    tr = trace_training(spec("--model", "torchvision:resnet18", "--batch-size", "4", "--input", "3x32x32",
+                             "--optimizer", "sgd", "--steps", "1"))
+    keys = conv_keys(tr)
+    kinds = [k[0] for k in keys]
+    assert kinds.count("fprop") == 20 and kinds.count("wgrad") == 20 and kinds.count("dgrad") == 19
+    stem = keys[0]
+    assert stem == ["fprop", [4, 3, 32, 32], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], "float32", False]
+    assert all(k[6] == "float32" and k[7] is False for k in keys)
+
+
+def test_amp_channels_last_keys():
+    tr = trace_training(spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
+                             "--optimizer", "sgd", "--steps", "1", "--precision", "amp-fp16", "--channels-last"))
+    keys = conv_keys(tr)
+    assert keys and all(k[6] == "float16" and k[7] is True for k in keys)
+
+
+def _fake_conv_keys(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    from torch._subclasses import FakeTensorMode
+
+    from vest_slurm import _fakecuda as fc
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        xs = mode.from_tensor(x, static_shapes=True)
+        ws = mode.from_tensor(w, static_shapes=True)
+    xs.fake_device = ws.fake_device = torch.device("cuda", 0)   # what the fake CUDA mode gives them
+    return fc.conv_workspace_keys(torch.ops.aten.convolution.default,
+                                  (xs, ws, None, list(stride), list(padding), list(dilation), False, [0, 0], 1))
+
+
+def test_depthwise_follows_atens_backend_choice():
+    # groups == channels: ATen's own depthwise kernel (no workspace) for fp32 and bf16 in NCHW;
+    # cuDNN for channels_last, and for fp16 with a square 3x3 filter at stride 1
+    x = torch.empty(8, 64, 28, 28)
+    w = torch.empty(64, 1, 3, 3)
+    assert _fake_conv_keys(x, w) == []
+    assert _fake_conv_keys(x.to(torch.bfloat16), w.to(torch.bfloat16)) == []
+    assert len(_fake_conv_keys(x.half(), w.half())) == 1
+    assert _fake_conv_keys(x.half(), w.half(), stride=(2, 2)) == []
+    cl = _fake_conv_keys(x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last))
+    assert len(cl) == 1 and json.loads(cl[0])[7] is True
+    # a conv1d runs as a 2-d one of height 1; a grouped (not depthwise) conv goes to cuDNN
+    (k1,) = _fake_conv_keys(torch.empty(2, 80, 300), torch.empty(384, 80, 3), stride=(1,), padding=(1,), dilation=(1,))
+    assert json.loads(k1)[1:6] == [[2, 80, 1, 300], [384, 80, 1, 3], [1, 1], [0, 1], [1, 1]]
+    assert len(_fake_conv_keys(torch.empty(2, 64, 14, 14), torch.empty(64, 16, 3, 3))) == 1
+
+
+def test_device_properties_build_for_every_profile():
+    if not cudnn_ws.available():
+        pytest.skip("cuDNN >= 9.8 with its Python frontend is not installed")
+    for p in PROFILES.values():
+        props = cudnn_ws.device_properties_json(p)
+        assert props is not None and json.loads(props)["deviceName"] == p.name
+        cudnn_ws._device_property(props)   # cuDNN accepts it (raises otherwise)
+
+
+def test_estimator_sizes_workspaces_from_cudnn_and_required_goes_without():
+    s = spec("--model", "torchvision:vgg11", "--batch-size", "8", "--input", "3x64x64", "--optimizer", "adam")
+    summary = trace_for(s, A100)
+    events = _events_for(summary.trace, A100, s, summary)
+    sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn" and e.action == "alloc"]
+    assert sized and all(size == cudnn_ws.workspace_for(A100, d) for d, size in sized)
+    lean = _events_for(summary.trace, A100, s, summary, cudnn_workspaces=False)
+    assert all(e.size_bytes == 0 for e in lean if e.module == "cudnn")
+    est = estimate_from_trace(summary, s, A100)
+    b = dict(est.breakdown)
+    assert b["cudnn_workspace_max"] == max(size for _, size in sized)
+    assert est.required_bytes <= est.peak_bytes
+    if cudnn_ws.available():
+        assert b["cudnn_workspace_max"] > 0   # fp32 NCHW 3x3 convolutions: cuDNN 9 takes a workspace
+
+
+def test_without_the_frontend_workspaces_are_zero(monkeypatch):
+    s = spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32", "--optimizer", "sgd")
+    summary = trace_for(s, A100)
+    cudnn_ws.workspace_bytes.cache_clear()
+    monkeypatch.setattr(cudnn_ws, "_frontend", lambda: None)
+    try:
+        est = estimate_from_trace(summary, s, A100)
+    finally:
+        cudnn_ws.workspace_bytes.cache_clear()
+    assert dict(est.breakdown)["cudnn_workspace_max"] == 0

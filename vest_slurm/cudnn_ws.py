@@ -1,0 +1,156 @@
+"""cuDNN convolution workspaces, asked of cuDNN itself on a machine without a GPU.
+
+What PyTorch does (aten/src/ATen/native/cudnn/Conv_v8.cpp, torch.backends.cudnn.benchmark off,
+the default): for each convolution it builds cuDNN's operation graph, takes the engine
+configurations of heuristics mode INSTANT (= mode A) in order, drops those with the numerical
+note DOWN_CONVERT_INPUTS (``filterEngineConfigs``; TF32 engines stay, as
+``torch.backends.cudnn.allow_tf32`` is on by default), and runs the first plan that builds. Its
+workspace (``plan.getWorkspaceSize()``) is allocated through the caching allocator just before the
+kernel and freed after it. On a large GPU that workspace is taken whatever its size (fp32 NCHW
+convolutions on tensor cores transpose input and output: twice the activation); when the
+allocation fails, PyTorch tries the next plan, down to engines that need little or none.
+
+Since cuDNN 9.8 a plan can be built without a device from a device-properties descriptor
+(cuDNN's "deviceless ahead-of-time compilation"). This module builds that descriptor for each GPU
+profile from the board's published properties, asks cuDNN's heuristics for the same convolution
+graph (forward, backward-data, backward-filter) with the shapes, strides, dtype and layout the
+trace recorded, builds the first plan after PyTorch's filter and reads its workspace size. It
+needs the cuDNN that the installed torch ships (nvidia-cudnn-cu*) and its Python frontend
+(nvidia-cudnn-frontend); without them the workspaces stay unmodelled (size 0) and the estimate
+says so.
+
+Heuristics are those of the installed cuDNN: a site whose jobs run another cuDNN version may see
+other engines (README "Accuracy").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from .profiles import DeviceProfile
+
+# cudaDeviceProp fields of each board (CUDA deviceQuery / NVIDIA's specifications): what cuDNN's
+# heuristics read. Clocks in kHz, sizes in bytes.
+_COMMON = {"maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 1024, 64], "regsPerBlock": 65536,
+           "warpSize": 32, "maxSharedMemoryPerBlock": 49152, "reservedSharedMemoryPerBlock": 1024,
+           "maxRegistersPerSM": 65536, "pciDeviceId": 0, "maxThreadsPerBlock": 1024, "isTccDriver": 0,
+           "supportCoopLaunch": 1, "driverVer": 13000, "cudaDeviceId": 0}
+_BOARDS = {
+    # key: (deviceVer, SMs, SM clock, memory clock, L2, shared memory per block (opt-in), threads/SM, blocks/SM)
+    "v100": (700, 80, 1530000, 877000, 6291456, 98304, 2048, 32),
+    "a100": (800, 108, 1410000, 1215000, 41943040, 166912, 2048, 32),
+    "h100": (900, 132, 1980000, 2619000, 52428800, 232448, 2048, 32),
+    "h200": (900, 132, 1980000, 3201000, 52428800, 232448, 2048, 32),
+    "l40s": (890, 142, 2520000, 9001000, 100663296, 101376, 1536, 24),
+    "a10": (860, 72, 1695000, 6251000, 6291456, 101376, 1536, 16),
+    "l4": (890, 58, 2040000, 6251000, 50331648, 101376, 1536, 24),
+}
+
+
+def _board(profile: DeviceProfile) -> str | None:
+    key = profile.key.split("-")[0]
+    return key if key in _BOARDS else None
+
+
+def device_properties_json(profile: DeviceProfile) -> str | None:
+    board = _board(profile)
+    if board is None:
+        return None
+    ver, sms, clk, mem, l2, smem, threads, ctas = _BOARDS[board]
+    props = dict(_COMMON, deviceVer=ver, multiProcessorCount=sms, smClockRateKHz=clk, memClockRateKHz=mem,
+                 l2CacheSize=l2, maxSharedMemoryPerBlockOptin=smem, maxThreadsPerSM=threads, maxCtasPerSM=ctas,
+                 totalGlobalMem=profile.total_bytes, deviceName=profile.name)
+    if ver < 800:
+        props["reservedSharedMemoryPerBlock"] = 0
+    return json.dumps(props, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _frontend():
+    """The cuDNN Python frontend and the library version, or None where either is missing."""
+    os.environ.setdefault("CUDNN_LOGERR_DBG", "0")
+    try:
+        import cudnn
+        if cudnn.backend_version() < 90800:
+            return None
+        return cudnn
+    except Exception:   # not installed, or no libcudnn beside it
+        return None
+
+
+def available() -> bool:
+    return _frontend() is not None
+
+
+@functools.lru_cache(maxsize=16)
+def _device_property(props_json: str):
+    return _frontend().create_device_properties(props_json)
+
+
+def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str, channels_last: bool) -> str:
+    """A convolution as the trace records it: 2-D shapes (N,C,H,W), (K,C/groups,R,S)."""
+    return json.dumps([kind, list(x_shape), list(w_shape), list(stride), list(padding), list(dilation), dtype,
+                       bool(channels_last)], separators=(",", ":"))
+
+
+_DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
+
+
+@functools.lru_cache(maxsize=65536)
+def workspace_bytes(profile_props: str, key: str) -> int | None:
+    """Workspace of the plan PyTorch would run for this convolution on this board; None when
+    cuDNN cannot be asked (no frontend, unsupported dtype or shape)."""
+    cudnn = _frontend()
+    if cudnn is None:
+        return None
+    kind, x, w, stride, pad, dil, dtype, nhwc = json.loads(key)
+    if dtype not in _DTYPES or len(x) != 4 or len(w) != 4:
+        return None
+    dt = getattr(cudnn.data_type, _DTYPES[dtype])
+    n, c, h, wd = x
+    k, cg, r, s = w
+    ho = (h + 2 * pad[0] - dil[0] * (r - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * pad[1] - dil[1] * (s - 1) - 1) // stride[1] + 1
+
+    def strides(a, b, hh, ww):
+        return [b * hh * ww, 1, ww * b, b] if nhwc else [b * hh * ww, hh * ww, ww, 1]
+
+    try:
+        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, device_property=_device_property(profile_props))
+        X = g.tensor(name="X", dim=[n, c, h, wd], stride=strides(n, c, h, wd), data_type=dt)
+        W = g.tensor(name="W", dim=[k, cg, r, s], stride=strides(k, cg, r, s), data_type=dt)
+        DY = g.tensor(name="DY", dim=[n, k, ho, wo], stride=strides(n, k, ho, wo), data_type=dt)
+        args = dict(padding=list(pad), stride=list(stride), dilation=list(dil))
+        if kind == "fprop":
+            Y = g.conv_fprop(image=X, weight=W, **args)
+        elif kind == "dgrad":
+            Y = g.conv_dgrad(loss=DY, filter=W, **args)
+            Y.set_dim([n, c, h, wd]).set_stride(strides(n, c, h, wd))
+        else:
+            Y = g.conv_wgrad(image=X, loss=DY, **args)
+            Y.set_dim([k, cg, r, s]).set_stride(strides(k, cg, r, s))
+        Y.set_output(True).set_data_type(dt)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A])
+        g.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+        for i in range(g.get_execution_plan_count()):
+            try:
+                g.build_plan_at_index(i)
+            except Exception:   # deselected, or the engine does not build for this graph
+                continue
+            return int(g.get_workspace_size_plan_at_index(i))
+    except Exception:
+        return None
+    return None
+
+
+def workspace_for(profile: DeviceProfile, key: str) -> int:
+    """Bytes (0 where cuDNN cannot be asked)."""
+    props = device_properties_json(profile)
+    if props is None:
+        return 0
+    return workspace_bytes(props, key) or 0
