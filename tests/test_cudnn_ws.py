@@ -34,8 +34,16 @@ def test_each_convolution_is_recorded_with_its_shapes():
     kinds = [k[0] for k in keys]
     assert kinds.count("fprop") == 20 and kinds.count("wgrad") == 20 and kinds.count("dgrad") == 19
     stem = keys[0]
-    assert stem == ["fprop", [4, 3, 32, 32], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], "float32", False]
-    assert all(k[6] == "float32" and k[7] is False for k in keys)
+    assert stem == ["fprop", [4, 3, 32, 32], [64, 3, 7, 7], [2, 2], [3, 3], [1, 1], "float32", False, True]
+    assert all(k[6] == "float32" and k[7] is False and k[8] is True for k in keys)
+
+
+def test_tf32_off_is_recorded_and_restored():
+    before = torch.backends.cudnn.allow_tf32
+    tr = trace_training(spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
+                             "--optimizer", "sgd", "--steps", "1", "--cudnn-tf32", "off"))
+    assert all(k[8] is False for k in conv_keys(tr))
+    assert torch.backends.cudnn.allow_tf32 == before
 
 
 def test_amp_channels_last_keys():

@@ -81,6 +81,12 @@ def test_torchvision_weights_dropped_constructor_args_kept():
     assert (s.model, s.model_args, s.optimizer, s.precision) == ("torchvision:convnext_large", (), "sgd", "fp32")
 
 
+def test_milabench_fp32_turns_cudnn_tf32_off_tf32_rows_keep_it():
+    assert spec("mila-H100-convnext_large-fp32-1-67").cudnn_tf32 == "off"
+    assert spec("mila-H100-regnet_y_128gf-1-261").cudnn_tf32 == "on"      # amp_fp16+tf32
+    assert spec("carma-imnet-inception_v3-32").cudnn_tf32 == "on"         # CARMA: PyTorch's default
+
+
 def test_channels_last_and_244_input():
     s = spec("mila-H100-resnet50-noio-1-311")
     assert s.channels_last and s.input == InputSpec("image", (3, 244, 244)) and s.precision == "amp-fp16"

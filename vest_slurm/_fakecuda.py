@@ -105,7 +105,10 @@ def conv_workspace_keys(func, args) -> list[str]:
     if not _depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
         return []
     dtype = str(x.dtype).replace("torch.", "")
-    return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last) for k in kinds]
+    # fp32 convolutions may run on TF32 tensor-core engines only while torch.backends.cudnn.allow_tf32
+    # is on (Conv_v8.cpp filterEngineConfigs); the script's own setting, read when the op runs
+    tf32 = x.dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32)
+    return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last, tf32) for k in kinds]
 
 
 def _depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:

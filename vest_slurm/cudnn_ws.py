@@ -89,10 +89,12 @@ def _device_property(props_json: str):
     return _frontend().create_device_properties(props_json)
 
 
-def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str, channels_last: bool) -> str:
-    """A convolution as the trace records it: 2-D shapes (N,C,H,W), (K,C/groups,R,S)."""
+def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str, channels_last: bool,
+             allow_tf32: bool = True) -> str:
+    """A convolution as the trace records it: 2-D shapes (N,C,H,W), (K,C/groups,R,S), and whether
+    fp32 may run on TF32 tensor cores (torch.backends.cudnn.allow_tf32)."""
     return json.dumps([kind, list(x_shape), list(w_shape), list(stride), list(padding), list(dilation), dtype,
-                       bool(channels_last)], separators=(",", ":"))
+                       bool(channels_last), bool(allow_tf32)], separators=(",", ":"))
 
 
 _DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
@@ -105,7 +107,8 @@ def workspace_bytes(profile_props: str, key: str) -> int | None:
     cudnn = _frontend()
     if cudnn is None:
         return None
-    kind, x, w, stride, pad, dil, dtype, nhwc = json.loads(key)
+    kind, x, w, stride, pad, dil, dtype, nhwc, *rest = json.loads(key)
+    allow_tf32 = rest[0] if rest else True
     if dtype not in _DTYPES or len(x) != 4 or len(w) != 4:
         return None
     dt = getattr(cudnn.data_type, _DTYPES[dtype])
@@ -136,7 +139,10 @@ def workspace_bytes(profile_props: str, key: str) -> int | None:
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A])
-        g.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+        notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+        if dtype == "float32" and not allow_tf32:
+            notes.append(cudnn.numerical_note.TENSOR_CORE)   # Conv_v8.cpp filterEngineConfigs
+        g.deselect_numeric_notes(notes)
         for i in range(g.get_execution_plan_count()):
             try:
                 g.build_plan_at_index(i)

@@ -89,6 +89,9 @@ def row_to_argv(row: Mapping[str, str]) -> list[str]:
         argv.append("--channels-last")
     if num_gpus > 1:
         argv += ["--num-gpus", str(num_gpus), "--parallelism", parallelism]
+    if (row.get("precision") or "").strip() == "fp32" and re.search(r"tf32 (enabled )?iff 'tf32' in precision", notes):
+        # milabench turns TF32 off for its fp32 runs (torchcompat set_enable_tf32(False))
+        argv += ["--cudnn-tf32", "off"]
     if re.search(r"bench '[^']*-noio'", notes) and re.search(r"fp32 forward of the full batch with autograd", notes):
         # milabench's synthetic_fixed loader builds its targets with one fp32 forward (autograd on)
         argv += ["--pre-forward", "grad"]

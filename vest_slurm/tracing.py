@@ -366,6 +366,8 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     tracer = Tracer(capability)
     mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
+    tf32_before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = spec.cudnn_tf32 == "on"   # read at each convolution (cuDNN engines)
     try:
         with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode(capability):
             tracer.s.category = "parameter"
@@ -395,6 +397,8 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise EstimateError(f"tracing {spec.model} failed: {type(e).__name__}: {msg}",
                             "check that --input matches the model (shape, channels, sequence length) and --loss fits its output") from None
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32_before
     notes = (f"traced in {time.perf_counter() - t0:.2f} s",)
     return tracer.finish(spec.steps, notes)
 

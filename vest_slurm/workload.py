@@ -22,6 +22,7 @@ PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
 PARALLELISMS = ("ddp", "dp", "none")
 PRE_FORWARDS = ("none", "grad", "no-grad")
+CUDNN_TF32 = ("on", "off")
 MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
 
 
@@ -93,6 +94,8 @@ class WorkloadSpec:
     weight_decay: float | None = None   # None: the optimizer's torch default (AdamW 0.01, others 0)
     pre_forward: str = "none"   # one full-batch fp32 forward before training (a sanity check, a summary,
                                 # targets built from the model's output): with autograd ("grad") or not
+    cudnn_tf32: str = "on"      # torch.backends.cudnn.allow_tf32 (PyTorch's default: on); it decides which
+                                # cuDNN engines fp32 convolutions may use, and so their workspaces
 
     @property
     def model_kwargs(self) -> dict:
@@ -122,7 +125,7 @@ class WorkloadSpec:
             argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
-                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward"):
+                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -185,6 +188,9 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                    help="one fp32 forward of a full batch before training, as scripts that check the model or "
                         "build targets from its output do: grad (autograd on, its activations held until it "
                         "ends), no-grad, none (default)")
+    g.add_argument("--cudnn-tf32", default=None,
+                   help="on (PyTorch's default) or off: torch.backends.cudnn.allow_tf32 of the job, which decides "
+                        "the cuDNN engines, and so the workspaces, of fp32 convolutions")
     g.add_argument("--weight-decay", type=str, default=None,
                    help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
                         "SGD and Adam with weight decay take a temporary copy of the gradients")
@@ -273,6 +279,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         steps=_positive_int("steps", pick("steps", 2), minimum=1),
         weight_decay=_weight_decay(pick("weight_decay", None)),
         pre_forward=_choice("pre-forward", pick("pre_forward", "none"), PRE_FORWARDS),
+        cudnn_tf32=_choice("cudnn-tf32", pick("cudnn_tf32", "on"), CUDNN_TF32),
     )
     return spec
 
