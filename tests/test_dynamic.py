@@ -262,7 +262,11 @@ def _same_as_declared(dyn, declared):
     d, c = breakdown(dyn), breakdown(dec)
     for part in ("parameters", "gradients", "optimizer_state"):
         assert d[part] == c[part] and c[part] > 0, (part, d[part], c[part])
-    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.02 * dec.peak_bytes, (dyn.peak_bytes, dec.peak_bytes)
+    # These jobs are small (~300 MiB in the allocator): the script's own order of small allocations
+    # can put the replay a 20 MiB segment (the large pool's unit under 10 MiB) or two away from
+    # the declared loop's, more than 2% of their peak.
+    tolerance = max(0.02 * dec.peak_bytes, 2 * 20 * 2**20)
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= tolerance, (dyn.peak_bytes, dec.peak_bytes)
 
 
 def test_optimizer_built_before_the_model_moves():

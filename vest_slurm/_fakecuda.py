@@ -24,7 +24,10 @@ Known limitations:
 - Ops without a fake/meta kernel, and data-dependent ops (``nonzero``, ``.item()`` on a value
   that steers control flow), cannot be traced; tracing stops with the op's name.
 - cuDNN / cuBLAS workspaces are not allocated by the fake ops; the tracer marks where the GPU
-  would take them (``workspace`` events) and the device profile gives their size.
+  would take them (``workspace`` events; a convolution's carries its shapes, conv_workspace_keys)
+  and the estimator sizes them per GPU type (the profile's cuBLAS size; cuDNN's own heuristics,
+  cudnn_ws.py). ``torch.backends.cudnn.benchmark`` (cuDNN's timed search, which allocates the
+  largest workspace of all engines once per shape) is not modelled.
 """
 
 from __future__ import annotations
