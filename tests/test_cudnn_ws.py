@@ -118,3 +118,14 @@ def test_without_the_frontend_workspaces_are_zero(monkeypatch):
     finally:
         cudnn_ws.workspace_bytes.cache_clear()
     assert dict(est.breakdown)["cudnn_workspace_max"] == 0
+
+
+def test_the_table_says_when_cudnn_cannot_be_asked(monkeypatch):
+    from vest_slurm.report import estimate_table
+
+    s = spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32", "--optimizer", "sgd")
+    est = estimate_from_trace(trace_for(s, A100), s, A100)
+    if cudnn_ws.available():
+        assert "not in this estimate" not in estimate_table(s, [est])
+    monkeypatch.setattr(cudnn_ws, "_frontend", lambda: None)
+    assert "cuDNN's convolution workspaces are not in this estimate" in estimate_table(s, [est])

@@ -47,7 +47,14 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> s
     brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
-    return f"{head}\n\n{table}\n\n{breakdown}\n"
+    note = ""
+    if "cudnn_workspace_max" in dict(first.breakdown):
+        from . import cudnn_ws
+
+        if not cudnn_ws.available():
+            note = ("\nnote: cuDNN's convolution workspaces are not in this estimate (it needs cuDNN >= 9.8 and "
+                    "nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend)\n")
+    return f"{head}\n\n{table}\n\n{breakdown}\n{note}"
 
 
 def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None) -> str:
