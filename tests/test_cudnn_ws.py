@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vest_slurm import cudnn_ws
-from vest_slurm.estimator import _events_for, estimate_from_trace, trace_for
+from vest_slurm.estimator import _events_for, _without_cudnn_workspaces, estimate_from_trace, trace_for
 from vest_slurm.profiles import PROFILES, get_profile
 from vest_slurm.tracing import trace_training
 from vest_slurm.workload import parse_workload_args
@@ -98,7 +98,7 @@ def test_estimator_sizes_workspaces_from_cudnn_and_required_goes_without():
     events = _events_for(summary.trace, A100, s, summary)
     sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn" and e.action == "alloc"]
     assert sized and all(size == cudnn_ws.workspace_for(A100, d) for d, size in sized)
-    lean = _events_for(summary.trace, A100, s, summary, cudnn_workspaces=False)
+    lean = _without_cudnn_workspaces(events)
     assert all(e.size_bytes == 0 for e in lean if e.module == "cudnn")
     est = estimate_from_trace(summary, s, A100)
     b = dict(est.breakdown)

@@ -67,15 +67,11 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
-def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary,
-                cudnn_workspaces: bool = True) -> list[AllocEvent]:
+def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary) -> list[AllocEvent]:
     """The trace with this GPU type's workspaces, and DDP's buckets for multi-GPU jobs.
 
-    cuBLAS: PyTorch's default workspace per handle (profiles.py). cuDNN: with
-    ``cudnn_workspaces``, the workspace of the plan PyTorch runs on a GPU with room for it
-    (cudnn_ws.py, cuDNN's own heuristics); without, none: at capacity PyTorch falls back to plans
-    that fit (Conv_v8.cpp try_plans catches the allocation failure), which is what ``required``
-    models."""
+    cuBLAS: PyTorch's default workspace per handle (profiles.py). cuDNN: the workspace of the plan
+    PyTorch runs on a GPU with room for it (cudnn_ws.py, cuDNN's own heuristics)."""
     from . import cudnn_ws
 
     ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
@@ -86,12 +82,18 @@ def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, s
             if e.module == "cublas":
                 e = replace(e, size_bytes=profile.cublas_workspace_bytes)
             elif e.module == "cudnn" and e.detail:
-                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail) if cudnn_workspaces else 0)
+                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
             out.append(AllocEvent("alloc", -10_000_000, summary.param_bytes, 0, "setup", "gradient", "ddp_buckets"))
     return out
+
+
+def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
+    """The events at capacity: PyTorch falls back to cuDNN plans that fit when a workspace
+    allocation fails (Conv_v8.cpp try_plans), down to ones that need none; ``required`` counts none."""
+    return [replace(e, size_bytes=0) if e.module == "cudnn" and e.action == "alloc" else e for e in events]
 
 
 def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
@@ -106,7 +108,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     config = parse_alloc_conf(spec.alloc_conf)
     events = _events_for(summary.trace, profile, spec, summary)
     result = replay(events, config)
-    need = min_capacity_bytes(_events_for(summary.trace, profile, spec, summary, cudnn_workspaces=False), config)
+    need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
     cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
