@@ -103,21 +103,22 @@ class Tracer:
             # First cuBLAS call on the stream: the handle's workspace comes from the caching
             # allocator and stays (CUDABlas.cpp getCurrentCUDABlasHandle / cublasSetWorkspace).
             s.blas_seen = True
-            self._workspace("cublas", persistent=True)
+            self._workspace("cublas")
         if func in fc.CONV_OPS:
             # cuDNN takes a transient workspace per convolution (forward; backward-data, then
             # backward-filter); its size depends on the GPU (cudnn_ws.py, estimator.py).
             for key in fc.conv_workspace_keys(func, args):
-                self._workspace("cudnn", persistent=False, detail=key)
+                self._release(self._workspace("cudnn", detail=key))
         scratch = kernel_scratch(func, args)
         if scratch is not None:
             # buffers the CUDA kernel allocates for itself and frees before returning (scratch.py)
             name, sizes = scratch
-            blocks = [self._workspace(name, persistent=True, nbytes=n) for n in sizes]
+            blocks = [self._workspace(name, nbytes=n) for n in sizes]
             for block in reversed(blocks):
                 self._release(block)
 
-    def _workspace(self, name: str, persistent: bool, nbytes: int = 0, detail: str = "") -> int:
+    def _workspace(self, name: str, nbytes: int = 0, detail: str = "") -> int:
+        """Allocate a workspace block (freed by the caller with _release, or kept)."""
         s = self.s
         block = s.next_ws
         s.next_ws -= 1
@@ -126,8 +127,6 @@ class Tracer:
         s.events.append(["alloc", block, nbytes, phase, "workspace", name, detail])
         s.live_bytes += nbytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
-        if not persistent:
-            self._release(block)
         return block
 
     def _release(self, block: int) -> None:
