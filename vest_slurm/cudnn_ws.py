@@ -3,8 +3,8 @@
 What PyTorch does (aten/src/ATen/native/cudnn/Conv_v8.cpp, torch.backends.cudnn.benchmark off,
 the default): for each convolution it builds cuDNN's operation graph, takes the engine
 configurations of heuristics mode INSTANT (= mode A) in order, drops those with the numerical
-note DOWN_CONVERT_INPUTS (``filterEngineConfigs``; TF32 engines stay, as
-``torch.backends.cudnn.allow_tf32`` is on by default), and runs the first plan that builds. Its
+note DOWN_CONVERT_INPUTS and, for fp32 while ``torch.backends.cudnn.allow_tf32`` is off (it is on
+by default), those with TENSOR_CORE (``filterEngineConfigs``), and runs the first plan that builds. Its
 workspace (``plan.getWorkspaceSize()``) is allocated through the caching allocator just before the
 kernel and freed after it. On a large GPU that workspace is taken whatever its size (fp32 NCHW
 convolutions on tensor cores transpose input and output: twice the activation); when the
@@ -38,14 +38,15 @@ _COMMON = {"maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 102
            "maxRegistersPerSM": 65536, "pciDeviceId": 0, "maxThreadsPerBlock": 1024, "isTccDriver": 0,
            "supportCoopLaunch": 1, "driverVer": 13000, "cudaDeviceId": 0}
 _BOARDS = {
-    # key: (deviceVer, SMs, SM clock, memory clock, L2, shared memory per block (opt-in), threads/SM, blocks/SM)
-    "v100": (700, 80, 1530000, 877000, 6291456, 98304, 2048, 32),
-    "a100": (800, 108, 1410000, 1215000, 41943040, 166912, 2048, 32),
-    "h100": (900, 132, 1980000, 2619000, 52428800, 232448, 2048, 32),
-    "h200": (900, 132, 1980000, 3201000, 52428800, 232448, 2048, 32),
-    "l40s": (890, 142, 2520000, 9001000, 100663296, 101376, 1536, 24),
-    "a10": (860, 72, 1695000, 6251000, 6291456, 101376, 1536, 16),
-    "l4": (890, 58, 2040000, 6251000, 50331648, 101376, 1536, 24),
+    # key: (SM clock, memory clock, L2, shared memory per block (opt-in), threads/SM, blocks/SM);
+    # compute capability and SM count come from the profile
+    "v100": (1530000, 877000, 6291456, 98304, 2048, 32),
+    "a100": (1410000, 1215000, 41943040, 166912, 2048, 32),
+    "h100": (1980000, 2619000, 52428800, 232448, 2048, 32),
+    "h200": (1980000, 3201000, 52428800, 232448, 2048, 32),
+    "l40s": (2520000, 9001000, 100663296, 101376, 1536, 24),
+    "a10": (1695000, 6251000, 6291456, 101376, 1536, 16),
+    "l4": (2040000, 6251000, 50331648, 101376, 1536, 24),
 }
 
 
@@ -58,8 +59,9 @@ def device_properties_json(profile: DeviceProfile) -> str | None:
     board = _board(profile)
     if board is None:
         return None
-    ver, sms, clk, mem, l2, smem, threads, ctas = _BOARDS[board]
-    props = dict(_COMMON, deviceVer=ver, multiProcessorCount=sms, smClockRateKHz=clk, memClockRateKHz=mem,
+    clk, mem, l2, smem, threads, ctas = _BOARDS[board]
+    ver = 100 * profile.capability[0] + 10 * profile.capability[1]
+    props = dict(_COMMON, deviceVer=ver, multiProcessorCount=profile.sm_count, smClockRateKHz=clk, memClockRateKHz=mem,
                  l2CacheSize=l2, maxSharedMemoryPerBlockOptin=smem, maxThreadsPerSM=threads, maxCtasPerSM=ctas,
                  totalGlobalMem=profile.total_bytes, deviceName=profile.name)
     if ver < 800:
@@ -107,8 +109,7 @@ def workspace_bytes(profile_props: str, key: str) -> int | None:
     cudnn = _frontend()
     if cudnn is None:
         return None
-    kind, x, w, stride, pad, dil, dtype, nhwc, *rest = json.loads(key)
-    allow_tf32 = rest[0] if rest else True
+    kind, x, w, stride, pad, dil, dtype, nhwc, allow_tf32 = json.loads(key)
     if dtype not in _DTYPES or len(x) != 4 or len(w) != 4:
         return None
     dt = getattr(cudnn.data_type, _DTYPES[dtype])
