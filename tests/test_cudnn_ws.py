@@ -95,7 +95,7 @@ def test_device_properties_build_for_every_profile():
 def test_estimator_sizes_workspaces_from_cudnn_and_required_goes_without():
     s = spec("--model", "torchvision:vgg11", "--batch-size", "8", "--input", "3x64x64", "--optimizer", "adam")
     summary = trace_for(s, A100)
-    events = _events_for(summary.trace, A100, s, summary)
+    events = _events_for(summary.trace.events, A100, s, summary)
     sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn" and e.action == "alloc"]
     assert sized and all(size == cudnn_ws.workspace_for(A100, d) for d, size in sized)
     lean = _without_cudnn_workspaces(events)

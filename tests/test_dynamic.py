@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from vest_slurm import steady
 from vest_slurm.dynamic import Limits, estimate_command
 from vest_slurm.errors import EstimateError
 from vest_slurm.estimator import estimate
@@ -55,6 +56,10 @@ def test_dynamic_equals_declarative(command, declared, monkeypatch):
     assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.02 * dec.peak_bytes, (dyn.peak_bytes, dec.peak_bytes)
     assert abs(dyn.required_bytes - dec.required_bytes) <= 0.02 * dec.required_bytes
     assert run.steps == 3
+    # each optimizer step closes an iteration; the last one repeats cleanly (steady.py)
+    ends = run.trace.step_ends
+    assert len(ends) == 3 and list(ends) == sorted(ends) and ends[-1] <= len(run.trace.events)
+    assert steady.extend(run.trace.events, ends)[1] >= steady.PATIENCE
 
 
 def estimate_script(name, *args, limits=Limits(), env=None):

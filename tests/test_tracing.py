@@ -6,6 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from vest_slurm import steady
 from vest_slurm.models import build_model
 from vest_slurm.tracing import trace_training
 from vest_slurm.workload import parse_workload_args
@@ -164,3 +165,20 @@ def test_efficient_attention_backward_scratch_sizes():
     assert sizes == [3 * 4 * 200 * 4, workspace] * (len(sizes) // 2) and len(sizes) == 2 * 2 * tr.iterations
     assert not _scratch(tr, "flash_attention")
 
+
+
+@pytest.mark.parametrize("argv", [
+    ("--model", "torchvision:resnet18", "--batch-size", "4", "--input", "3x64x64", "--optimizer", "adam", "--steps", "3"),
+    ("--model", "hf:GPT2LMHeadModel", "--model-args", "{\"n_layer\": 2, \"n_embd\": 64, \"n_head\": 2}", "--batch-size", "2", "--input", "seq32", "--loss", "model", "--precision", "amp-fp16", "--steps", "3"),
+])
+def test_step_ends_mark_repeatable_iterations(argv):
+    """The tracer marks where each training step ends; the steps after the first have the same
+    events, and the last can be repeated by steady.extend (blocks carried over pair up)."""
+    trace = trace_training(spec(*argv))
+    ends = trace.step_ends
+    assert len(ends) == 3 and 0 < ends[0] < ends[1] < ends[2] <= len(trace.events)
+    second, third = trace.events[ends[0]:ends[1]], trace.events[ends[1]:ends[2]]
+    assert [(e.action, e.size_bytes) for e in second] == [(e.action, e.size_bytes) for e in third]
+    extended, copies = steady.extend(trace.events, ends)
+    assert copies >= steady.PATIENCE
+    assert len(extended) == len(trace.events) + copies * len(third)

@@ -173,6 +173,7 @@ def run(ns) -> dict:
         result.update(status=kind, message=f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip(),
                       where=where, line=line)
     result["steps"] = state.steps
+    result["step_ends"] = list(tracer.s.step_ends)
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
     if result["status"] == STATUS_OK and state.steps == 0:

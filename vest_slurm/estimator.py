@@ -2,6 +2,7 @@
 
     trace_training(spec)                       (tracing.py: fake CUDA on the CPU)
       -> workspace sizes of this GPU type     (cuBLAS per profile; cuDNN per convolution, cudnn_ws.py)
+      -> the last step repeated               (steady.py: until the allocator's layout settles)
       -> replay(...)                          (allocator.py: the caching allocator)
       -> + CUDA context, cuDNN, NCCL          (profiles.py)
       = peak     what nvidia-smi shows on this GPU type (cuDNN takes the workspace of its
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from . import steady
 from .allocator import min_capacity_bytes, replay
 from .allocator_config import parse_alloc_conf
 from .estimate import MemoryEstimate
@@ -67,7 +69,8 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
-def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, summary: TraceSummary) -> list[AllocEvent]:
+def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: WorkloadSpec,
+                summary: TraceSummary) -> list[AllocEvent]:
     """The trace with this GPU type's workspaces, and DDP's buckets for multi-GPU jobs.
 
     cuBLAS: PyTorch's default workspace per handle (profiles.py). cuDNN: the workspace of the plan
@@ -75,9 +78,9 @@ def _events_for(trace: AllocTrace, profile: DeviceProfile, spec: WorkloadSpec, s
     from . import cudnn_ws
 
     ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
-    last_param = max((i for i, e in enumerate(trace.events) if e.category == "parameter"), default=-1) if ddp else -1
+    last_param = max((i for i, e in enumerate(events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
-    for i, e in enumerate(trace.events):
+    for i, e in enumerate(events):
         if e.category == "workspace" and e.action == "alloc":
             if e.module == "cublas":
                 e = replace(e, size_bytes=profile.cublas_workspace_bytes)
@@ -106,7 +109,11 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
     config = parse_alloc_conf(spec.alloc_conf)
-    events = _events_for(summary.trace, profile, spec, summary)
+    events = _events_for(summary.trace.events, profile, spec, summary)
+    # the steps after the traced ones, until the allocator's layout settles (steady.py); the DDP
+    # bucket _events_for may insert sits before the first step ends, so those indices move by one
+    shift = len(events) - len(summary.trace.events)
+    events, _ = steady.extend(events, [i + shift for i in summary.trace.step_ends], config)
     result = replay(events, config)
     need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
     cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)

@@ -38,6 +38,9 @@ class AllocTrace:
     # Storages alive at the end (not freed in the trace): parameters, optimizer state, ...
     iterations: int = 0
     notes: tuple[str, ...] = field(default=())
+    # Index of the event just after each completed training step (optimizer step and the loop's
+    # bookkeeping): iteration k is events[step_ends[k-1]:step_ends[k]]. steady.py repeats the last one.
+    step_ends: tuple[int, ...] = field(default=())
 
     def live_peak_bytes(self) -> int:
         """Peak of the sum of live requested sizes: what a FakeTensor / MemTracker count reports."""

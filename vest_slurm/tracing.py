@@ -52,6 +52,7 @@ class _State:
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
     blas_seen: bool = False
     next_ws: int = -1
+    step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
 
@@ -159,7 +160,7 @@ class Tracer:
                 out.append(AllocEvent("alloc", block, size, 0, phase, cat, module, detail[0] if detail else ""))
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
-        return AllocTrace(tuple(out), iterations, tuple(notes))
+        return AllocTrace(tuple(out), iterations, tuple(notes), tuple(s.step_ends))
 
     def _lifetime_category(self, block: int, info: _Block) -> str:
         freed = self.s.freed_in.get(block)
@@ -261,6 +262,9 @@ class LoopHooks:
     def iteration(self, i: int) -> None:
         pass
 
+    def step_end(self) -> None:
+        pass
+
     def mark(self, tensors, category: str) -> None:
         pass
 
@@ -277,6 +281,9 @@ class _TracerHooks(LoopHooks):
 
     def iteration(self, i):
         self.t.s.iteration = i
+
+    def step_end(self):
+        self.t.s.step_ends.append(len(self.t.s.events))
 
     def mark(self, tensors, category):
         self.t.mark(tensors, category)
@@ -339,6 +346,7 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
                    "optimizer_state")
         hooks.phase("zero_grad")
         opt.zero_grad(set_to_none=True)
+        hooks.step_end()
     hooks.phase("other")
     del keep, batch
     return opt
