@@ -50,7 +50,7 @@ class _State:
     events: list = field(default_factory=list)   # [action, block, size, phase, category, module]
     blocks: dict = field(default_factory=dict)    # block -> _Block
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
-    blas_seen: bool = False
+    blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
     next_ws: int = -1
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
@@ -100,11 +100,16 @@ class Tracer:
         if self.frozen:
             return
         s = self.s
-        if not s.blas_seen and func in fc.BLAS_OPS:
-            # First cuBLAS call on the stream: the handle's workspace comes from the caching
-            # allocator and stays (CUDABlas.cpp getCurrentCUDABlasHandle / cublasSetWorkspace).
-            s.blas_seen = True
-            self._workspace("cublas")
+        if func in fc.BLAS_OPS:
+            # First cuBLAS call of a thread on the stream: the thread's handle gets a workspace from
+            # the caching allocator, kept for the life of the process (CublasHandlePool.cpp
+            # getCurrentCUDABlasHandle: handles are reserved per thread, workspaces are keyed by
+            # handle and stream). Backward runs on autograd's device thread, so a training step
+            # holds two: the main thread's (forward) and autograd's (backward).
+            thread = "autograd" if fc.current_autograd_node() is not None else "main"
+            if thread not in s.blas_threads:
+                s.blas_threads.add(thread)
+                self._workspace("cublas")
         if func in fc.CONV_OPS:
             # cuDNN takes a transient workspace per convolution (forward; backward-data, then
             # backward-filter); its size depends on the GPU (cudnn_ws.py, estimator.py).
