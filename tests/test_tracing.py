@@ -184,3 +184,39 @@ def test_step_ends_mark_repeatable_iterations(argv):
     extended, copies = steady.extend(trace.events, ends)
     assert copies >= steady.PATIENCE
     assert len(extended) == len(trace.events) + copies * len(third)
+
+
+def _live_during(trace, phase):
+    """Largest live bytes at an allocation made in ``phase`` of the last step."""
+    start = trace.step_ends[-2]
+    live, sizes, best = 0, {}, 0
+    for i, e in enumerate(trace.events):
+        if e.action == "alloc":
+            sizes[e.block] = e.size_bytes
+            live += e.size_bytes
+            if i >= start and e.phase == phase:
+                best = max(best, live)
+        else:
+            live -= sizes.pop(e.block, 0)
+    return best
+
+
+def test_zero_grad_placement():
+    """--zero-grad before-backward (timm's train.py, Lightning) keeps the previous step's gradients
+    through the forward; after-step frees them first; never accumulates into them in place."""
+    mlp = 'mlp:[["Linear",2048,2048],["ReLU"],["Linear",2048,2048],["ReLU"],["Linear",2048,10]]'
+    base = spec("--model", mlp, "--batch-size", "64", "--input", "2048", "--optimizer", "sgd")
+    grads, _ = param_bytes(base)
+    after = trace_training(base)
+    before = trace_training(base.with_(zero_grad="before-backward"))
+    never = trace_training(base.with_(zero_grad="never"))
+    assert _live_during(before, "forward") - _live_during(after, "forward") == grads
+    assert _live_during(never, "forward") - _live_during(after, "forward") == grads
+    # after-step frees the gradients at the end of each step; the other two keep the last ones
+    assert live_at_end(after, "gradient") == 0
+    assert live_at_end(before, "gradient") == live_at_end(never, "gradient") == grads
+    assert [e.phase for e in before.events if e.action == "free" and e.category == "gradient"].count("zero_grad") > 0
+    for t in (before, never):   # gradients carried into the next step pair up with the ones it frees
+        assert steady.extend(t.events, t.step_ends)[1] >= steady.PATIENCE
+    with pytest.raises(Exception, match="zero-grad"):
+        spec("--model", mlp, "--batch-size", "2", "--zero-grad", "sometimes")

@@ -92,6 +92,13 @@ def row_to_argv(row: Mapping[str, str]) -> list[str]:
     if (row.get("precision") or "").strip() == "fp32" and re.search(r"tf32 (enabled )?iff 'tf32' in precision", notes):
         # milabench turns TF32 off for its fp32 runs (torchcompat set_enable_tf32(False))
         argv += ["--cudnn-tf32", "off"]
+    if re.search(r"benchmarks/huggingface", notes):
+        # milabench's HF bench never calls optimizer.zero_grad(): the gradients accumulate
+        argv += ["--zero-grad", "never"]
+    elif re.search(r"benchmarks/timm: pytorch-image-models train\.py|benchmarks/lightning/main\.py|Lightning DDP", notes):
+        # timm's train.py and Lightning's automatic optimization zero the gradients after the
+        # forward, just before backward: the previous step's gradients live through the forward
+        argv += ["--zero-grad", "before-backward"]
     if re.search(r"bench '[^']*-noio'", notes) and re.search(r"fp32 forward of the full batch with autograd", notes):
         # milabench's synthetic_fixed loader builds its targets with one fp32 forward (autograd on)
         argv += ["--pre-forward", "grad"]

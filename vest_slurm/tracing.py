@@ -8,7 +8,8 @@ storage, and runs ``spec.steps`` iterations of the loop a training script runs:
                                                  # iteration's out/loss are dropped after this
         (loss * scale).backward()               # GradScaler for amp-fp16
         optimizer.step()                        # unscale first for amp-fp16
-        optimizer.zero_grad(set_to_none=True)   # the torch >= 2.0 default
+        optimizer.zero_grad(set_to_none=True)   # the torch >= 2.0 default; --zero-grad moves it
+                                                # between forward and backward, or drops it
 
 Every storage allocation and free is recorded with its phase, category and module
 (see vest_slurm/_fakecuda.py for how fake CUDA works and its known limitations).
@@ -334,6 +335,9 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
                 if spec.grad_accum > 1:
                     loss = loss / spec.grad_accum
             keep = None   # the previous iteration's outputs are dropped when rebound
+            if spec.zero_grad == "before-backward" and micro == 0:
+                hooks.phase("zero_grad")
+                opt.zero_grad(set_to_none=True)   # the previous step's gradients lived through the forward
             hooks.phase("backward")
             (loss * scale if scale is not None else loss).backward()
             hooks.phase("other")
@@ -349,8 +353,9 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
         opt.step()
         hooks.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
                    "optimizer_state")
-        hooks.phase("zero_grad")
-        opt.zero_grad(set_to_none=True)
+        if spec.zero_grad == "after-step":
+            hooks.phase("zero_grad")
+            opt.zero_grad(set_to_none=True)
         hooks.step_end()
     hooks.phase("other")
     del keep, batch

@@ -23,6 +23,7 @@ LOSSES = ("auto", "cross-entropy", "mse", "model")
 PARALLELISMS = ("ddp", "dp", "none")
 PRE_FORWARDS = ("none", "grad", "no-grad")
 CUDNN_TF32 = ("on", "off")
+ZERO_GRADS = ("after-step", "before-backward", "never")
 MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
 
 
@@ -96,6 +97,11 @@ class WorkloadSpec:
                                 # targets built from the model's output): with autograd ("grad") or not
     cudnn_tf32: str = "on"      # torch.backends.cudnn.allow_tf32 (PyTorch's default: on); it decides which
                                 # cuDNN engines fp32 convolutions may use, and so their workspaces
+    zero_grad: str = "after-step"   # where the loop calls optimizer.zero_grad() (set_to_none): after the
+                                    # step or before the forward ("after-step": the gradients are gone
+                                    # while the next forward runs), between the forward and backward
+                                    # ("before-backward": timm's train.py, Lightning; last step's
+                                    # gradients live through the forward), or "never" (accumulated)
 
     @property
     def model_kwargs(self) -> dict:
@@ -125,7 +131,7 @@ class WorkloadSpec:
             argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
-                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32"):
+                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32", "zero_grad"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -191,6 +197,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--cudnn-tf32", default=None,
                    help="on (PyTorch's default) or off: torch.backends.cudnn.allow_tf32 of the job, which decides "
                         "the cuDNN engines, and so the workspaces, of fp32 convolutions")
+    g.add_argument("--zero-grad", default=None,
+                   help="where the loop zeroes the gradients (set to None): after-step (default; also "
+                        "zero_grad() at the top of the loop), before-backward (after the forward: timm's "
+                        "train.py, Lightning; the previous gradients live through the forward), never")
     g.add_argument("--weight-decay", type=str, default=None,
                    help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
                         "SGD and Adam with weight decay take a temporary copy of the gradients")
@@ -280,6 +290,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         weight_decay=_weight_decay(pick("weight_decay", None)),
         pre_forward=_choice("pre-forward", pick("pre_forward", "none"), PRE_FORWARDS),
         cudnn_tf32=_choice("cudnn-tf32", pick("cudnn_tf32", "on"), CUDNN_TF32),
+        zero_grad=_choice("zero-grad", pick("zero_grad", "after-step"), ZERO_GRADS),
     )
     return spec
 
