@@ -334,6 +334,33 @@ def model_table(rows: list[Row], title: str) -> str:
     return f"{title}\n" + tabulate(table, headers=hdr, disable_numparse=True)
 
 
+def floor_table(rows: list[Row], title: str) -> str:
+    """The CUDA-context floor each GPU type's rows imply, taken as `vest calibrate` takes it: per
+    model and precision, its smallest-batch row's measured peak minus the estimate without the floor;
+    the median over them is what profiles.py's context_mib is set to (README "Accuracy")."""
+    from vest_slurm.profiles import PROFILES
+
+    per: dict[str, dict[str, float]] = {}
+    for r in rows:
+        o = r.out
+        m, p = _float(o["measured_peak_mib"]), _float(o["predicted_peak_mib"])
+        if o["status"] != "ok" or not m or p is None or o["profile"] not in PROFILES:
+            continue
+        floor = m - (p - PROFILES[o["profile"]].context_mib)
+        key = (o["model_name"], o["precision"])
+        best = per.setdefault(o["profile"], {}).get(key)
+        b = int(o["batch_size"])
+        if best is None or b < best[0] or (b == best[0] and floor > best[1]):
+            per[o["profile"]][key] = (b, floor)
+    table = []
+    for prof in sorted(per):
+        floors = sorted(f for _, f in per[prof].values())
+        table.append([prof, len(floors), f"{statistics.median(floors):.0f}", f"{floors[0]:.0f} .. {floors[-1]:.0f}",
+                      PROFILES[prof].context_mib])
+    hdr = ["profile", "models x precisions", "median floor (MiB)", "range", "context_mib now"]
+    return f"{title}\n" + tabulate(table, headers=hdr, disable_numparse=True)
+
+
 def failure_report(selected: list[Row]) -> str:
     bad = [r for r in selected if r.out["status"] not in ("ok",)]
     if not bad:
@@ -439,6 +466,8 @@ def main(argv=None) -> int:
         print(group_table(amd, ("source", "gpu"), "AMD rows (stand-in H100 profile; reported apart, nothing tuned on them)"))
     print()
     print(model_table(nv, "vest per model (NVIDIA rows)"))
+    print()
+    print(floor_table(nv, "Context floors the rows imply (per model, smallest batch; profiles.py takes the median)"))
     print()
     print(failure_report(selected))
     total = time.perf_counter() - t_start

@@ -72,24 +72,25 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 
 # context_mib: the floor of each GPU type's software stack, outside the allocator. Where measured
 # runs exist (shared/groundtruth/, see README "Accuracy"), it is what `vest calibrate` does with one
-# tiny job, done on those runs: for each model, the smallest-batch run's measured device peak minus
-# the allocator's replayed peak reserved (cuDNN workspaces included, cudnn_ws.py); the median over
-# models (model x precision). Those stacks load cuDNN for conv nets and transformers alike (conv
-# and non-conv floors agree within their spread), so cudnn_mib is 0 there. Types without measured
-# runs keep a conservative floor (that of the older measured stack) until the site calibrates them.
-#   a100-40gb: 536 (11 models, CARMA, torch 2.x with lazy module loading; spread 488-544 for the
-#              small models)                                      a100-80gb: same chip and stack
-#   h100-80gb: 1365 (15 models, milabench, torch 2.6 + CUDA 12.6; spread 1235-1471 for 11 of them)
-#   h200-141gb: 1410 (15 models, milabench; spread 1360-1530 for 9 of them)
-#   l40s-48gb: 1007 (15 models, milabench; spread 825-1123 for 12 of them)
+# tiny job, done on those runs: for each model and precision, the smallest-batch run's measured
+# device peak minus the rest of the estimate (the allocator's replayed peak reserved, cuDNN and
+# cuBLAS workspaces included); the median over them. scripts/bench_accuracy.py prints that table
+# ("Context floors"). Those stacks load cuDNN for conv nets and transformers alike (conv and
+# non-conv floors agree within their spread), so cudnn_mib is 0 there. Types without measured runs
+# keep a conservative floor (that of the older measured stack) until the site calibrates them.
+#   a100-40gb: 524 (11, CARMA, torch 2.x with lazy module loading; 6 of them within 468-528)
+#                                                                 a100-80gb: same chip and stack
+#   h100-80gb: 1285 (15, milabench, torch 2.6 + CUDA 12.6; 11 of them within 1203-1431)
+#   h200-141gb: 1382 (15, milabench; 10 of them within 1360-1492)
+#   l40s-48gb: 991 (15, milabench; 12 of them within 775-1123)
 PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
     _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 1100, 0),
     _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 1100, 0),
-    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 536, 0),
-    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 536, 0),
-    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1365, 0),
-    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1410, 0),
-    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 1007, 0),
+    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 524, 0),
+    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 524, 0),
+    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1285, 0),
+    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
+    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 991, 0),
     _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 1100, 0),
     _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 1100, 0),
 )}
