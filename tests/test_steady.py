@@ -101,3 +101,23 @@ def test_left_as_is_with_one_step():
     ev, ends = _loop(1, 0)
     assert steady.extend(ev, ends) == (ev, 0)
     assert steady.extend(ev, []) == (ev, 0)
+
+
+@pytest.mark.parametrize("argv", [(), ("--num-gpus", "2", "--parallelism", "ddp")])
+def test_estimator_repeats_the_last_step(argv):
+    """The estimator's events get the rest of the run, also where it adds DDP's buckets before
+    the first step (the step ends move with them)."""
+    from vest_slurm.allocator_config import AllocatorConfig
+    from vest_slurm.estimator import _events_for, _with_rest_of_run, trace_for
+    from vest_slurm.profiles import get_profile
+    from vest_slurm.workload import parse_workload_args
+
+    spec = parse_workload_args(["--model", 'mlp:[["Linear",256,512],["ReLU"],["Linear",512,10]]',
+                                "--batch-size", "32", "--input", "256", *argv])
+    profile = get_profile("a100-80gb")
+    summary = trace_for(spec, profile)
+    events = _events_for(summary.trace.events, profile, spec, summary)
+    assert (len(events) > len(summary.trace.events)) == bool(argv)   # the buckets, for DDP
+    extended, copies = _with_rest_of_run(events, summary, AllocatorConfig())
+    assert copies >= steady.PATIENCE
+    _check_valid(extended)

@@ -34,6 +34,7 @@ from .workload import WorkloadSpec
 # for each protocol (SIMPLE NCCL_BUFFSIZE 4 MiB, LL128 ~4.6 MiB, LL 256 KiB), ~9 MiB per peer
 # direction; NCCL opens 16 channels or more on NVLink/NVSwitch nodes: 2 x 16 x 9 MiB ~ 288 MiB.
 NCCL_BYTES = 288 * MiB
+DDP_BUCKET_BLOCK = -10_000_000   # block id of the DDP buckets the estimator adds (not from the trace)
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,16 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
-            out.append(AllocEvent("alloc", -10_000_000, summary.param_bytes, 0, "setup", "gradient", "ddp_buckets"))
+            out.append(AllocEvent("alloc", DDP_BUCKET_BLOCK, summary.param_bytes, 0, "setup", "gradient", "ddp_buckets"))
     return out
+
+
+def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config) -> tuple[list[AllocEvent], int]:
+    """The steps after the traced ones, until the allocator's layout settles (steady.py), and how
+    many were added. Step ends after an event _events_for inserted (DDP's buckets) move by one."""
+    added = [i for i, e in enumerate(events) if e.module == "ddp_buckets" and e.block == DDP_BUCKET_BLOCK]
+    ends = [i + sum(1 for a in added if a <= i) for i in summary.trace.step_ends]
+    return steady.extend(events, ends, config)
 
 
 def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
@@ -109,11 +118,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
     config = parse_alloc_conf(spec.alloc_conf)
-    events = _events_for(summary.trace.events, profile, spec, summary)
-    # the steps after the traced ones, until the allocator's layout settles (steady.py); the DDP
-    # bucket _events_for may insert sits before the first step ends, so those indices move by one
-    shift = len(events) - len(summary.trace.events)
-    events, _ = steady.extend(events, [i + shift for i in summary.trace.step_ends], config)
+    events, _ = _with_rest_of_run(_events_for(summary.trace.events, profile, spec, summary), summary, config)
     result = replay(events, config)
     need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
     cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)
