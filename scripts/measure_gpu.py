@@ -24,14 +24,17 @@ import sys
 
 from tabulate import tabulate
 
-DEFAULT_WORKLOADS = [
+# 8 steps: the estimate replays the run until the allocator settles (vest_slurm/steady.py), so the
+# GPU run, whose max_memory_reserved is compared with it, runs long enough to settle too; the CPU
+# trace of the allocation diff runs the same 8.
+DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
     "--model torchvision:resnet50 --batch-size 64 --optimizer sgd",
     "--model torchvision:resnet50 --batch-size 128 --optimizer adam --precision amp-bf16",
     "--model torchvision:vgg16 --batch-size 64 --optimizer adam",
     "--model timm:convnext_tiny --batch-size 64 --optimizer adamw --precision amp-fp16",
     "--model hf:bert-base --input seq512 --batch-size 16 --optimizer adamw",
     "--model hf:gpt2 --input seq1024 --batch-size 8 --optimizer adamw --precision amp-bf16",
-]
+)]
 
 _CHILD = r"""
 import json, sys
