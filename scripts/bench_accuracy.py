@@ -340,7 +340,7 @@ def floor_table(rows: list[Row], title: str) -> str:
     the median over them is what profiles.py's context_mib is set to (README "Accuracy")."""
     from vest_slurm.profiles import PROFILES
 
-    per: dict[str, dict[str, float]] = {}
+    per: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}   # profile -> (model, precision) -> (batch, floor)
     for r in rows:
         o = r.out
         m, p = _float(o["measured_peak_mib"]), _float(o["predicted_peak_mib"])

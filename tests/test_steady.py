@@ -27,18 +27,15 @@ def _loop(steps: int, seed: int):
             pos = rng.randint([k for k, o in enumerate(ops) if o == ("a", i)][0] + 1, len(ops))
             ops.insert(pos, ("f", i))
     ops.insert(rng.randint(0, len(ops)), ("f", "prev"))
-    ev, ends, next_id = [], [], [0]
-
-    alloc_first = AllocEvent("alloc", 1, 50 * MiB)   # parameters
-    ev.append(alloc_first)
-    next_id[0] = 1
+    ev, ends = [AllocEvent("alloc", 1, 50 * MiB)], []   # block 1: the parameters
+    next_id = 1
     prev = None
     for _ in range(steps):
         ids = {}
         for kind, i in ops:
             if kind == "a":
-                next_id[0] += 1
-                ids[i] = next_id[0]
+                next_id += 1
+                ids[i] = next_id
                 ev.append(AllocEvent("alloc", ids[i], sizes[i]))
             elif i == "prev":
                 if prev is not None:

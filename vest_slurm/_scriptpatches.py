@@ -379,7 +379,7 @@ def patched(state: ScriptState):
         tr.s.phase = "other"
         state.steps += 1
         tr.s.iteration = state.steps
-        tr.s.step_ends.append(len(tr.s.events))
+        tr.step_end()
         if state.steps >= state.max_steps:
             tr.freeze()   # what the script frees while it unwinds is not part of the run
             raise state.stop()

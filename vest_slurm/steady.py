@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Sequence
 
-from .allocator import CachingAllocator
+from .allocator import CachingAllocator, _compile, _run
 from .allocator_config import AllocatorConfig
 from .trace import AllocEvent
 
@@ -75,12 +75,8 @@ def extend(events: Sequence[AllocEvent], step_ends: Sequence[int], config: Alloc
         return events, 0
     template = events[start:end]
 
-    a = CachingAllocator(config)
-    for e in events[:end]:
-        if e.action == "alloc":
-            a.malloc(e.block, e.size_bytes, e.stream)
-        else:
-            a.free(e.block)
+    a = CachingAllocator(config)   # uncapped: the run as replay() makes it, to see when it settles
+    _run(a, _compile(events[:end]), 0, False)
 
     next_id = max((abs(e.block) for e in events), default=0) + 1
     prev = {b: b for b in carried_out}   # the blocks the step before left alive, by template block
@@ -89,22 +85,20 @@ def extend(events: Sequence[AllocEvent], step_ends: Sequence[int], config: Alloc
     while copies < max_copies and still < patience:
         before = a.peak_reserved_bytes
         cur: dict[int, int] = {}
+        step: list[AllocEvent] = []
         for e in template:
             if e.action == "alloc":
                 cur[e.block] = next_id
                 next_id += 1
-                e = replace(e, block=cur[e.block])
-                a.malloc(e.block, e.size_bytes, e.stream)
+                step.append(replace(e, block=cur[e.block]))
             else:
-                b = cur[e.block] if e.block in cur else prev[pair[e.block]]
-                e = replace(e, block=b)
-                a.free(b)
-            added.append(e)
+                step.append(replace(e, block=cur[e.block] if e.block in cur else prev[pair[e.block]]))
+        _run(a, _compile(step), 0, False)
+        added += step
         prev = {b: cur[b] for b in carried_out}
         copies += 1
         still = still + 1 if a.peak_reserved_bytes == before else 0
 
     # what follows the last step (the loop's clean-up) frees the last copy's blocks
-    last = {b: prev[b] for b in carried_out}
-    tail = [replace(e, block=last[e.block]) if e.action == "free" and e.block in last else e for e in events[end:]]
+    tail = [replace(e, block=prev[e.block]) if e.action == "free" and e.block in prev else e for e in events[end:]]
     return events[:end] + added + tail, copies

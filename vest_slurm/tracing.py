@@ -71,6 +71,10 @@ class Tracer:
         """Stop recording: the run being traced is over."""
         self.frozen = True
 
+    def step_end(self) -> None:
+        """A training step (iteration) ends here: AllocTrace.step_ends, which steady.py reads."""
+        self.s.step_ends.append(len(self.s.events))
+
     # -- callbacks from the dispatch mode
     def _alloc(self, block: int, nbytes: int, storage) -> None:
         if self.frozen:
@@ -289,7 +293,7 @@ class _TracerHooks(LoopHooks):
         self.t.s.iteration = i
 
     def step_end(self):
-        self.t.s.step_ends.append(len(self.t.s.events))
+        self.t.step_end()
 
     def mark(self, tensors, category):
         self.t.mark(tensors, category)
