@@ -45,6 +45,7 @@ BAD = [
     (["--model", "torchvision:resnet18", "--batch-size", "8", "--optimizer", "lion"], "unknown optimizer 'lion'", "adamw"),
     (["--model", "torchvision:resnet18", "--batch-size", "8", "--precision", "fp8"], "unknown precision 'fp8'", "amp-bf16"),
     (["--model", "torchvision:resnet18", "--batch-size", "0"], "--batch-size 0 must be at least 1", "fix:"),
+    (["--model", "torchvision:resnet18", "--batch-size", "8", "--cudnn-benchmark", "yes"], "unknown cudnn-benchmark 'yes'", "off, on"),
     (["--model", f"{USER}:raises", "--batch-size", "8", "--input", "3x32x32"], "raised RuntimeError: checkpoint file", "fix the factory"),
     (["--model", f"{USER}:not_a_module", "--batch-size", "8", "--input", "3x32x32"], "not an nn.Module", "return the model"),
     (["--model", "tests/data/missing.py:build", "--batch-size", "8", "--input", "3x32x32"], "does not exist", "fix:"),

@@ -129,3 +129,87 @@ def test_the_table_says_when_cudnn_cannot_be_asked(monkeypatch):
         assert "not in this estimate" not in estimate_table(s, [est])
     monkeypatch.setattr(cudnn_ws, "_frontend", lambda: None)
     assert "cuDNN's convolution workspaces are not in this estimate" in estimate_table(s, [est])
+
+
+# ---- torch.backends.cudnn.benchmark: one timing workspace per convolution shape ----
+
+def find_keys(trace):
+    return [e.detail for e in trace.events if e.module == "cudnn_find" and e.action == "alloc"]
+
+
+def test_benchmark_mode_times_each_shape_once_and_is_restored():
+    before = torch.backends.cudnn.benchmark
+    common = ("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32", "--optimizer", "sgd",
+              "--steps", "2")
+    on = trace_training(spec(*common, "--cudnn-benchmark", "on"))
+    assert torch.backends.cudnn.benchmark == before
+    found = find_keys(on)
+    run_keys = [e.detail for e in on.events if e.module == "cudnn" and e.action == "alloc"]
+    # every distinct convolution (forward, backward-data, backward-filter) is timed exactly once,
+    # in the first step, just before its first run; the second step only runs them
+    assert len(found) == len(set(found)) == len(set(run_keys)) < len(run_keys)
+    first_step_end = on.step_ends[0]
+    idx = [i for i, e in enumerate(on.events) if e.module == "cudnn_find" and e.action == "alloc"]
+    assert max(idx) < first_step_end
+    for i in idx:
+        # the timing workspace is freed before the chosen plan's own workspace is taken
+        assert on.events[i + 1].action == "free" and on.events[i + 1].block == on.events[i].block
+        assert on.events[i + 2].module == "cudnn" and on.events[i + 2].detail == on.events[i].detail
+    off = trace_training(spec(*common))
+    assert find_keys(off) == []
+    assert [e.detail for e in off.events if e.module == "cudnn"] == [e.detail for e in on.events if e.module == "cudnn"]
+
+
+def test_benchmark_workspace_is_the_largest_of_all_plans():
+    if not cudnn_ws.available():
+        pytest.skip("cuDNN >= 9.8 with its Python frontend is not installed")
+    props = cudnn_ws.device_properties_json(get_profile("h100-80gb"))
+    for kind in ("fprop", "dgrad", "wgrad"):
+        key = cudnn_ws.conv_key(kind, [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], "float32", False)
+        sizes = [w for w in cudnn_ws._plan_workspaces(props, key, "A+FALLBACK") if w is not None]
+        assert cudnn_ws.find_workspace_bytes(props, key) == max(sizes)
+        assert max(sizes) >= cudnn_ws.workspace_bytes(props, key) > 0
+    # fp32 3x3 forward in NCHW: the heuristics' first plan transposes (about 2 activations), the
+    # largest plan of the list takes several times that
+    fwd = cudnn_ws.conv_key("fprop", [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], "float32", False)
+    assert cudnn_ws.find_workspace_bytes(props, fwd) > 2 * cudnn_ws.workspace_bytes(props, fwd)
+
+
+def test_estimator_sizes_benchmark_workspaces_and_required_goes_without():
+    common = ("--model", "torchvision:vgg11", "--batch-size", "8", "--input", "3x64x64", "--optimizer", "adam")
+    s_on, s_off = spec(*common, "--cudnn-benchmark", "on"), spec(*common)
+    on, off = trace_for(s_on, A100), trace_for(s_off, A100)
+    events = _events_for(on.trace.events, A100, s_on, on)
+    sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn_find" and e.action == "alloc"]
+    assert sized and all(size == cudnn_ws.find_workspace_for(A100, d) for d, size in sized)
+    assert all(e.size_bytes == 0 for e in _without_cudnn_workspaces(events) if e.module == "cudnn_find")
+    est_on, est_off = estimate_from_trace(on, s_on, A100), estimate_from_trace(off, s_off, A100)
+    b = dict(est_on.breakdown)
+    assert b["cudnn_benchmark_workspace_max"] == max(size for _, size in sized)
+    assert "cudnn_benchmark_workspace_max" not in dict(est_off.breakdown)
+    # at capacity benchmark mode halves its timing workspace until it fits: the smallest GPU the job
+    # runs on is the same with and without it
+    assert est_on.required_bytes == est_off.required_bytes
+    assert est_on.peak_bytes >= est_off.peak_bytes
+    if cudnn_ws.available():
+        assert b["cudnn_benchmark_workspace_max"] >= b["cudnn_workspace_max"] > 0
+
+
+def test_a_peak_above_the_gpu_is_capped_where_the_job_still_runs():
+    common = ("--model", "torchvision:vgg11", "--batch-size", "8", "--input", "3x64x64", "--optimizer", "adam",
+              "--cudnn-benchmark", "on")
+    s = spec(*common)
+    summary = trace_for(s, A100)
+    free = estimate_from_trace(summary, s, A100)
+    if not cudnn_ws.available() or free.peak_bytes - free.required_bytes < 4 * 2**20:
+        pytest.skip("needs cuDNN's workspaces to separate peak from required")
+    # a board whose usable memory lies between what the job needs and its uncapped peak
+    usable_mib = (free.required_bytes + free.peak_bytes) // 2 // 2**20
+    small = A100.with_overrides(total_mib=usable_mib + A100.reserved_mib)
+    capped = estimate_from_trace(summary, s, small)
+    assert capped.fits and capped.required_bytes == free.required_bytes
+    assert capped.peak_bytes == small.usable_bytes < free.peak_bytes
+    # where the job does not fit, the uncapped peak is what it would have needed
+    tiny = A100.with_overrides(total_mib=free.required_bytes // 2**20 // 2 + A100.reserved_mib)
+    over = estimate_from_trace(summary, s, tiny)
+    assert not over.fits and over.peak_bytes == free.peak_bytes

@@ -29,9 +29,11 @@ A100 = get_profile("a100-40gb")
 # (training command in scripts/examples, the same workload declared with #VEST options)
 EQUIVALENT = [
     ("python train_imagenet.py --arch resnet18 --batch-size 16 --image-size 112 --optimizer sgd --amp bf16",
-     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer sgd-momentum --precision amp-bf16"),
+     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer sgd-momentum --precision amp-bf16 "
+     "--cudnn-benchmark on"),   # the script sets torch.backends.cudnn.benchmark = True
     ("python train_imagenet.py --arch resnet18 --batch-size 16 --image-size 112 --optimizer adam --amp fp16",
-     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam --precision amp-fp16"),
+     "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam --precision amp-fp16 "
+     "--cudnn-benchmark on"),
     ("python train_lm.py --n-layer 2 --n-embd 256 --n-head 4 --seq-len 128 --batch-size 4 --amp bf16",
      "--model hf:GPT2LMHeadModel --model-args {\"n_layer\":2,\"n_embd\":256,\"n_head\":4,\"n_positions\":1024} "
      "--input seq128 --batch-size 4 --precision amp-bf16 --optimizer adamw"),
@@ -55,6 +57,8 @@ def test_dynamic_equals_declarative(command, declared, monkeypatch):
         assert d[part] == c[part], (part, d[part], c[part])
     assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.02 * dec.peak_bytes, (dyn.peak_bytes, dec.peak_bytes)
     assert abs(dyn.required_bytes - dec.required_bytes) <= 0.02 * dec.required_bytes
+    # a script's own torch.backends.cudnn.benchmark decides the timing workspaces, as the option does
+    assert ("cudnn_benchmark_workspace_max" in d) == ("cudnn_benchmark_workspace_max" in c)
     assert run.steps == 3
     # each optimizer step closes an iteration; the last one repeats cleanly (steady.py)
     ends = run.trace.step_ends

@@ -43,3 +43,18 @@ def test_calibrate_without_gpu_says_where_to_run():
         pytest.skip("a GPU is present")
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr and "srun --gres=gpu:1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_jobs_cudnn_settings_hold_while_its_loop_runs_and_are_restored():
+    from vest_slurm.tracing import cudnn_flags
+
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    spec = parse_workload_args(["--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
+                                "--cudnn-tf32", "off", "--cudnn-benchmark", "on"])
+    with pytest.raises(RuntimeError):
+        with cudnn_flags(spec):
+            assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == (False, True)
+            raise RuntimeError("the loop failed")
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
+    measure(spec, device="cpu", steps=1)
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before

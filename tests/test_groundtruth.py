@@ -87,6 +87,12 @@ def test_milabench_fp32_turns_cudnn_tf32_off_tf32_rows_keep_it():
     assert spec("carma-imnet-inception_v3-32").cudnn_tf32 == "on"         # CARMA: PyTorch's default
 
 
+def test_timm_train_py_rows_run_cudnn_benchmark_mode():
+    assert spec("mila-H100-focalnet-1-149").cudnn_benchmark == "on"     # timm's train.py sets it at import
+    assert spec("mila-H100-convnext_large-fp32-1-67").cudnn_benchmark == "off"
+    assert spec("carma-imnet-inception_v3-32").cudnn_benchmark == "off"
+
+
 def test_channels_last_and_244_input():
     s = spec("mila-H100-resnet50-noio-1-311")
     assert s.channels_last and s.input == InputSpec("image", (3, 244, 244)) and s.precision == "amp-fp16"

@@ -26,8 +26,9 @@ Known limitations:
 - cuDNN / cuBLAS workspaces are not allocated by the fake ops; the tracer marks where the GPU
   would take them (``workspace`` events; a convolution's carries its shapes, conv_workspace_keys)
   and the estimator sizes them per GPU type (the profile's cuBLAS size; cuDNN's own heuristics,
-  cudnn_ws.py). ``torch.backends.cudnn.benchmark`` (cuDNN's timed search, which allocates the
-  largest workspace of all engines once per shape) is not modelled.
+  cudnn_ws.py). With ``torch.backends.cudnn.benchmark`` on, the first run of each shape also
+  gets benchmark mode's timing workspace (``cudnn_find``, the largest of all engines'); which
+  engine wins the timing is not knowable here, so later runs keep the heuristics' first plan.
 """
 
 from __future__ import annotations

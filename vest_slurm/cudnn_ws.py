@@ -10,6 +10,13 @@ kernel and freed after it. On a large GPU that workspace is taken whatever its s
 convolutions on tensor cores transpose input and output: twice the activation); when the
 allocation fails, PyTorch tries the next plan, down to engines that need little or none.
 
+With ``torch.backends.cudnn.benchmark`` on (get_plans_from_find), the first run of each
+convolution shape builds every plan of that list and of cuDNN's fallback list, allocates one
+workspace as large as the largest of them, times every plan in it, frees it, and runs the
+fastest plan. The tracer marks that timing workspace (``cudnn_find``); its size here is the
+largest over those plans. Which plan wins the timing is not knowable without the GPU: the
+workspace of the runs that follow stays that of the heuristics' first plan.
+
 Since cuDNN 9.8 a plan can be built without a device from a device-properties descriptor
 (cuDNN's "deviceless ahead-of-time compilation"). This module builds that descriptor for each GPU
 profile from the board's published properties, asks cuDNN's heuristics for the same convolution
@@ -102,16 +109,18 @@ def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str,
 _DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
 
 
-@functools.lru_cache(maxsize=65536)
-def workspace_bytes(profile_props: str, key: str) -> int | None:
-    """Workspace of the plan PyTorch would run for this convolution on this board; None when
-    cuDNN cannot be asked (no frontend, unsupported dtype or shape)."""
+def _plan_workspaces(profile_props: str, key: str, modes: str):
+    """Workspace sizes of the plans cuDNN offers for this convolution, in cuDNN's order, after
+    PyTorch's numerical-note filter (None for an engine that does not build). ``modes``: "A"
+    (heuristics mode INSTANT) or "A+FALLBACK" (that list, then the fallback list: what
+    benchmark mode times). Yields nothing when cuDNN cannot be asked (no frontend, unsupported
+    dtype or shape)."""
     cudnn = _frontend()
     if cudnn is None:
-        return None
+        return
     kind, x, w, stride, pad, dil, dtype, nhwc, allow_tf32 = json.loads(key)
     if dtype not in _DTYPES or len(x) != 4 or len(w) != 4:
-        return None
+        return
     dt = getattr(cudnn.data_type, _DTYPES[dtype])
     n, c, h, wd = x
     k, cg, r, s = w
@@ -139,20 +148,38 @@ def workspace_bytes(profile_props: str, key: str) -> int | None:
         Y.set_output(True).set_data_type(dt)
         g.validate()
         g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A])
+        g.create_execution_plans([cudnn.heur_mode.A] + ([cudnn.heur_mode.FALLBACK] if modes == "A+FALLBACK" else []))
         notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
         if dtype == "float32" and not allow_tf32:
             notes.append(cudnn.numerical_note.TENSOR_CORE)   # Conv_v8.cpp filterEngineConfigs
         g.deselect_numeric_notes(notes)
-        for i in range(g.get_execution_plan_count()):
-            try:
-                g.build_plan_at_index(i)
-            except Exception:   # deselected, or the engine does not build for this graph
-                continue
-            return int(g.get_workspace_size_plan_at_index(i))
+        count = g.get_execution_plan_count()
     except Exception:
-        return None
-    return None
+        return
+    for i in range(count):
+        try:
+            g.build_plan_at_index(i)
+        except Exception:   # deselected, or the engine does not build for this graph
+            yield None
+            continue
+        yield int(g.get_workspace_size_plan_at_index(i))
+
+
+@functools.lru_cache(maxsize=65536)
+def workspace_bytes(profile_props: str, key: str) -> int | None:
+    """Workspace of the plan PyTorch would run for this convolution on this board (the first
+    that builds of heuristics mode A); None when cuDNN cannot be asked."""
+    return next((ws for ws in _plan_workspaces(profile_props, key, "A") if ws is not None), None)
+
+
+@functools.lru_cache(maxsize=65536)
+def find_workspace_bytes(profile_props: str, key: str) -> int | None:
+    """Workspace that benchmark mode allocates to time the engines of this convolution
+    (Conv_v8.cpp generate_and_filter_plans): the largest of all plans of heuristics mode
+    INSTANT and the fallback list that build (on a GPU with room for it; at capacity PyTorch
+    halves it until it fits and drops the plans that do not). None when cuDNN cannot be asked."""
+    sizes = [ws for ws in _plan_workspaces(profile_props, key, "A+FALLBACK") if ws is not None]
+    return max(sizes) if sizes else None
 
 
 def workspace_for(profile: DeviceProfile, key: str) -> int:
@@ -161,3 +188,11 @@ def workspace_for(profile: DeviceProfile, key: str) -> int:
     if props is None:
         return 0
     return workspace_bytes(props, key) or 0
+
+
+def find_workspace_for(profile: DeviceProfile, key: str) -> int:
+    """Bytes of benchmark mode's timing workspace (0 where cuDNN cannot be asked)."""
+    props = device_properties_json(profile)
+    if props is None:
+        return 0
+    return find_workspace_bytes(props, key) or 0

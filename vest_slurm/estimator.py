@@ -35,6 +35,7 @@ from .workload import WorkloadSpec
 # direction; NCCL opens 16 channels or more on NVLink/NVSwitch nodes: 2 x 16 x 9 MiB ~ 288 MiB.
 NCCL_BYTES = 288 * MiB
 DDP_BUCKET_BLOCK = -10_000_000   # block id of the DDP buckets the estimator adds (not from the trace)
+_CUDNN_WORKSPACES = ("cudnn", "cudnn_find")   # per convolution run; benchmark mode's timing one per shape
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
                 e = replace(e, size_bytes=profile.cublas_workspace_bytes)
             elif e.module == "cudnn" and e.detail:
                 e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail))
+            elif e.module == "cudnn_find" and e.detail:
+                e = replace(e, size_bytes=cudnn_ws.find_workspace_for(profile, e.detail))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -104,8 +107,18 @@ def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config) -
 
 def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
     """The events at capacity: PyTorch falls back to cuDNN plans that fit when a workspace
-    allocation fails (Conv_v8.cpp try_plans), down to ones that need none; ``required`` counts none."""
-    return [replace(e, size_bytes=0) if e.module == "cudnn" and e.action == "alloc" else e for e in events]
+    allocation fails (Conv_v8.cpp try_plans), down to ones that need none, and benchmark mode
+    halves its timing workspace until it fits; ``required`` counts none."""
+    return [replace(e, size_bytes=0) if e.module in _CUDNN_WORKSPACES and e.action == "alloc" else e for e in events]
+
+
+def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
+    """The peak as this GPU shows it. The replay's peak has no ceiling; where it is above what the
+    GPU has but the job runs (required fits), the allocator empties its cache and retries and cuDNN
+    takes smaller workspaces instead of failing, so the device fills up to what it has."""
+    if required <= profile.usable_bytes < peak:
+        return profile.usable_bytes
+    return peak
 
 
 def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
@@ -122,6 +135,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     result = replay(events, config)
     need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
     cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)
+    cudnn_find_max = max((e.size_bytes for e in events if e.module == "cudnn_find" and e.action == "alloc"),
+                         default=None)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
     if summary.uses_cudnn:
@@ -140,11 +155,13 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     )
     if summary.uses_cudnn:
         breakdown += (("cudnn_workspace_max", cudnn_ws_max),)
+    if cudnn_find_max is not None:
+        breakdown += (("cudnn_benchmark_workspace_max", cudnn_find_max),)
     return MemoryEstimate(
         gpu=profile.key,
         capacity_bytes=profile.usable_bytes,
         required_bytes=fixed + need,
-        peak_bytes=fixed + result.peak_reserved_bytes,
+        peak_bytes=_peak_on(profile, fixed + result.peak_reserved_bytes, fixed + need),
         breakdown=breakdown,
     )
 

@@ -108,7 +108,7 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None,
             alloc_history: bool = False) -> Measurement:
     import torch
 
-    from .tracing import build_real_model, run_training_loop
+    from .tracing import build_real_model, cudnn_flags, run_training_loop
 
     on_gpu = device.startswith("cuda")
     poller = DevicePoller() if on_gpu else None
@@ -127,7 +127,7 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None,
     history = on_gpu and alloc_history
     if history:
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, context="alloc", stacks="python")
-    with (poller if poller else _Null()):
+    with (poller if poller else _Null()), cudnn_flags(spec):
         model, built = build_real_model(spec, device)
         run_training_loop(model, built, spec.with_(steps=steps or spec.steps), torch.device(device))
         if on_gpu:

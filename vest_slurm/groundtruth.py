@@ -100,6 +100,9 @@ def row_to_argv(row: Mapping[str, str]) -> list[str]:
         # timm's train.py and Lightning's automatic optimization zero the gradients after the
         # forward, just before backward: the previous step's gradients live through the forward
         argv += ["--zero-grad", "before-backward"]
+    if re.search(r"benchmarks/timm: pytorch-image-models train\.py", notes):
+        # timm's train.py sets torch.backends.cudnn.benchmark = True at import
+        argv += ["--cudnn-benchmark", "on"]
     if re.search(r"bench '[^']*-noio'", notes) and re.search(r"fp32 forward of the full batch with autograd", notes):
         # milabench's synthetic_fixed loader builds its targets with one fp32 forward (autograd on)
         argv += ["--pre-forward", "grad"]

@@ -24,6 +24,7 @@ _BREAKDOWN_LABELS = {
     "allocator_peak_reserved": "allocator peak reserved (segments)",
     "allocator_required": "allocator need after flush-and-retry",
     "cudnn_workspace_max": "largest cuDNN workspace (in the allocator)",
+    "cudnn_benchmark_workspace_max": "largest cuDNN benchmark-mode timing workspace",
 }
 
 

@@ -17,6 +17,7 @@ Every storage allocation and free is recorded with its phase, category and modul
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class _State:
     blocks: dict = field(default_factory=dict)    # block -> _Block
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
+    cudnn_found: set = field(default_factory=set)    # convolutions cuDNN's benchmark mode has timed
     next_ws: int = -1
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
@@ -119,6 +121,13 @@ class Tracer:
             # cuDNN takes a transient workspace per convolution (forward; backward-data, then
             # backward-filter); its size depends on the GPU (cudnn_ws.py, estimator.py).
             for key in fc.conv_workspace_keys(func, args):
+                if torch.backends.cudnn.benchmark and key not in s.cudnn_found:
+                    # Benchmark mode (Conv_v8.cpp get_plans_from_find): the first time a shape
+                    # runs, one workspace as large as the largest engine's is allocated, every
+                    # engine is timed in it, and it is freed; then the fastest plan runs with its
+                    # own. The benchmark cache is per process, so each shape is timed once.
+                    s.cudnn_found.add(key)
+                    self._release(self._workspace("cudnn_find", detail=key))
                 self._release(self._workspace("cudnn", detail=key))
         scratch = kernel_scratch(func, args)
         if scratch is not None:
@@ -380,6 +389,20 @@ def build_real_model(spec: WorkloadSpec, device: str):
     return model, built
 
 
+@contextlib.contextmanager
+def cudnn_flags(spec: WorkloadSpec):
+    """The job's torch.backends.cudnn settings while its loop runs (traced or on a real GPU), and
+    the caller's afterwards. Both are read at each convolution: allow_tf32 decides which engines
+    fp32 convolutions may use, benchmark whether each new shape is timed first."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32 = spec.cudnn_tf32 == "on"
+    torch.backends.cudnn.benchmark = spec.cudnn_benchmark == "on"
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = before
+
+
 def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
     """Trace ``spec.steps`` training iterations. Raises EstimateError with the cause on failure."""
     t0 = time.perf_counter()
@@ -387,10 +410,9 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     tracer = Tracer(capability)
     mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
-    tf32_before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = spec.cudnn_tf32 == "on"   # read at each convolution (cuDNN engines)
     try:
-        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode, fc.CudaFactoryMode(capability):
+        with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode,
+              fc.CudaFactoryMode(capability)):
             tracer.s.category = "parameter"
             fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
             tracer.s.category = None
@@ -418,8 +440,6 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise EstimateError(f"tracing {spec.model} failed: {type(e).__name__}: {msg}",
                             "check that --input matches the model (shape, channels, sequence length) and --loss fits its output") from None
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32_before
     notes = (f"traced in {time.perf_counter() - t0:.2f} s",)
     return tracer.finish(spec.steps, notes)
 

@@ -23,6 +23,7 @@ LOSSES = ("auto", "cross-entropy", "mse", "model")
 PARALLELISMS = ("ddp", "dp", "none")
 PRE_FORWARDS = ("none", "grad", "no-grad")
 CUDNN_TF32 = ("on", "off")
+CUDNN_BENCHMARK = ("off", "on")
 ZERO_GRADS = ("after-step", "before-backward", "never")
 MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
 
@@ -97,6 +98,9 @@ class WorkloadSpec:
                                 # targets built from the model's output): with autograd ("grad") or not
     cudnn_tf32: str = "on"      # torch.backends.cudnn.allow_tf32 (PyTorch's default: on); it decides which
                                 # cuDNN engines fp32 convolutions may use, and so their workspaces
+    cudnn_benchmark: str = "off"   # torch.backends.cudnn.benchmark (PyTorch's default: off); on, the first
+                                   # run of each convolution shape times every engine in one workspace
+                                   # as large as the largest engine's (timm's train.py sets it)
     zero_grad: str = "after-step"   # where the loop calls optimizer.zero_grad() (set_to_none): after the
                                     # step or before the forward ("after-step": the gradients are gone
                                     # while the next forward runs), between the forward and backward
@@ -131,7 +135,8 @@ class WorkloadSpec:
             argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
-                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32", "zero_grad"):
+                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32",
+                     "cudnn_benchmark", "zero_grad"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -197,6 +202,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--cudnn-tf32", default=None,
                    help="on (PyTorch's default) or off: torch.backends.cudnn.allow_tf32 of the job, which decides "
                         "the cuDNN engines, and so the workspaces, of fp32 convolutions")
+    g.add_argument("--cudnn-benchmark", default=None,
+                   help="off (PyTorch's default) or on: torch.backends.cudnn.benchmark of the job; on, the first "
+                        "run of each convolution shape allocates the largest workspace of all cuDNN engines "
+                        "to time them (timm's train.py sets it)")
     g.add_argument("--zero-grad", default=None,
                    help="where the loop zeroes the gradients (set to None): after-step (default; also "
                         "zero_grad() at the top of the loop), before-backward (after the forward: timm's "
@@ -290,6 +299,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         weight_decay=_weight_decay(pick("weight_decay", None)),
         pre_forward=_choice("pre-forward", pick("pre_forward", "none"), PRE_FORWARDS),
         cudnn_tf32=_choice("cudnn-tf32", pick("cudnn_tf32", "on"), CUDNN_TF32),
+        cudnn_benchmark=_choice("cudnn-benchmark", pick("cudnn_benchmark", "off"), CUDNN_BENCHMARK),
         zero_grad=_choice("zero-grad", pick("zero_grad", "after-step"), ZERO_GRADS),
     )
     return spec
