@@ -7,6 +7,14 @@ allocation and a free, category ``workspace``. Each size below follows the PyTor
 allocates it (torch 2.6 - 2.14, unchanged between them); anything not listed has no scratch
 here (cuBLAS's workspace and cuDNN's are separate: tracing.py, estimator.py).
 
+Both backward wrappers (attention_backward.cu) hand the kernels the tensors in the
+[batch, seqlen, heads, head_dim] frame (``.transpose(1, 2)`` of the [batch, heads, seqlen, dim]
+arguments) and first make a contiguous copy of what is not contiguous in that frame: flash
+attention of ``grad_out`` and ``out`` (``_flash_attention_backward``), memory-efficient attention
+of ``grad_out``. They are not contiguous there when the query, key and value were made contiguous
+in [batch, heads, seqlen, dim] (``.transpose(1, 2).contiguous()``, as Whisper's attention does):
+the kernel's output takes the query's layout. The copies live until the wrapper returns.
+
 Flash attention backward (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp,
 ``mha_bwd``; q is [batch, seqlen_q, heads, head_dim] there):
     softmax_d  = empty({batch, heads, seqlen_q_rounded}, float)
@@ -41,22 +49,30 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _flash_bwd_scratch(args) -> int:
+def _copy_for_kernel(t) -> int:
+    """Bytes of the contiguous copy a wrapper makes of ``t.transpose(1, 2)`` (0 when none is needed)."""
+    if t is None or t.transpose(1, 2).is_contiguous():
+        return 0
+    return t.numel() * t.element_size()
+
+
+def _flash_bwd_scratch(args) -> list[int]:
     # _scaled_dot_product_flash_attention_backward(grad_out, query, key, value, out, logsumexp, ...)
-    query = args[1]
+    grad_out, query, out = args[0], args[1], args[4]
     batch, heads, seq_q, head_dim = query.shape
     seq_r = _round_up(seq_q, 128)
     head_r = _round_up(head_dim, 32) if head_dim <= 192 else 256
-    return [batch * heads * seq_r * _FLOAT, batch * seq_r * heads * head_r * _FLOAT]
+    return [_copy_for_kernel(grad_out), _copy_for_kernel(out),
+            batch * heads * seq_r * _FLOAT, batch * seq_r * heads * head_r * _FLOAT]
 
 
-def _efficient_bwd_scratch(args) -> int:
+def _efficient_bwd_scratch(args) -> list[int]:
     # _scaled_dot_product_efficient_attention_backward(grad_out, query, key, value, attn_bias, out, ...)
-    query = args[1]
+    grad_out, query = args[0], args[1]
     batch, heads, seq_q, head_dim = query.shape
     tiles = -(-seq_q // 64) * -(-head_dim // 64)
     workspace = batch * heads * _round_up(tiles * (64 * 64 * _FLOAT + 16) // _FLOAT, 4) * _FLOAT
-    return [batch * heads * seq_q * _FLOAT, workspace]
+    return [_copy_for_kernel(grad_out), batch * heads * seq_q * _FLOAT, workspace]
 
 
 _SCRATCH = {
