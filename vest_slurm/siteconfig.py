@@ -91,9 +91,9 @@ class Messages:
 class Policy:
     """``[policy]``: how jobs are placed and refused."""
 
-    # 10 %: the estimate's error on measured runs has p90 7.6 %, and the request falls below the
-    # measured peak on 1.5 % of them (cuDNN benchmark mode, passes the workload does not describe;
-    # README "Accuracy").
+    # 10 %: the estimate's error on measured runs has p90 8.3 %, and the request falls below the
+    # measured peak on 2.6 % of them (engines of another cuDNN version, passes the workload does not
+    # describe; README "Accuracy").
     headroom_percent: float = 10.0
     headroom_bytes: int = 0
     selection: str = "smallest-fit"
