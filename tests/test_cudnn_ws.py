@@ -213,3 +213,18 @@ def test_a_peak_above_the_gpu_is_capped_where_the_job_still_runs():
     tiny = A100.with_overrides(total_mib=free.required_bytes // 2**20 // 2 + A100.reserved_mib)
     over = estimate_from_trace(summary, s, tiny)
     assert not over.fits and over.peak_bytes == free.peak_bytes
+
+
+def test_benchmark_cache_is_per_thread():
+    # Conv_v8.cpp keeps its benchmark cache thread_local: a forward convolution recomputed in
+    # backward (activation checkpointing) runs on autograd's thread and is timed there once more.
+    # The recompute stops once the tensors backward needs exist again (non-reentrant checkpoint's
+    # early stop): the first convolution only, whose ReLU output the second one saved.
+    tr = trace_training(spec("--model", f"{USER}:checkpointed_cnn", "--batch-size", "2", "--input", "3x16x16",
+                             "--optimizer", "sgd", "--steps", "2", "--cudnn-benchmark", "on"))
+    found = [(e.phase, *json.loads(e.detail)[:2]) for e in tr.events if e.module == "cudnn_find" and e.action == "alloc"]
+    first, second = [2, 3, 16, 16], [2, 8, 16, 16]
+    assert found == [("forward", "fprop", first), ("forward", "fprop", second), ("backward", "fprop", first),
+                     ("backward", "dgrad", second), ("backward", "wgrad", second), ("backward", "wgrad", first)]
+    runs = [e for e in tr.events if e.module == "cudnn" and e.action == "alloc"]
+    assert len(runs) == 2 * len(found)   # the second step runs every one of them without timing

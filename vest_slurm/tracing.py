@@ -53,11 +53,16 @@ class _State:
     blocks: dict = field(default_factory=dict)    # block -> _Block
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
-    cudnn_found: set = field(default_factory=set)    # convolutions cuDNN's benchmark mode has timed
+    cudnn_found: set = field(default_factory=set)    # (thread, convolution) cuDNN's benchmark mode has timed
     next_ws: int = -1
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
+
+
+def _thread() -> str:
+    """The thread a GPU op runs on: autograd's device thread during backward, else the main one."""
+    return "autograd" if fc.current_autograd_node() is not None else "main"
 
 
 class Tracer:
@@ -113,20 +118,22 @@ class Tracer:
             # getCurrentCUDABlasHandle: handles are reserved per thread, workspaces are keyed by
             # handle and stream). Backward runs on autograd's device thread, so a training step
             # holds two: the main thread's (forward) and autograd's (backward).
-            thread = "autograd" if fc.current_autograd_node() is not None else "main"
+            thread = _thread()
             if thread not in s.blas_threads:
                 s.blas_threads.add(thread)
                 self._workspace("cublas")
         if func in fc.CONV_OPS:
             # cuDNN takes a transient workspace per convolution (forward; backward-data, then
             # backward-filter); its size depends on the GPU (cudnn_ws.py, estimator.py).
+            thread = _thread()
             for key in fc.conv_workspace_keys(func, args):
-                if torch.backends.cudnn.benchmark and key not in s.cudnn_found:
+                if torch.backends.cudnn.benchmark and (thread, key) not in s.cudnn_found:
                     # Benchmark mode (Conv_v8.cpp get_plans_from_find): the first time a shape
                     # runs, one workspace as large as the largest engine's is allocated, every
                     # engine is timed in it, and it is freed; then the fastest plan runs with its
-                    # own. The benchmark cache is per process, so each shape is timed once.
-                    s.cudnn_found.add(key)
+                    # own. The benchmark cache is thread_local: each shape is timed once per
+                    # thread (the forward's on the main thread, the backward's on autograd's).
+                    s.cudnn_found.add((thread, key))
                     self._release(self._workspace("cudnn_find", detail=key))
                 self._release(self._workspace("cudnn", detail=key))
         scratch = kernel_scratch(func, args)
