@@ -166,7 +166,7 @@ def test_benchmark_workspace_is_the_largest_of_all_plans():
     props = cudnn_ws.device_properties_json(get_profile("h100-80gb"))
     for kind in ("fprop", "dgrad", "wgrad"):
         key = cudnn_ws.conv_key(kind, [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], "float32", False)
-        sizes = [w for w in cudnn_ws._plan_workspaces(props, key, "A+FALLBACK") if w is not None]
+        sizes = [w for w in cudnn_ws._plan_workspaces(props, key, fallback=True) if w is not None]
         assert cudnn_ws.find_workspace_bytes(props, key) == max(sizes)
         assert max(sizes) >= cudnn_ws.workspace_bytes(props, key) > 0
     # fp32 3x3 forward in NCHW: the heuristics' first plan transposes (about 2 activations), the
@@ -181,7 +181,7 @@ def test_estimator_sizes_benchmark_workspaces_and_required_goes_without():
     on, off = trace_for(s_on, A100), trace_for(s_off, A100)
     events = _events_for(on.trace.events, A100, s_on, on)
     sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn_find" and e.action == "alloc"]
-    assert sized and all(size == cudnn_ws.find_workspace_for(A100, d) for d, size in sized)
+    assert sized and all(size == cudnn_ws.workspace_for(A100, d, benchmark=True) for d, size in sized)
     assert all(e.size_bytes == 0 for e in _without_cudnn_workspaces(events) if e.module == "cudnn_find")
     est_on, est_off = estimate_from_trace(on, s_on, A100), estimate_from_trace(off, s_off, A100)
     b = dict(est_on.breakdown)

@@ -109,12 +109,12 @@ def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str,
 _DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
 
 
-def _plan_workspaces(profile_props: str, key: str, modes: str):
+def _plan_workspaces(profile_props: str, key: str, fallback: bool = False):
     """Workspace sizes of the plans cuDNN offers for this convolution, in cuDNN's order, after
-    PyTorch's numerical-note filter (None for an engine that does not build). ``modes``: "A"
-    (heuristics mode INSTANT) or "A+FALLBACK" (that list, then the fallback list: what
-    benchmark mode times). Yields nothing when cuDNN cannot be asked (no frontend, unsupported
-    dtype or shape)."""
+    PyTorch's numerical-note filter (None for an engine that does not build): those of heuristics
+    mode INSTANT (= A), then, with ``fallback``, those of cuDNN's fallback list (benchmark mode
+    times both). Yields nothing when cuDNN cannot be asked (no frontend, unsupported dtype or
+    shape)."""
     cudnn = _frontend()
     if cudnn is None:
         return
@@ -148,7 +148,7 @@ def _plan_workspaces(profile_props: str, key: str, modes: str):
         Y.set_output(True).set_data_type(dt)
         g.validate()
         g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A] + ([cudnn.heur_mode.FALLBACK] if modes == "A+FALLBACK" else []))
+        g.create_execution_plans([cudnn.heur_mode.A] + ([cudnn.heur_mode.FALLBACK] if fallback else []))
         notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
         if dtype == "float32" and not allow_tf32:
             notes.append(cudnn.numerical_note.TENSOR_CORE)   # Conv_v8.cpp filterEngineConfigs
@@ -159,17 +159,17 @@ def _plan_workspaces(profile_props: str, key: str, modes: str):
     for i in range(count):
         try:
             g.build_plan_at_index(i)
+            size = int(g.get_workspace_size_plan_at_index(i))
         except Exception:   # deselected, or the engine does not build for this graph
-            yield None
-            continue
-        yield int(g.get_workspace_size_plan_at_index(i))
+            size = None
+        yield size
 
 
 @functools.lru_cache(maxsize=65536)
 def workspace_bytes(profile_props: str, key: str) -> int | None:
     """Workspace of the plan PyTorch would run for this convolution on this board (the first
     that builds of heuristics mode A); None when cuDNN cannot be asked."""
-    return next((ws for ws in _plan_workspaces(profile_props, key, "A") if ws is not None), None)
+    return next((ws for ws in _plan_workspaces(profile_props, key) if ws is not None), None)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -178,21 +178,14 @@ def find_workspace_bytes(profile_props: str, key: str) -> int | None:
     (Conv_v8.cpp generate_and_filter_plans): the largest of all plans of heuristics mode
     INSTANT and the fallback list that build (on a GPU with room for it; at capacity PyTorch
     halves it until it fits and drops the plans that do not). None when cuDNN cannot be asked."""
-    sizes = [ws for ws in _plan_workspaces(profile_props, key, "A+FALLBACK") if ws is not None]
+    sizes = [ws for ws in _plan_workspaces(profile_props, key, fallback=True) if ws is not None]
     return max(sizes) if sizes else None
 
 
-def workspace_for(profile: DeviceProfile, key: str) -> int:
-    """Bytes (0 where cuDNN cannot be asked)."""
+def workspace_for(profile: DeviceProfile, key: str, benchmark: bool = False) -> int:
+    """Bytes (0 where cuDNN cannot be asked): the workspace of the plan that runs, or with
+    ``benchmark`` the one benchmark mode times all plans in."""
     props = device_properties_json(profile)
     if props is None:
         return 0
-    return workspace_bytes(props, key) or 0
-
-
-def find_workspace_for(profile: DeviceProfile, key: str) -> int:
-    """Bytes of benchmark mode's timing workspace (0 where cuDNN cannot be asked)."""
-    props = device_properties_json(profile)
-    if props is None:
-        return 0
-    return find_workspace_bytes(props, key) or 0
+    return (find_workspace_bytes if benchmark else workspace_bytes)(props, key) or 0

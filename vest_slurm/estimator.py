@@ -89,7 +89,7 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
             elif e.module == "cudnn" and e.detail:
                 e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail))
             elif e.module == "cudnn_find" and e.detail:
-                e = replace(e, size_bytes=cudnn_ws.find_workspace_for(profile, e.detail))
+                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail, benchmark=True))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
