@@ -58,3 +58,22 @@ def test_the_jobs_cudnn_settings_hold_while_its_loop_runs_and_are_restored():
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
     measure(spec, device="cpu", steps=1)
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == before
+
+
+def test_built_in_gpu_workloads_parse_and_settle():
+    # scripts/measure_gpu.py's workloads are what a lent GPU runs: each must parse as written,
+    # run 8 steps (the replay's settled state), and the benchmark-mode one must pair with a run
+    # of the same workload without it
+    import importlib.util
+    import os
+    import shlex
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "measure_gpu.py")
+    mod_spec = importlib.util.spec_from_file_location("measure_gpu_script", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    specs = [parse_workload_args(shlex.split(w)) for w in mod.DEFAULT_WORKLOADS]
+    assert all(s.steps == 8 for s in specs)
+    bench = [s for s in specs if s.cudnn_benchmark == "on"]
+    assert bench and all(s.with_(cudnn_benchmark="off") in specs for s in bench)
+    assert {"hf:WhisperForAudioClassification", "hf:t5-small"} <= {s.model for s in specs}
