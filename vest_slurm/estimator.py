@@ -86,10 +86,8 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
         if e.category == "workspace" and e.action == "alloc":
             if e.module == "cublas":
                 e = replace(e, size_bytes=profile.cublas_workspace_bytes)
-            elif e.module == "cudnn" and e.detail:
-                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail))
-            elif e.module == "cudnn_find" and e.detail:
-                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail, benchmark=True))
+            elif e.module in _CUDNN_WORKSPACES and e.detail:
+                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail, benchmark=e.module == "cudnn_find"))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -110,6 +108,11 @@ def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
     allocation fails (Conv_v8.cpp try_plans), down to ones that need none, and benchmark mode
     halves its timing workspace until it fits; ``required`` counts none."""
     return [replace(e, size_bytes=0) if e.module in _CUDNN_WORKSPACES and e.action == "alloc" else e for e in events]
+
+
+def _largest(events: Sequence[AllocEvent], module: str, default):
+    """The largest allocation of this workspace kind (default where there is none)."""
+    return max((e.size_bytes for e in events if e.module == module and e.action == "alloc"), default=default)
 
 
 def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
@@ -134,9 +137,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     events, _ = _with_rest_of_run(_events_for(summary.trace.events, profile, spec, summary), summary, config)
     result = replay(events, config)
     need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
-    cudnn_ws_max = max((e.size_bytes for e in events if e.module == "cudnn" and e.action == "alloc"), default=0)
-    cudnn_find_max = max((e.size_bytes for e in events if e.module == "cudnn_find" and e.action == "alloc"),
-                         default=None)
+    cudnn_ws_max = _largest(events, "cudnn", default=0)
+    cudnn_find_max = _largest(events, "cudnn_find", default=None)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
     if summary.uses_cudnn:
