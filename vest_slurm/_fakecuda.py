@@ -5,17 +5,23 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
   but no data, and no GPU is touched.
 - The autograd engine asks every tensor for its device (``prim::device``) and, told "cuda",
   reaches for CUDA streams that do not exist here (the CPU build aborts). The mode answers
-  ``cpu`` to that op while Python's ``t.device`` stays ``cuda:0``. Three consequences are
+  ``cpu`` to that op while Python's ``t.device`` stays ``cuda:0``. What follows from that is
   handled below, each where PyTorch would behave differently on a real GPU:
   * native autocast skips tensors whose C++ device is not CUDA, so the CUDA autocast policy
     (aten/src/ATen/autocast_mode.h, the op lists below) is re-registered in Python on the
     AutocastCUDA key, above autograd, with the same weight-cast cache;
   * ``aten::dropout`` takes its CPU path (a mask of the input's dtype); on CUDA it calls
     ``native_dropout`` (a 1-byte bool mask), so dropout is rerouted there;
-  * ``ToCopyBackward`` copies gradients to the forward input's C++ device (cpu): inside
-    backward such copies keep the CUDA device;
+  * C++ reads that answer wherever it builds a tensor from another's ``options()``: autograd's
+    ``ToCopyBackward`` and ``AccumulateGrad`` (a gradient whose strides break the layout
+    contract is cloned with ``new_empty_strided``; the zeros that stand for an undefined
+    gradient), ``Tensor.type_as``, ``Tensor.to(other)``, the ``toType`` of
+    ``softmax(x, dim, dtype=...)``. Such an op gets a CPU device argument for a fake CUDA input:
+    it keeps the CUDA device unless the script itself asked for the host (``.cpu()``,
+    ``.to("cpu")``; ``HOST_COPY``). Otherwise the result and all that follows from it would be
+    CPU tensors, which the recorder does not see and which take CPU code paths;
   * composite ops that test ``is_cuda()`` (softmax with half input and float dtype) take the
-    CUDA branch explicitly in the autocast kernels.
+    CUDA branch explicitly (the autocast kernels, and ``softmax``/``log_softmax`` with a dtype).
 - ``Recorder`` sees each op's outputs: a storage seen for the first time is an allocation of
   its nbytes; a weakref finalizer on the storage records its free. No strong reference to any
   tensor is held, so frees happen exactly when PyTorch would free them.
@@ -146,6 +152,22 @@ def _is_fake_cuda(t) -> bool:
 
 
 CASTING_WEIGHT = [False]   # True while a weight's low-precision copy is made (the tracer tags it)
+HOST_COPY = [0]            # > 0 while the script copies a tensor to the host (.cpu(), .to("cpu"))
+
+
+def _targets_host(func, args, kwargs) -> bool:
+    """Whether a call copies a fake CUDA tensor to the host because the script asked for it."""
+    if not (args and _is_fake_cuda(args[0])):
+        return False
+    if func is torch.Tensor.cpu:
+        return True
+    if func in (torch.Tensor.to, torch.Tensor.type_as):
+        for a in list(args[1:]) + [kwargs.get("device"), kwargs.get("other")]:
+            if isinstance(a, torch.Tensor):
+                return a.device.type == "cpu"   # Python's device: a fake CUDA tensor says cuda
+            if isinstance(a, str) and a.split(":")[0] == "cpu" or isinstance(a, torch.device) and a.type == "cpu":
+                return True
+    return False
 
 
 class _CastCache:
@@ -228,6 +250,16 @@ def _dropout_kernel(input, p, train):
     return aten.native_dropout(input, p, train)[0]
 
 
+def _softmax_kernel(fn):
+    # aten/src/ATen/native/SoftMax.cpp softmax / log_softmax with a dtype: a CUDA half input with
+    # a float dtype runs the half-to-float kernel; anything else converts first (toType).
+    def kernel(input, dim, dtype=None):
+        if dtype == torch.float32 and input.dtype == torch.float16:
+            return fn(input, dim, True)
+        return fn(input.to(dtype) if dtype is not None else input, dim, False)
+    return kernel
+
+
 _LIBS: list = []
 
 
@@ -252,6 +284,8 @@ def _register_kernels() -> None:
                     continue
                 lib.impl(full, _autocast_kernel(op, policy), "AutocastCUDA")
         lib.impl("dropout", _dropout_kernel, "AutogradCUDA")
+        lib.impl("softmax.int", _softmax_kernel(aten._softmax), "AutogradCUDA")
+        lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax), "AutogradCUDA")
     _LIBS.append(lib)
 
 
@@ -310,10 +344,16 @@ class FakeCudaMode(FakeTensorMode):
             return 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
-        if (func is aten._to_copy.default and kwargs.get("device") is not None
-                and kwargs["device"].type == "cpu" and _is_fake_cuda(args[0])
-                and torch._C._current_autograd_node() is not None):
-            kwargs = dict(kwargs, device=DEVICE)  # ToCopyBackward: stay on the GPU
+        device = kwargs.get("device")
+        if device is not None and device.type == "cpu":
+            in_backward = torch._C._current_autograd_node() is not None
+            from_cuda = args and _is_fake_cuda(args[0])
+            factory = not any(isinstance(a, torch.Tensor) for a in args)
+            if (from_cuda and (not HOST_COPY[0] or in_backward)) or (factory and in_backward and not HOST_COPY[0]):
+                # a device taken from a fake CUDA tensor's options() in C++ (see the module's
+                # docstring; in backward also the zeros autograd makes for an output's
+                # undefined gradient, from the output's metadata): on the GPU it is CUDA
+                kwargs = dict(kwargs, device=DEVICE)
         outermost = self._depth == 0
         if outermost:
             args, kwargs = self._onto_the_gpu(types, args, kwargs)
@@ -430,8 +470,30 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 device = DEVICE
             return args[0].to(device, non_blocking=kwargs.get("non_blocking", False),
                               memory_format=kwargs.get("memory_format", torch.preserve_format))
+        if func is torch.Tensor.new_tensor and _is_fake_cuda(args[0]) and kwargs.get("device", DEVICE) is DEVICE:
+            # like torch.tensor(data, device='cuda'): the host data would be copied to a real GPU
+            kwargs = dict(kwargs)
+            kwargs.pop("device", None)
+            requires_grad = kwargs.pop("requires_grad", False)
+            host = torch.tensor(*args[1:], **dict(kwargs, dtype=kwargs.get("dtype") or args[0].dtype))
+            out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
+            return out.requires_grad_(requires_grad) if requires_grad else out
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0],) + tuple(_pin(a) for a in args[1:])
+        if _targets_host(func, args, kwargs):
+            HOST_COPY[0] += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                HOST_COPY[0] -= 1
+            if out is args[0] and not (out.requires_grad and torch.is_grad_enabled()):
+                # C++ took the copy for a no-op (it reads the device as cpu). On the GPU the
+                # script gets a new host tensor, and the device tensor can be freed without it.
+                host = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cpu")
+                if hasattr(out, TRUTH_ATTR):
+                    setattr(host, TRUTH_ATTR, getattr(out, TRUTH_ATTR))
+                return host
+            return out
         return func(*args, **kwargs)
 
 
@@ -588,16 +650,23 @@ def materialize(module: torch.nn.Module, weight_dtype: torch.dtype, channels_las
     them for ``model.cuda()``: children first, then the module's own parameters, then buffers.
     Tied parameters stay tied."""
     memo: dict[int, torch.Tensor] = {}
+    kept: list[torch.Tensor] = []   # the converted originals stay alive: their ids stay theirs
 
     def convert(t: torch.Tensor, is_param: bool) -> torch.Tensor:
         if id(t) in memo:
             return memo[id(t)]
+        if _is_fake_cuda(t):
+            # already converted: a submodule that appears twice in the tree (T5's shared
+            # embedding is also encoder.embed_tokens in transformers 4.x) is visited twice, and
+            # .cuda() leaves a CUDA tensor as it is
+            return t
         dtype = weight_dtype if t.is_floating_point() else t.dtype
         fmt = torch.channels_last if (channels_last and t.dim() == 4) else torch.contiguous_format
         new = torch.empty(t.shape, dtype=dtype, device=DEVICE, memory_format=fmt)
         if is_param:
             new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
         memo[id(t)] = new
+        kept.append(t)
         return new
 
     def visit(m: torch.nn.Module) -> None:

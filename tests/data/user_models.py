@@ -51,3 +51,31 @@ class _Checkpointed(nn.Module):
 
 def checkpointed_cnn(num_classes: int = 10):
     return _Checkpointed(num_classes)
+
+
+class _Attention(nn.Module):
+    """Eager attention in the style of transformers 4.x T5: fp32 softmax, back to the scores'
+    dtype, dropout on the weights. ``type_as`` chooses how the cast back is written."""
+
+    def __init__(self, type_as: bool, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.type_as, self.heads = type_as, heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2)
+        probs = nn.functional.softmax(scores.float(), dim=-1)
+        probs = probs.type_as(scores) if self.type_as else probs.to(scores.dtype)
+        probs = nn.functional.dropout(probs, p=0.1, training=self.training)
+        return self.out((probs @ v).transpose(1, 2).reshape(b, n, d))
+
+
+def attention_type_as():
+    return _Attention(type_as=True)
+
+
+def attention_to_dtype():
+    return _Attention(type_as=False)

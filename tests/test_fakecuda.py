@@ -1,0 +1,177 @@
+"""Fake CUDA keeps on the GPU what a GPU run keeps there, and records it (vest_slurm/_fakecuda.py).
+
+The fake device answers ``cpu`` to C++'s device query (the autograd engine needs that), so C++
+code that builds a tensor from another's ``options()`` would put it on the CPU, out of the
+recorder's sight. These tests run real torch ops on fake CUDA tensors and check the device, and
+the allocations the recorder sees, against what PyTorch does on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vest_slurm import _fakecuda as fc
+from vest_slurm.tracing import trace_training
+from vest_slurm.workload import parse_workload_args
+
+DATA = __import__("pathlib").Path(__file__).parent / "data"
+
+
+class Seen:
+    """What the recorder sees: the sizes of the storages allocated and not yet freed."""
+
+    def __init__(self):
+        self.live: dict[int, int] = {}
+        self.allocated: list[int] = []
+        self.recorder = fc.Recorder(self._alloc, self._free)
+
+    def _alloc(self, block, nbytes, _storage):
+        self.live[block] = nbytes
+        self.allocated.append(nbytes)
+
+    def _free(self, block):
+        self.live.pop(block, None)
+
+    def since(self, mark: int) -> list[int]:
+        return self.allocated[mark:]
+
+
+@contextlib.contextmanager
+def fake_gpu():
+    seen = Seen()
+    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)), fc.FakeCudaMode(seen.recorder),
+          fc.CudaFactoryMode((9, 0))):
+        yield seen
+
+
+def test_type_as_and_to_other_stay_on_the_gpu_and_are_recorded():
+    with fake_gpu() as seen:
+        x = torch.empty(4, 256, device="cuda")
+        half = torch.empty(2, device="cuda", dtype=torch.float16)
+        for convert in (lambda: x.type_as(half), lambda: x.to(half)):
+            mark = len(seen.allocated)
+            y = convert()
+            assert y.device.type == "cuda" and y.dtype == torch.float16
+            assert seen.since(mark) == [4 * 256 * 2]
+
+
+def test_copies_the_script_asks_for_go_to_the_host():
+    with fake_gpu() as seen:
+        x = torch.empty(4, 256, device="cuda")
+        host = torch.zeros(1)   # a host tensor
+        for copy in (x.cpu, lambda: x.to("cpu"), lambda: x.to(torch.device("cpu")), lambda: x.to(device="cpu"),
+                     lambda: x.to("cpu", torch.float16), lambda: x.type_as(host), lambda: x.to(host),
+                     lambda: x.type_as(host.half())):
+            mark = len(seen.allocated)
+            y = copy()
+            assert y.device.type == "cpu" and y is not x
+            assert seen.since(mark) == []   # nothing on the GPU
+
+
+def test_a_host_copy_does_not_hold_the_gpu_tensor():
+    # a loop that keeps .cpu() copies of its outputs holds host memory, not GPU memory
+    with fake_gpu() as seen:
+        kept = []
+        for _ in range(3):
+            out = torch.empty(1024, device="cuda")
+            kept.append(out.detach().cpu())
+            del out
+        assert seen.live == {}
+
+
+def test_softmax_with_float_dtype_of_half_input_takes_no_converted_copy():
+    # SoftMax.cpp: a CUDA half input with dtype=float runs the half-to-float kernel directly;
+    # bfloat16 (and anything else) is converted first
+    with fake_gpu() as seen:
+        for fn in (F.softmax, F.log_softmax):
+            x = torch.empty(8, 1024, device="cuda", dtype=torch.float16, requires_grad=True)
+            mark = len(seen.allocated)
+            y = fn(x, -1, dtype=torch.float32)
+            assert y.device.type == "cuda" and y.dtype == torch.float32
+            assert seen.since(mark) == [8 * 1024 * 4]
+            b = torch.empty(8, 1024, device="cuda", dtype=torch.bfloat16)
+            mark = len(seen.allocated)
+            assert fn(b, -1, dtype=torch.float32).device.type == "cuda"
+            assert seen.since(mark) == [8 * 1024 * 4, 8 * 1024 * 4]   # the converted copy, then the output
+
+
+def test_dropout_after_type_as_takes_the_gpu_path():
+    # transformers 4.x T5: softmax(scores.float()).type_as(scores), then dropout: on the GPU a
+    # bool mask (native_dropout), saved for backward
+    with fake_gpu() as seen:
+        scores = torch.empty(2, 8, 64, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        mark = len(seen.allocated)
+        dropped = F.dropout(weights, p=0.1, training=True)
+        assert dropped.device.type == "cuda"
+        assert type(dropped.grad_fn).__name__ == "NativeDropoutBackward0"
+        n = 2 * 8 * 64 * 64
+        assert sorted(seen.since(mark)) == [n, 2 * n]   # the bool mask, the fp16 output
+
+
+def test_gradient_cloned_to_the_parameter_layout_is_a_gpu_allocation():
+    # AccumulateGrad: a gradient whose strides differ from the parameter's is cloned into the
+    # parameter's layout (new_empty_strided), as after a channels_last convolution's backward
+    with fake_gpu() as seen:
+        p = torch.nn.Parameter(torch.empty(16, 32, device="cuda"))
+        loss = (p.t().contiguous() * 2).sum()
+        mark = len(seen.allocated)
+        loss.backward()
+        assert p.grad.device.type == "cuda" and p.grad.stride() == p.stride()
+        assert 16 * 32 * 4 in seen.since(mark)
+        assert seen.live   # the gradient is held
+
+
+def test_new_tensor_on_the_fake_gpu():
+    with fake_gpu() as seen:
+        x = torch.empty(3, device="cuda", dtype=torch.float16)
+        mark = len(seen.allocated)
+        y = x.new_tensor([1.0, 2.0, 3.0, 4.0])
+        assert y.device.type == "cuda" and y.dtype == torch.float16 and tuple(y.shape) == (4,)
+        assert seen.since(mark) == [8]
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self, emb):
+        super().__init__()
+        self.embed_tokens = emb   # the same module object a second time in the tree
+
+
+class _SharedEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = torch.nn.Embedding(100, 16)
+        self.encoder = _Holder(self.shared)
+        self.head = torch.nn.Linear(16, 100, bias=False)
+        self.head.weight = self.shared.weight
+
+
+def test_materialize_keeps_a_shared_submodule_tied():
+    with torch.device("meta"):
+        model = _SharedEmbedding()
+    with fake_gpu() as seen:
+        fc.materialize(model, torch.float32, False)
+    assert model.head.weight is model.shared.weight is model.encoder.embed_tokens.weight
+    assert model.shared.weight.device.type == "cuda"
+    assert seen.allocated == [100 * 16 * 4]   # one storage, as model.cuda() keeps one
+
+
+def _trace_bytes(attention):
+    spec = parse_workload_args(["--model", f"{DATA / 'user_models.py'}:{attention}", "--batch-size", "4",
+                                "--input", "64x32", "--loss", "mse", "--precision", "amp-fp16"])
+    trace = trace_training(spec)
+    return trace.live_peak_bytes(), [e.size_bytes for e in trace.events if e.action == "alloc"]
+
+
+def test_type_as_traces_as_to_dtype():
+    # the same attention written with .type_as(scores) and with .to(scores.dtype): the GPU run
+    # allocates the same, and so must the trace
+    peak_type_as, sizes_type_as = _trace_bytes("attention_type_as")
+    peak_to, sizes_to = _trace_bytes("attention_to_dtype")
+    assert peak_type_as == peak_to
+    assert sorted(sizes_type_as) == sorted(sizes_to)
+    assert 4 * 4 * 64 * 64 in sizes_type_as   # the dropout's bool mask over [B, heads, L, L]
