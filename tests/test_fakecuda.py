@@ -175,3 +175,54 @@ def test_type_as_traces_as_to_dtype():
     assert peak_type_as == peak_to
     assert sorted(sizes_type_as) == sorted(sizes_to)
     assert 4 * 4 * 64 * 64 in sizes_type_as   # the dropout's bool mask over [B, heads, L, L]
+
+
+def test_values_known_without_data_steer_the_step():
+    # transformers 4.x builds an all-ones attention mask when none is given and asks
+    # torch.all(mask == 1) to pick the attention kernel: a fill's value is known exactly
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    with fake_gpu():
+        mask = torch.ones(2, 8, device="cuda")
+        assert bool(torch.all(mask == 1)) is True
+        assert bool(torch.any(mask.to(torch.float16) == 0)) is False
+        assert bool((torch.zeros(3, device="cuda") < 1).all()) is True
+        assert bool((torch.full((2,), 0.5, device="cuda") == 0.5).all()) is True
+        mask[:, 0] = 0   # written: no longer known
+        with pytest.raises(DataDependentOutputException):
+            bool(torch.all(mask == 1))
+        data = torch.empty(2, 8, device="cuda")
+        with pytest.raises(DataDependentOutputException):
+            bool(torch.all(data == 1))
+
+
+def test_host_random_numbers_are_drawn_as_the_run_draws_them():
+    # transformers 4.x LayerDrop: `if torch.rand([]) < self.layerdrop` on the host
+    with fake_gpu() as seen:
+        r = torch.rand([])
+        assert 0.0 <= float(r) < 1.0
+        assert bool(r < 1.0) is True and bool(r < 0.0) is False
+        assert seen.allocated == []
+
+
+class _PaddingWarning(torch.nn.Module):
+    """transformers 4.x PreTrainedModel.warn_if_padding_and_no_attention_mask, as it reads values
+    (5.x skips the check on traced tensors itself)."""
+
+    def warn_if_padding_and_no_attention_mask(self, input_ids, attention_mask):
+        if attention_mask is None and 0 in input_ids[:, [-1, 0]]:
+            raise AssertionError("not reached on fake tensors")
+
+
+def test_hf_padding_warning_reads_no_values():
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from vest_slurm.models import _skip_value_checks
+
+    model = torch.nn.Sequential(_PaddingWarning())
+    with fake_gpu():
+        ids = torch.empty(2, 16, dtype=torch.long, device="cuda")
+        with pytest.raises(DataDependentOutputException):
+            model[0].warn_if_padding_and_no_attention_mask(ids, None)
+        _skip_value_checks(model)
+        model[0].warn_if_padding_and_no_attention_mask(ids, None)

@@ -40,7 +40,9 @@ Known limitations:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -145,6 +147,33 @@ TRUTH_ATTR = "_vest_truth"
 _TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False}
 _TRUTH_OPS = {aten.isfinite, aten.isnan, aten.isinf, aten.isposinf, aten.isneginf, aten.all, aten.any,
               aten.logical_not, aten.bitwise_not}
+
+
+# Values known without data: a tensor filled with one value (torch.ones, zeros, full and their
+# _like / new_ forms), and what comparisons, casts, views and all/any make of it. transformers 4.x
+# builds an all-ones attention mask itself when none is given and asks `torch.all(mask == 1)` to
+# choose the attention kernel. Kept per storage (views share it); a write to a storage forgets it.
+_FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
+           aten.new_ones.default: 1, aten.new_zeros.default: 0}
+_FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2}   # where the value is
+_COMPARE = {aten.eq.Scalar: operator.eq, aten.ne.Scalar: operator.ne, aten.lt.Scalar: operator.lt,
+            aten.le.Scalar: operator.le, aten.gt.Scalar: operator.gt, aten.ge.Scalar: operator.ge}
+_REDUCE = {getattr(packet, name): fn for packet, fn in ((aten.all, all), (aten.any, any))
+           for name in ("default", "dim", "dims") if hasattr(packet, name)}
+_COPIES = {aten._to_copy.default, aten.clone.default}
+
+
+@functools.lru_cache(maxsize=None)
+def _written_args(func) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the arguments an op writes to (in-place and out= forms)."""
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _as_dtype(value, dtype: torch.dtype):
+    if dtype == torch.bool:
+        return bool(value)
+    return float(value) if dtype.is_floating_point else int(value)
 
 
 def _is_fake_cuda(t) -> bool:
@@ -332,11 +361,51 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
+        self._fills: dict[int, tuple[weakref.ref, object]] = {}   # id(storage) -> (storage, value)
+
+    def fill_of(self, t):
+        """The one value every element of ``t`` holds, where it is known without data; else None."""
+        if not isinstance(t, FakeTensor):
+            return None
+        s = t.untyped_storage()
+        hit = self._fills.get(id(s))
+        return hit[1] if hit is not None and hit[0]() is s else None
+
+    def _set_fill(self, t, value) -> None:
+        s = t.untyped_storage()
+        self._fills[id(s)] = (weakref.ref(s), _as_dtype(value, t.dtype))
+
+    def _track_fills(self, func, args, kwargs, out) -> None:
+        if self._fills:
+            for i, name in _written_args(func):
+                target = args[i] if i < len(args) else kwargs.get(name)
+                if isinstance(target, FakeTensor):
+                    self._fills.pop(id(target.untyped_storage()), None)
+        if not isinstance(out, FakeTensor):
+            return
+        if func in _FILLED:
+            self._set_fill(out, _FILLED[func])
+        elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
+            self._set_fill(out, args[_FULL[func]])
+        elif args:
+            value = self.fill_of(args[0])
+            if value is None:
+                return
+            if func in _COMPARE and isinstance(args[1], (bool, int, float)):
+                self._set_fill(out, _COMPARE[func](value, args[1]))
+            elif func in _REDUCE:
+                self._set_fill(out, _REDUCE[func]([value]))
+            elif func in _COPIES:
+                self._set_fill(out, value)
+            elif func in (aten.logical_not.default, aten.bitwise_not.default) and args[0].dtype == torch.bool:
+                self._set_fill(out, not value)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return torch.device("cpu")
+        if func is aten._local_scalar_dense.default and self.fill_of(args[0]) is not None:
+            return self.fill_of(args[0])   # known without data
         if func is aten._local_scalar_dense.default and self.scalar_stand_in and isinstance(args[0], FakeTensor):
             t = args[0]
             if t.dtype == torch.bool:
@@ -369,6 +438,7 @@ class FakeCudaMode(FakeTensorMode):
             return out
         if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS and isinstance(out, FakeTensor):
             self._remember_truth(func, args, out)
+        self._track_fills(func, args, kwargs, out)
         for t in pytree.tree_leaves(out):
             if isinstance(t, FakeTensor):
                 self.recorder.see(t)
@@ -435,6 +505,8 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
     - scaled_dot_product_attention takes the kernel the GPU would take (gpu_sdp_choice)."""
 
     FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
+    HOST_RANDOM = (torch.rand, torch.randn, torch.randint, torch.randperm)
+    HOST_RANDOM_MAX_NUMEL = 64
 
     def __init__(self, capability: tuple[int, int] = (8, 0)):
         super().__init__()
@@ -470,6 +542,18 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 device = DEVICE
             return args[0].to(device, non_blocking=kwargs.get("non_blocking", False),
                               memory_format=kwargs.get("memory_format", torch.preserve_format))
+        if func in self.HOST_RANDOM:
+            out = func(*args, **kwargs)
+            if isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL:
+                # A few random numbers drawn on the host steer the step (transformers 4.x
+                # LayerDrop: `if torch.rand([]) < self.layerdrop`): draw them for real, as the
+                # run does; they are no data and take no device memory.
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    real = func(*args, **kwargs)
+                return torch.tensor(real.tolist(), dtype=real.dtype)
+            return out
         if func is torch.Tensor.new_tensor and _is_fake_cuda(args[0]) and kwargs.get("device", DEVICE) is DEVICE:
             # like torch.tensor(data, device='cuda'): the host data would be copied to a real GPU
             kwargs = dict(kwargs)

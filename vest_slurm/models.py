@@ -157,6 +157,15 @@ def _timm(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     return BuiltModel(module, "timm", inp, num_classes=getattr(module, "num_classes", None))
 
 
+def _skip_value_checks(module) -> None:
+    """transformers 4.x looks into the input ids for the pad token (a value on the device), only
+    to warn that no attention mask was given; the step's memory does not depend on it, and a
+    traced tensor has no values to look at."""
+    for m in module.modules():
+        if hasattr(m, "warn_if_padding_and_no_attention_mask"):
+            m.warn_if_padding_and_no_attention_mask = lambda *args, **kwargs: None
+
+
 def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     import transformers
 
@@ -195,6 +204,7 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
             module = cls._from_config(copy.deepcopy(config), attn_implementation="sdpa")
         except (ValueError, ImportError):
             module = cls._from_config(copy.deepcopy(config), attn_implementation="eager")
+    _skip_value_checks(module)
     main = getattr(cls, "main_input_name", "input_ids")
     if inp.kind == "default":
         if main == "input_features":
