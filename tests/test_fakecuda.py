@@ -226,3 +226,36 @@ def test_hf_padding_warning_reads_no_values():
             model[0].warn_if_padding_and_no_attention_mask(ids, None)
         _skip_value_checks(model)
         model[0].warn_if_padding_and_no_attention_mask(ids, None)
+
+
+def test_autocast_policy_is_the_installed_torchs(tmp_path):
+    # the CUDA autocast lists come from the installed torch's autocast_mode.h where it ships one
+    import os
+
+    header = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
+    if os.path.exists(header):
+        policy = fc.installed_autocast_policy()
+        assert policy["FP32"] == fc.FP32 and policy["LOWER_PRECISION_FP"] == fc.LOWER_PRECISION_FP
+        assert "pow.Tensor_Scalar" in policy["FP32"] and "softmax.int" in policy["FP32_SET_OPT_DTYPE"]
+    older = tmp_path / "autocast_mode.h"   # the form of an older release, before rms_norm joined fp32
+    older.write_text("#define AT_FORALL_LOWER_PRECISION_FP(_) \\\n  _(conv2d) \\\n  _(conv_transpose2d, input)\n\n"
+                     "#define AT_FORALL_FP32(_) \\\n  _(layer_norm) \\\n  _(group_norm)\n\n"
+                     "#define AT_FORALL_FP32_SET_OPT_DTYPE(_) \\\n  _(softmax, int)\n\n"
+                     "#define AT_FORALL_PROMOTE(_) \\\n  _(addcmul)\n#endif\n")
+    assert fc.installed_autocast_policy(str(older)) == {
+        "LOWER_PRECISION_FP": ("conv2d", "conv_transpose2d.input"), "FP32": ("layer_norm", "group_norm"),
+        "FP32_SET_OPT_DTYPE": ("softmax.int",), "PROMOTE": ("addcmul",)}
+    (tmp_path / "broken.h").write_text("nothing here")
+    assert fc.installed_autocast_policy(str(tmp_path / "broken.h")) is None
+
+
+def test_rms_norm_runs_in_fp32_under_autocast():
+    # torch 2.14's CUDA autocast puts rms_norm on its fp32 list (timm's RmsNorm calls it)
+    if "rms_norm" not in fc.FP32:
+        pytest.skip("the installed torch's autocast does not list rms_norm")
+    with fake_gpu():
+        x = torch.empty(4, 64, device="cuda", dtype=torch.float16)
+        with torch.autocast("cuda", dtype=torch.float16):
+            assert F.rms_norm(x, (64,)).dtype == torch.float32
+            assert F.layer_norm(x, (64,)).dtype == torch.float32
+            assert F.linear(torch.empty(4, 64, device="cuda"), torch.empty(8, 64, device="cuda")).dtype == torch.float16

@@ -8,8 +8,9 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
   ``cpu`` to that op while Python's ``t.device`` stays ``cuda:0``. What follows from that is
   handled below, each where PyTorch would behave differently on a real GPU:
   * native autocast skips tensors whose C++ device is not CUDA, so the CUDA autocast policy
-    (aten/src/ATen/autocast_mode.h, the op lists below) is re-registered in Python on the
-    AutocastCUDA key, above autograd, with the same weight-cast cache;
+    (aten/src/ATen/autocast_mode.h: the installed torch's own header, or the op lists below) is
+    re-registered in Python on the AutocastCUDA key, above autograd, with the same weight-cast
+    cache;
   * ``aten::dropout`` takes its CPU path (a mask of the input's dtype); on CUDA it calls
     ``native_dropout`` (a 1-byte bool mask), so dropout is rerouted there;
   * C++ reads that answer wherever it builds a tensor from another's ``options()``: autograd's
@@ -55,7 +56,9 @@ DEVICE = torch.device("cuda", 0)
 
 aten = torch.ops.aten
 
-# ---- CUDA autocast policy (aten/src/ATen/autocast_mode.h, torch 2.6 - 2.14; unchanged between them)
+# ---- CUDA autocast policy (aten/src/ATen/autocast_mode.h). The lists below are torch 2.14's; the
+# installed torch's own header, which its wheel ships, replaces them where it can be read
+# (installed_autocast_policy): the lists change between releases (rms_norm joined the fp32 list).
 LOWER_PRECISION_FP = (
     "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
     "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu",
@@ -67,7 +70,7 @@ LOWER_PRECISION_FP = (
 FP32 = (
     "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
     "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
-    "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm",
+    "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm",
     "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
     "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
     "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
@@ -79,10 +82,39 @@ FP32 = (
 )
 FP32_SET_OPT_DTYPE = (
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
-    "linalg_vector_norm", "linalg_matrix_norm", "sum", "sum.dim_IntList",
+    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
 )
 PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add")
+
+
+def installed_autocast_policy(header: str | None = None) -> dict[str, tuple[str, ...]] | None:
+    """The op lists of autocast_mode.h (``AT_FORALL_LOWER_PRECISION_FP``, ``_FP32``,
+    ``_FP32_SET_OPT_DTYPE``, ``_PROMOTE``) as ``name[.overload]`` strings; None where the header
+    is absent or not in the expected form."""
+    import os
+    import re
+
+    path = header or os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    lists = {}
+    for name in ("LOWER_PRECISION_FP", "FP32", "FP32_SET_OPT_DTYPE", "PROMOTE"):
+        block = re.search(r"#define AT_FORALL_%s\(_\)(.*?)(?:\n\s*\n|\n#)" % name, text, re.S)
+        ops = re.findall(r"_\(\s*(\w+)\s*(?:,\s*(\w+)\s*)?\)", block.group(1)) if block else []
+        if not ops:
+            return None
+        lists[name] = tuple(f"{op}.{overload}" if overload else op for op, overload in ops)
+    return lists
+
+
+_INSTALLED = installed_autocast_policy()
+if _INSTALLED is not None:
+    LOWER_PRECISION_FP, FP32 = _INSTALLED["LOWER_PRECISION_FP"], _INSTALLED["FP32"]
+    FP32_SET_OPT_DTYPE, PROMOTE = _INSTALLED["FP32_SET_OPT_DTYPE"], _INSTALLED["PROMOTE"]
 
 # Ops after which the GPU run holds a cuBLAS workspace (allocated through the caching allocator
 # the first time a handle is used on a stream; see overheads.py for its size).
