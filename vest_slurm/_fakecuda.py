@@ -226,7 +226,7 @@ def _targets_host(func, args, kwargs) -> bool:
         for a in list(args[1:]) + [kwargs.get("device"), kwargs.get("other")]:
             if isinstance(a, torch.Tensor):
                 return a.device.type == "cpu"   # Python's device: a fake CUDA tensor says cuda
-            if isinstance(a, str) and a.split(":")[0] == "cpu" or isinstance(a, torch.device) and a.type == "cpu":
+            if (isinstance(a, str) and a.split(":")[0] == "cpu") or (isinstance(a, torch.device) and a.type == "cpu"):
                 return True
     return False
 
@@ -436,13 +436,15 @@ class FakeCudaMode(FakeTensorMode):
         kwargs = kwargs or {}
         if func is torch.ops.prim.device.default:
             return torch.device("cpu")
-        if func is aten._local_scalar_dense.default and self.fill_of(args[0]) is not None:
-            return self.fill_of(args[0])   # known without data
-        if func is aten._local_scalar_dense.default and self.scalar_stand_in and isinstance(args[0], FakeTensor):
-            t = args[0]
-            if t.dtype == torch.bool:
-                return getattr(t, TRUTH_ATTR, False)
-            return 1.0 if t.is_floating_point() else 1
+        if func is aten._local_scalar_dense.default:
+            known = self.fill_of(args[0])
+            if known is not None:
+                return known   # known without data
+            if self.scalar_stand_in and isinstance(args[0], FakeTensor):
+                t = args[0]
+                if t.dtype == torch.bool:
+                    return getattr(t, TRUTH_ATTR, False)
+                return 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         device = kwargs.get("device")
@@ -528,6 +530,13 @@ def _pin(d):
     return d
 
 
+def _on_the_gpu_like(host: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """An empty fake CUDA tensor of a host tensor's shape, strides and dtype: what copying host
+    data to the device allocates (values are not needed to trace memory)."""
+    out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
 class CudaFactoryMode(torch.overrides.TorchFunctionMode):
     """Keeps C++ from reaching for a real GPU:
     - ``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
@@ -565,9 +574,7 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             kwargs = dict(kwargs)
             kwargs.pop("device")
             requires_grad = kwargs.pop("requires_grad", False)
-            host = func(*args, **kwargs)
-            out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
-            return out.requires_grad_(requires_grad) if requires_grad else out
+            return _on_the_gpu_like(func(*args, **kwargs), requires_grad)
         if func is torch.Tensor.cuda:
             device = _pin(args[1]) if len(args) > 1 and args[1] is not None else DEVICE
             if isinstance(device, int):
@@ -592,8 +599,7 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             kwargs.pop("device", None)
             requires_grad = kwargs.pop("requires_grad", False)
             host = torch.tensor(*args[1:], **dict(kwargs, dtype=kwargs.get("dtype") or args[0].dtype))
-            out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
-            return out.requires_grad_(requires_grad) if requires_grad else out
+            return _on_the_gpu_like(host, requires_grad)
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0],) + tuple(_pin(a) for a in args[1:])
         if _targets_host(func, args, kwargs):
