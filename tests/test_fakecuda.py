@@ -41,10 +41,10 @@ class Seen:
 
 
 @contextlib.contextmanager
-def fake_gpu():
+def fake_gpu(scalar_stand_in: bool = False):
     seen = Seen()
-    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)), fc.FakeCudaMode(seen.recorder),
-          fc.CudaFactoryMode((9, 0))):
+    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)),
+          fc.FakeCudaMode(seen.recorder, scalar_stand_in=scalar_stand_in), fc.CudaFactoryMode((9, 0))):
         yield seen
 
 
@@ -259,3 +259,20 @@ def test_rms_norm_runs_in_fp32_under_autocast():
             assert F.rms_norm(x, (64,)).dtype == torch.float32
             assert F.layer_norm(x, (64,)).dtype == torch.float32
             assert F.linear(torch.empty(4, 64, device="cuda"), torch.empty(8, 64, device="cuda")).dtype == torch.float16
+
+
+def test_checks_on_values_read_as_a_healthy_run_in_dynamic_analysis_only():
+    # dynamic analysis answers a script's checks as a healthy run would (the loss is finite),
+    # through all/any/not and a host copy; the declarative tracer calls such a check data-dependent
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    with fake_gpu(scalar_stand_in=True):
+        loss = torch.empty((), device="cuda")
+        assert bool(torch.isfinite(loss)) is True
+        assert bool(torch.isnan(loss).any()) is False
+        assert bool(torch.isinf(loss).logical_not().all()) is True
+        assert bool(torch.isfinite(loss).cpu()) is True
+    with fake_gpu():
+        loss = torch.empty((), device="cuda")
+        with pytest.raises(DataDependentOutputException):
+            bool(torch.isfinite(loss))

@@ -173,18 +173,17 @@ def _depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
     return ws[2] == ws[3] and ws[3] in (1, 3, 5) and xs[3] >= 7 and stride[0] == stride[1] == 1
 
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
-# A bool tensor whose stand-in value is known carries it as this attribute (dynamic analysis; see
-# FakeCudaMode._remember_truth). An attribute, not a dict: tensors compare elementwise.
-TRUTH_ATTR = "_vest_truth"
+# Dynamic analysis's stand-ins for checks on values: what a healthy run reads (losses are finite:
+# isfinite true; isnan / isinf false). Kept as fills (below), so all/any/not carry them.
 _TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False}
-_TRUTH_OPS = {aten.isfinite, aten.isnan, aten.isinf, aten.isposinf, aten.isneginf, aten.all, aten.any,
-              aten.logical_not, aten.bitwise_not}
+_TRUTH_OPS = {getattr(aten, name): value for name, value in _TRUTH_FUNCTIONS.items()}
 
 
 # Values known without data: a tensor filled with one value (torch.ones, zeros, full and their
 # _like / new_ forms), and what comparisons, casts, views and all/any make of it. transformers 4.x
 # builds an all-ones attention mask itself when none is given and asks `torch.all(mask == 1)` to
 # choose the attention kernel. Kept per storage (views share it); a write to a storage forgets it.
+# Dynamic analysis's stand-ins for checks on values (_TRUTH_FUNCTIONS) are kept the same way.
 _FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
            aten.new_ones.default: 1, aten.new_zeros.default: 0}
 _FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2}   # where the value is
@@ -403,7 +402,7 @@ class FakeCudaMode(FakeTensorMode):
         hit = self._fills.get(id(s))
         return hit[1] if hit is not None and hit[0]() is s else None
 
-    def _set_fill(self, t, value) -> None:
+    def set_fill(self, t, value) -> None:
         s = t.untyped_storage()
         self._fills[id(s)] = (weakref.ref(s), _as_dtype(value, t.dtype))
 
@@ -416,21 +415,23 @@ class FakeCudaMode(FakeTensorMode):
         if not isinstance(out, FakeTensor):
             return
         if func in _FILLED:
-            self._set_fill(out, _FILLED[func])
+            self.set_fill(out, _FILLED[func])
+        elif self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
+            self.set_fill(out, _TRUTH_OPS[func.overloadpacket])
         elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
-            self._set_fill(out, args[_FULL[func]])
+            self.set_fill(out, args[_FULL[func]])
         elif args:
             value = self.fill_of(args[0])
             if value is None:
                 return
             if func in _COMPARE and isinstance(args[1], (bool, int, float)):
-                self._set_fill(out, _COMPARE[func](value, args[1]))
+                self.set_fill(out, _COMPARE[func](value, args[1]))
             elif func in _REDUCE:
-                self._set_fill(out, _REDUCE[func]([value]))
+                self.set_fill(out, _REDUCE[func]([value]))
             elif func in _COPIES:
-                self._set_fill(out, value)
+                self.set_fill(out, value)
             elif func in (aten.logical_not.default, aten.bitwise_not.default) and args[0].dtype == torch.bool:
-                self._set_fill(out, not value)
+                self.set_fill(out, not value)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -439,12 +440,10 @@ class FakeCudaMode(FakeTensorMode):
         if func is aten._local_scalar_dense.default:
             known = self.fill_of(args[0])
             if known is not None:
-                return known   # known without data
+                return known   # known without data (or, in dynamic analysis, a healthy run's check)
             if self.scalar_stand_in and isinstance(args[0], FakeTensor):
                 t = args[0]
-                if t.dtype == torch.bool:
-                    return getattr(t, TRUTH_ATTR, False)
-                return 1.0 if t.is_floating_point() else 1
+                return False if t.dtype == torch.bool else 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         device = kwargs.get("device")
@@ -470,8 +469,6 @@ class FakeCudaMode(FakeTensorMode):
             # dispatches its pieces back here. On the GPU it is one kernel: only its outputs are
             # allocations, not the decomposition's intermediates.
             return out
-        if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS and isinstance(out, FakeTensor):
-            self._remember_truth(func, args, out)
         self._track_fills(func, args, kwargs, out)
         for t in pytree.tree_leaves(out):
             if isinstance(t, FakeTensor):
@@ -481,20 +478,6 @@ class FakeCudaMode(FakeTensorMode):
             # workspace or the kernel its scratch
             self.recorder.on_op(func, args)
         return out
-
-    def _remember_truth(self, func, args, out) -> None:
-        """What a training script's checks on values would read on a healthy run: losses are
-        finite (isfinite true; isnan / isinf false), carried through all/any/not."""
-        op = func.overloadpacket
-        src = getattr(args[0], TRUTH_ATTR, None) if args and isinstance(args[0], FakeTensor) else None
-        if op is aten.isfinite:
-            setattr(out, TRUTH_ATTR, True)
-        elif op in (aten.isnan, aten.isinf, aten.isposinf, aten.isneginf):
-            setattr(out, TRUTH_ATTR, False)
-        elif op in (aten.all, aten.any) and src is not None:
-            setattr(out, TRUTH_ATTR, src)
-        elif op in (aten.logical_not, aten.bitwise_not) and src is not None:
-            setattr(out, TRUTH_ATTR, not src)
 
     def _onto_the_gpu(self, types, args, kwargs):
         """C++ composite ops build new tensors from ``input.options()``, whose device is the
@@ -558,8 +541,8 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         truth = _TRUTH_FUNCTIONS.get(getattr(func, "__name__", None))
         if truth is not None and args and _is_fake_cuda(args[0]):
             out = func(*args, **kwargs)   # composite: decomposed below, so it is marked here
-            if isinstance(out, FakeTensor):
-                setattr(out, TRUTH_ATTR, truth)
+            if isinstance(out, FakeTensor) and getattr(out.fake_mode, "scalar_stand_in", False):
+                out.fake_mode.set_fill(out, truth)
             return out
         if func is torch.nn.functional.scaled_dot_product_attention:
             return self.sdpa(*args, **kwargs)
@@ -612,8 +595,9 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 # C++ took the copy for a no-op (it reads the device as cpu). On the GPU the
                 # script gets a new host tensor, and the device tensor can be freed without it.
                 host = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cpu")
-                if hasattr(out, TRUTH_ATTR):
-                    setattr(host, TRUTH_ATTR, getattr(out, TRUTH_ATTR))
+                known = out.fake_mode.fill_of(out) if isinstance(out.fake_mode, FakeCudaMode) else None
+                if known is not None:
+                    out.fake_mode.set_fill(host, known)
                 return host
             return out
         return func(*args, **kwargs)
