@@ -192,6 +192,8 @@ _COMPARE = {aten.eq.Scalar: operator.eq, aten.ne.Scalar: operator.ne, aten.lt.Sc
 _REDUCE = {getattr(packet, name): fn for packet, fn in ((aten.all, all), (aten.any, any))
            for name in ("default", "dim", "dims") if hasattr(packet, name)}
 _COPIES = {aten._to_copy.default, aten.clone.default}
+_NOT = {aten.logical_not.default, aten.bitwise_not.default}
+_CARRY = set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT   # ops whose output's fill follows from the input's
 
 
 @functools.lru_cache(maxsize=None)
@@ -420,7 +422,7 @@ class FakeCudaMode(FakeTensorMode):
             self.set_fill(out, _TRUTH_OPS[func.overloadpacket])
         elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
             self.set_fill(out, args[_FULL[func]])
-        elif args:
+        elif func in _CARRY and args:
             value = self.fill_of(args[0])
             if value is None:
                 return
@@ -430,7 +432,7 @@ class FakeCudaMode(FakeTensorMode):
                 self.set_fill(out, _REDUCE[func]([value]))
             elif func in _COPIES:
                 self.set_fill(out, value)
-            elif func in (aten.logical_not.default, aten.bitwise_not.default) and args[0].dtype == torch.bool:
+            elif func in _NOT and args[0].dtype == torch.bool:
                 self.set_fill(out, not value)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
