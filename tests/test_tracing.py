@@ -239,3 +239,29 @@ def test_zero_grad_placement():
         assert steady.extend(t.events, t.step_ends)[1] >= steady.PATIENCE
     with pytest.raises(Exception, match="zero-grad"):
         spec("--model", mlp, "--batch-size", "2", "--zero-grad", "sometimes")
+
+
+def test_torchvision_segmentation_builds_without_downloading_and_trains(monkeypatch):
+    """Segmentation builders default to pretrained ImageNet backbones (weights_backbone); the
+    estimate must not fetch them, and their dict output ({"out", "aux"}) gets a per-pixel loss."""
+    import torch.hub
+
+    def no_download(*args, **kwargs):
+        raise AssertionError(f"tried to download {args[:1]}")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    s = spec("--model", "torchvision:fcn_resnet50", "--model-args", '{"aux_loss": true, "num_classes": 21}',
+             "--batch-size", "2", "--input", "3x64x64", "--optimizer", "sgd")
+    trace = trace_training(s)
+    p_bytes, _ = param_bytes(s)
+    assert allocated(trace, "gradient") == 2 * p_bytes   # the aux head trains too
+    # both heads' per-pixel scores (2 x 21 x 64 x 64 fp32) are in the forward
+    scores = 2 * 21 * 64 * 64 * 4
+    assert sum(1 for e in trace.events if e.action == "alloc" and e.phase == "forward" and e.size_bytes == scores) >= 4
+
+
+def test_torchvision_detection_is_refused_with_a_reason():
+    from vest_slurm.errors import WorkloadError
+
+    with pytest.raises(WorkloadError, match="detection model .* not supported"):
+        build_model(spec("--model", "torchvision:fasterrcnn_resnet50_fpn", "--batch-size", "2", "--input", "3x320x320"))

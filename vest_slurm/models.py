@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -132,12 +133,26 @@ def _torchvision(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     import torchvision
 
     try:
-        module = torchvision.models.get_model(name, weights=None, **kwargs)
+        builder = torchvision.models.get_model_builder(name)
     except ValueError:
         available = sorted(torchvision.models.list_models())
         close = [m for m in available if name.lower()[:4] in m][:8]
         raise WorkloadError(f"unknown torchvision model {name!r}",
                             f"use one of torchvision.models.list_models(), e.g. {', '.join(close or available[:8])}") from None
+    if name in torchvision.models.list_models(module=torchvision.models.detection):
+        # In training mode these take a list of images and of target dicts (boxes, labels, masks)
+        # and return a dict of losses; how much they allocate follows the number of proposals and
+        # boxes after NMS, which only the data decides. Not traced: say so instead of guessing.
+        raise WorkloadError(f"torchvision detection model {name!r} is not supported: its memory depends on "
+                            "the boxes and proposals of each image, which a trace without data cannot know",
+                            "measure it with scripts/measure_gpu.py on a GPU, or estimate its backbone "
+                            "(e.g. torchvision:resnet50 at the training image size) as a lower bound")
+    # Random weights, and no pretrained backbone either: segmentation builders default to
+    # downloading ImageNet backbone weights (weights_backbone). Values never change the memory.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("weights", "weights_backbone")}
+    if "weights_backbone" in inspect.signature(builder).parameters:
+        kwargs["weights_backbone"] = None
+    module = builder(weights=None, **kwargs)
     if inp.kind == "default":
         inp = InputSpec("image", (3, 299, 299) if name == "inception_v3" else (3, 224, 224))
     return BuiltModel(module, "torchvision", inp, num_classes=kwargs.get("num_classes", 1000))

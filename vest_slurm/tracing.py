@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -255,6 +256,8 @@ def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch
         if loss is None:
             raise EstimateError(f"{spec.model} returned no loss", "use --loss cross-entropy or a model class with a head that computes a loss (e.g. ...ForMaskedLM)")
         return loss
+    if isinstance(out, Mapping):   # torchvision segmentation: {"out": ..., "aux": ...}
+        out = tuple(out.values())
     outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
     if not outs:
         raise EstimateError(f"{spec.model} returned no tensor", "make the model's forward return its output tensor")
@@ -271,7 +274,7 @@ def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch
         else:
             target = torch.zeros(o.shape, dtype=o.dtype, device=device)
             part = nn.functional.mse_loss(o, target)
-        part = part if i == 0 else part * 0.4   # auxiliary heads (inception, googlenet), as in the reference recipes
+        part = part if i == 0 else part * 0.4   # auxiliary heads (inception, googlenet, segmentation aux), as in the reference recipes
         total = part if total is None else total + part
     return total
 
