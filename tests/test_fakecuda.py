@@ -276,3 +276,31 @@ def test_checks_on_values_read_as_a_healthy_run_in_dynamic_analysis_only():
         loss = torch.empty((), device="cuda")
         with pytest.raises(DataDependentOutputException):
             bool(torch.isfinite(loss))
+
+
+def test_grouped_mm_of_fp32_matrices_runs_as_on_the_gpu():
+    # MoE experts (transformers' grouped_mm path) with fp32 weights: torch's meta kernel takes only
+    # bf16/fp16, the CUDA op takes fp32 on its fallback path; the output's last dim is padded to
+    # 16 bytes (create_grouped_gemm_output_tensor), and the backward runs it again for the grads
+    with fake_gpu() as seen:
+        x = torch.empty(10, 8, device="cuda", requires_grad=True)
+        w = torch.empty(3, 8, 6, device="cuda", requires_grad=True)
+        offs = torch.empty(3, dtype=torch.int32, device="cuda")
+        mark = len(seen.allocated)
+        y = torch.nn.functional.grouped_mm(x, w, offs=offs)
+        assert y.shape == (10, 6) and y.dtype == torch.float32 and y.device.type == "cuda"
+        assert y.stride() == (8, 1)
+        assert seen.since(mark) == [(9 * 8 + 6) * 4]
+        y.backward(torch.empty(10, 6, device="cuda"))
+        assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+def test_mixtral_traces_under_amp():
+    spec = parse_workload_args(["--model", "hf:MixtralForCausalLM", "--batch-size", "2", "--input", "seq32",
+                                "--precision", "amp-bf16", "--model-args",
+                                '{"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, '
+                                '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, '
+                                '"num_local_experts": 4, "num_experts_per_tok": 2}'])
+    trace = trace_training(spec)
+    # the experts' up/gate projection of every routed token: 2 x 32 tokens x 2 experts each, 2 x 128 wide
+    assert any(e.size_bytes == 2 * 32 * 2 * 2 * 128 * 4 for e in trace.events if e.action == "alloc")

@@ -265,3 +265,28 @@ def test_torchvision_detection_is_refused_with_a_reason():
 
     with pytest.raises(WorkloadError, match="detection model .* not supported"):
         build_model(spec("--model", "torchvision:fasterrcnn_resnet50_fpn", "--batch-size", "2", "--input", "3x320x320"))
+
+
+def test_bare_encoder_decoder_config_gets_a_decoder_start_token():
+    # T5Config() leaves decoder_start_token_id unset (every checkpoint sets it); the labels are
+    # shifted right behind it, so without one the model cannot make its decoder inputs
+    built = build_model(spec("--model", "hf:T5ForConditionalGeneration", "--batch-size", "2", "--input", "seq16",
+                             "--model-args", '{"num_layers": 1, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2, "d_kv": 16}'))
+    assert built.module.config.decoder_start_token_id == 0
+
+
+def test_hf_model_with_an_explicit_loss_on_its_scores():
+    # a head without a loss of its own (CTC without labels): --loss cross-entropy puts the job's
+    # loss on the model's scores, and the model gets no labels
+    from vest_slurm.errors import EstimateError
+
+    args = ["--model", "hf:Wav2Vec2ForCTC", "--batch-size", "2", "--input", "tensor:4000", "--model-args",
+            '{"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, '
+            '"conv_dim": [16, 16, 16, 16, 16, 16, 16], "num_conv_pos_embeddings": 16, "vocab_size": 40, '
+            '"mask_time_prob": 0}']
+    with pytest.raises(EstimateError, match="returned no loss"):
+        trace_training(spec(*args))
+    trace = trace_training(spec(*args, "--loss", "cross-entropy"))
+    frames = 12   # 4000 samples through the 7 strided convolutions (4000 / 320, rounded down by each)
+    scores = 2 * frames * 40 * 4   # [batch, frames, vocab] fp32
+    assert sum(1 for e in trace.events if e.action == "alloc" and e.phase == "forward" and e.size_bytes == scores) >= 2

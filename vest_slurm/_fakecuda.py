@@ -458,6 +458,8 @@ class FakeCudaMode(FakeTensorMode):
                 # docstring; in backward also the zeros autograd makes for an output's
                 # undefined gradient, from the output's metadata): on the GPU it is CUDA
                 kwargs = dict(kwargs, device=DEVICE)
+        if func is aten._grouped_mm.default and _is_fake_cuda(args[0]) and args[0].dtype == torch.float32:
+            func, args, kwargs = _grouped_mm_fp32_output(*args, **kwargs)
         outermost = self._depth == 0
         if outermost:
             args, kwargs = self._onto_the_gpu(types, args, kwargs)
@@ -501,6 +503,31 @@ class FakeCudaMode(FakeTensorMode):
             return t
 
         return pytree.tree_map(move, (args, kwargs))
+
+
+def _grouped_mm_fp32_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """aten._grouped_mm of fp32 matrices as the CUDA kernel runs it: torch's meta kernel takes
+    only bf16 / fp16, but the CUDA op (GroupedBlas.cpp) validates Float32 too
+    (GroupedMMUtils.h _grouped_mm_validate_inputs) and runs it on its fallback path, a loop of
+    mm_out into slices of one output. transformers' MoE experts call it with fp32 weights under
+    AMP. The output is allocated as create_grouped_gemm_output_tensor does: the last dimension's
+    stride padded to 16 bytes. Returns the empty_strided call that allocates it."""
+    if (out_dtype or mat_a.dtype) != mat_a.dtype or mat_b.dtype != torch.float32 or bias is not None:
+        raise RuntimeError("_grouped_mm: fp32 needs fp32 matrices of one dtype, no bias, no other output dtype")
+    a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+    if a2 and b2:
+        size = [offs.shape[0], mat_a.shape[0], mat_b.shape[1]]
+    elif a2:
+        size = [mat_a.shape[0], mat_b.shape[-1]]
+    elif b2:
+        size = [mat_a.shape[1], mat_b.shape[1]]
+    else:
+        size = [mat_a.shape[0], mat_a.shape[1], mat_b.shape[-1]]
+    padded = size[:-1] + [-(-size[-1] // 4) * 4]   # 16 bytes of fp32
+    stride = [1] * len(padded)
+    for i in range(len(padded) - 2, -1, -1):
+        stride[i] = stride[i + 1] * padded[i + 1]
+    return aten.empty_strided.default, (size, stride), {"dtype": torch.float32, "device": mat_a.device}
 
 
 def _pin(d):

@@ -206,6 +206,11 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     if unknown:
         raise WorkloadError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}",
                             f"use fields of {config_cls.__name__} (see its documentation)")
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # The decoder's inputs are the labels shifted right behind this token; a bare config
+        # (T5Config()) leaves it unset, every published checkpoint sets it (T5: the pad token, 0).
+        # Which token it is changes no memory.
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
     # Attention as a GPU run picks it: sdpa where the model supports it, else eager. A refused
     # attempt leaves its choice in the config, hence a fresh copy for each.
     import copy

@@ -237,6 +237,8 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
             kwargs = {"input_ids": ids}
         else:
             kwargs = {built.hf_main_input: torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)}
+        if spec.loss not in ("auto", "model"):
+            return kwargs, None   # the job computes its own loss on the scores: no labels to the model
         if built.hf_labels == "tokens":
             kwargs["labels"] = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)
         elif built.hf_labels == "class":
@@ -251,13 +253,17 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
 
 
 def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch.device):
-    if built.family == "hf" or spec.loss == "model":
+    if spec.loss == "model" or (built.family == "hf" and spec.loss == "auto"):
         loss = getattr(out, "loss", None)
         if loss is None:
-            raise EstimateError(f"{spec.model} returned no loss", "use --loss cross-entropy or a model class with a head that computes a loss (e.g. ...ForMaskedLM)")
+            raise EstimateError(f"{spec.model} returned no loss",
+                                "use --loss cross-entropy (on the model's output scores) or a model class with a head "
+                                "that computes a loss (e.g. ...ForMaskedLM)")
         return loss
-    if isinstance(out, Mapping):   # torchvision segmentation: {"out": ..., "aux": ...}
-        out = tuple(out.values())
+    if built.family == "hf":   # a loss of the job's own on the model's scores
+        out = getattr(out, "logits", None)
+        if not isinstance(out, torch.Tensor):
+            raise EstimateError(f"{spec.model} returned no logits", "use --loss model")
     outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
     if not outs:
         raise EstimateError(f"{spec.model} returned no tensor", "make the model's forward return its output tensor")
