@@ -185,7 +185,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                    help="one constructor / config argument (repeatable; VALUE parsed as JSON when it can be)")
     g.add_argument("--batch-size", type=str, default=None, help="per-GPU batch size")
     g.add_argument("--input", default=None, help="3x224x224 (image), seq512 (tokens), 784 (features), tensor:AxB, default")
-    g.add_argument("--loss", default=None, help="auto, cross-entropy, mse, model (the HF model's own loss)")
+    g.add_argument("--loss", default=None, help="auto, cross-entropy, mse (on an HF model: on its logits, no labels), model (the model's own loss; auto for HF models)")
     g.add_argument("--optimizer", default=None, help=", ".join(OPTIMIZERS))
     g.add_argument("--optimizer-impl", default=None, help=", ".join(OPTIMIZER_IMPLS) + " (auto: as PyTorch picks on a GPU)")
     g.add_argument("--precision", default=None, help=", ".join(PRECISIONS))
