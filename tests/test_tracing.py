@@ -290,3 +290,8 @@ def test_hf_model_with_an_explicit_loss_on_its_scores():
     frames = 12   # 4000 samples through the 7 strided convolutions (4000 / 320, rounded down by each)
     scores = 2 * frames * 40 * 4   # [batch, frames, vocab] fp32
     assert sum(1 for e in trace.events if e.action == "alloc" and e.phase == "forward" and e.size_bytes == scores) >= 2
+    # SpecAugment on (the default mask_time_prob): a boolean mask selects frames by value; the
+    # error says so and how to go on, instead of blaming the input
+    with pytest.raises(EstimateError, match="size depends on the data") as err:
+        trace_training(spec(*[a.replace(', "mask_time_prob": 0', "") for a in args], "--loss", "cross-entropy"))
+    assert "mask_time_prob=0" in err.value.fix

@@ -445,6 +445,10 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     except torch._subclasses.fake_tensor.DataDependentOutputException as e:
         raise EstimateError(f"{spec.model}: the model's shapes depend on the data ({e})",
                             "the estimator cannot trace data-dependent control flow; describe a model without it or use the dynamic mode") from None
+    except torch._subclasses.fake_tensor.DynamicOutputShapeException as e:
+        raise EstimateError(f"{spec.model}: an output's size depends on the data ({e}: a boolean mask, nonzero, unique)",
+                            "the estimator cannot size it without data; turn off the feature that selects by value "
+                            "(e.g. SpecAugment's mask_time_prob=0) or estimate a model without it") from None
     except torch._subclasses.fake_tensor.UnsupportedOperatorException as e:
         raise EstimateError(f"{spec.model}: operator {e.func} cannot run on fake tensors",
                             "report it; meanwhile estimate a similar model without that operator") from None
