@@ -264,6 +264,8 @@ def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch
         out = getattr(out, "logits", None)
         if not isinstance(out, torch.Tensor):
             raise EstimateError(f"{spec.model} returned no logits", "use --loss model")
+    if isinstance(out, Mapping):   # torchvision segmentation: {"out": ..., "aux": ...}
+        out = tuple(out.values())
     outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
     if not outs:
         raise EstimateError(f"{spec.model} returned no tensor", "make the model's forward return its output tensor")
