@@ -304,3 +304,17 @@ def test_mixtral_traces_under_amp():
     trace = trace_training(spec)
     # the experts' up/gate projection of every routed token: 2 x 32 tokens x 2 experts each, 2 x 128 wide
     assert any(e.size_bytes == 2 * 32 * 2 * 2 * 128 * 4 for e in trace.events if e.action == "alloc")
+
+
+def test_conv_workspace_key_expands_one_value_to_every_spatial_dim():
+    # aten.convolution takes padding=[0] for a 2-d convolution (HF EfficientNet does): ATen
+    # expands it to both dimensions, and so must the workspace key
+    import json
+
+    with fake_gpu():
+        x = torch.empty(2, 3, 33, 33, device="cuda")
+        w = torch.empty(8, 3, 3, 3, device="cuda")
+        args = (x, w, None, [2], [0], [1], False, [0], 1)
+        key = fc.conv_workspace_keys(torch.ops.aten.convolution.default, args)
+    _kind, _x, _w, stride, padding, dilation = json.loads(key[0])[:6]
+    assert (stride, padding, dilation) == ([2, 2], [0, 0], [1, 1])

@@ -140,7 +140,10 @@ def conv_workspace_keys(func, args) -> list[str]:
     if transposed or not (_is_fake_cuda(x) and _is_fake_cuda(w)) or x.dim() not in (3, 4):
         return []
     xs, ws = list(x.shape), list(w.shape)
-    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    # one value stands for every spatial dimension (ATen's expand_param_if_needed): HF's
+    # EfficientNet passes padding=[0] to a 2-d convolution
+    stride, padding, dilation = ([int(v) for v in p] * (x.dim() - 2) if len(p) == 1 else [int(v) for v in p]
+                                 for p in (stride, padding, dilation))
     if x.dim() == 3:   # (N, C, L) -> (N, C, 1, L)
         xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
         stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
