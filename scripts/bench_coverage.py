@@ -14,8 +14,8 @@ the seconds, and a diagnostic for lost memory:
 - ``host_ops``: ops that took a fake CUDA tensor and returned a non-scalar fake *CPU* tensor
   (more than 1,000 elements). On a GPU such an output is device memory; in the trace it would be
   missing, and the CPU code path would follow from it (how the options()-built tensors of
-  Tensor.type_as were found). A host copy the script asks for (``.cpu()``) is counted too, so a
-  nonzero count is a lead to read, not a verdict.
+  Tensor.type_as were found). A copy to the host that the script asks for can count too (where
+  C++ makes it with a copy op), so a nonzero count is a lead to read, not a verdict.
 
 Torchvision detection models are listed as refused (models.py says why). A workload that fails is a
 bug to fix or a limit to document: the exit status is 1 when any workload fails.
@@ -74,13 +74,13 @@ EfficientNetForImageClassification RegNetForImageClassification""".split()
 
 # what a job with these models sets beside the default config: raw audio and a loss of its own on
 # the CTC heads' scores, without SpecAugment (its boolean mask sizes outputs by value); a pad token
-# for classifying sequences; Reformer's axial positions fix its sequence length (4096, the default)
+# for classifying sequences; Reformer's axial positions fix its sequence length (64 x 64 = 4096)
 HF_EXTRA = {
     "Wav2Vec2ForCTC": "--input tensor:32000 --loss cross-entropy --model-arg mask_time_prob=0",
     "HubertForCTC": "--input tensor:32000 --loss cross-entropy --model-arg mask_time_prob=0",
     "GPT2ForSequenceClassification": "--input seq256 --model-arg pad_token_id=0",
     "LlamaForSequenceClassification": "--input seq256 --model-arg pad_token_id=0",
-    "ReformerForMaskedLM": "--input default",
+    "ReformerForMaskedLM": "--input seq4096",
 }
 
 
