@@ -295,3 +295,12 @@ def test_hf_model_with_an_explicit_loss_on_its_scores():
     with pytest.raises(EstimateError, match="size depends on the data") as err:
         trace_training(spec(*[a.replace(', "mask_time_prob": 0', "") for a in args], "--loss", "cross-entropy"))
     assert "mask_time_prob=0" in err.value.fix
+
+
+def test_bare_sequence_classifier_config_gets_a_pad_token():
+    # GPT2Config() has no pad token, and GPT-2's sequence classifier refuses a batch > 1 without
+    # one (it pools at each row's last non-pad token); fine-tuning configs set the end-of-text token
+    s = spec("--model", "hf:GPT2ForSequenceClassification", "--batch-size", "2", "--input", "seq16",
+             "--model-args", '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 1000, "eos_token_id": 999}')
+    assert build_model(s).module.config.pad_token_id == 999
+    assert trace_training(s).live_peak_bytes() > 0

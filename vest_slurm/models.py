@@ -211,6 +211,12 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
         # (T5Config()) leaves it unset, every published checkpoint sets it (T5: the pad token, 0).
         # Which token it is changes no memory.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
+    if cls_name.endswith("ForSequenceClassification") and getattr(config, "pad_token_id", None) is None:
+        # A decoder classifying sequences pools at each row's last non-pad token and refuses a
+        # batch without a pad token; fine-tuning configs set one (GPT-2, Llama: their end-of-text
+        # token). Which token it is changes no memory.
+        eos = getattr(config, "eos_token_id", None)
+        config.pad_token_id = (eos[0] if isinstance(eos, (list, tuple)) and eos else eos) or 0
     # Attention as a GPU run picks it: sdpa where the model supports it, else eager. A refused
     # attempt leaves its choice in the config, hence a fresh copy for each.
     import copy
