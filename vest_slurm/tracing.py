@@ -227,6 +227,12 @@ def make_optimizer(spec: WorkloadSpec, params):
     return torch.optim.AdamW(params, lr=1e-3, **impl, **wd)
 
 
+def _model_computes_loss(spec: WorkloadSpec, built: BuiltModel) -> bool:
+    """The model's own loss (``--loss model``; an HF model's by default) rather than one the job
+    computes on its output (``--loss cross-entropy`` / ``mse``: an HF model then gets no labels)."""
+    return spec.loss == "model" or (built.family == "hf" and spec.loss == "auto")
+
+
 def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype, dev: torch.device):
     """A batch as the data loader would put it on the GPU; returns (forward kwargs or args, target)."""
     b = spec.batch_size
@@ -237,7 +243,7 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
             kwargs = {"input_ids": ids}
         else:
             kwargs = {built.hf_main_input: torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev)}
-        if spec.loss not in ("auto", "model"):
+        if not _model_computes_loss(spec, built):
             return kwargs, None   # the job computes its own loss on the scores: no labels to the model
         if built.hf_labels == "tokens":
             kwargs["labels"] = torch.zeros((b, inp.shape[0]), dtype=torch.long, device=dev)
@@ -253,7 +259,7 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
 
 
 def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch.device):
-    if spec.loss == "model" or (built.family == "hf" and spec.loss == "auto"):
+    if _model_computes_loss(spec, built):
         loss = getattr(out, "loss", None)
         if loss is None:
             raise EstimateError(f"{spec.model} returned no loss",
