@@ -304,3 +304,26 @@ def test_bare_sequence_classifier_config_gets_a_pad_token():
              "--model-args", '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 1000, "eos_token_id": 999}')
     assert build_model(s).module.config.pad_token_id == 999
     assert trace_training(s).live_peak_bytes() > 0
+
+
+@pytest.mark.parametrize("hook,expected", [(False, 3), (True, 4)])
+def test_gradients_of_a_reused_tensor_accumulate_in_place(hook, expected):
+    """A tensor used by three layers gets three gradients. On the GPU autograd adds them in place
+    into the first (input_buffer.cpp accumulate: old_var.add_(var)); under the fake mode the engine
+    takes old_var + var, which the tracer folds back. A Python hook's own ``grad + grad`` is a real
+    allocation and stays."""
+    batch, hidden = 16, 512
+    s = spec("--model", f"{USER}:fan_out", "--model-args", f'{{"hook": {str(hook).lower()}}}',
+             "--batch-size", str(batch), "--input", "32", "--loss", "mse", "--optimizer", "sgd", "--steps", "2")
+    trace = trace_training(s)
+    grads_of_h = [e for e in trace.events
+                  if e.action == "alloc" and e.phase == "backward" and e.size_bytes == batch * hidden * 4]
+    assert len(grads_of_h) == expected * trace.iterations
+    live = set()
+    for e in trace.events:   # the folded sum is freed once, under the block that holds it
+        if e.action == "alloc":
+            assert e.block not in live
+            live.add(e.block)
+        else:
+            assert e.block in live
+            live.remove(e.block)

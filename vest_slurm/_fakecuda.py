@@ -362,7 +362,7 @@ class Recorder:
 
     on_alloc: Callable[[int, int, torch.UntypedStorage], None]
     on_free: Callable[[int], None]
-    on_op: Callable[[object, tuple], None] | None = None
+    on_op: Callable[[object, tuple, object], None] | None = None
     _ids: itertools.count = field(default_factory=itertools.count)
     _seen: dict = field(default_factory=dict)  # id(storage) -> block id
 
@@ -483,7 +483,7 @@ class FakeCudaMode(FakeTensorMode):
         if self.recorder.on_op is not None:
             # after the outputs: a CUDA op allocates its outputs before the library takes its
             # workspace or the kernel its scratch
-            self.recorder.on_op(func, args)
+            self.recorder.on_op(func, args, out)
         return out
 
     def _onto_the_gpu(self, types, args, kwargs):

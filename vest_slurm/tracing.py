@@ -18,12 +18,14 @@ Every storage allocation and free is recorded with its phase, category and modul
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from . import _fakecuda as fc
 from .scratch import kernel_scratch
@@ -31,6 +33,24 @@ from .errors import EstimateError
 from .models import BuiltModel, build_model
 from .trace import AllocEvent, AllocTrace
 from .workload import WorkloadSpec
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _called_by_autograd_engine() -> bool:
+    """Whether the op being dispatched was called by autograd's C++ engine itself (or a C++
+    backward formula), not by Python code that runs during backward: the first Python frame below
+    the dispatch machinery is the one that started the backward pass."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "_engine_run_backward" or (
+                f.f_globals.get("__name__") == "torch.autograd" and f.f_code.co_name in ("backward", "grad")):
+            return True   # where torch starts the engine (older releases: in autograd.backward / grad)
+        if not f.f_globals.get("__name__", "").startswith(("vest_slurm.", "torch.")):
+            return False
+        f = f.f_back
+    return False
+
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -42,6 +62,15 @@ class _Block:
     category: str
     module: str
     iteration: int
+    node: int | None = None   # sequence number of the autograd node that allocated it (backward)
+
+
+@dataclass
+class _Accumulation:
+    """An ``add`` that may be autograd's gradient accumulation, waiting for its first operand's free."""
+    old: int            # block of the buffered gradient (first operand)
+    out_index: int      # position of the add's output alloc event
+    peak_before: int    # s.peak_bytes before that alloc
 
 
 @dataclass
@@ -56,6 +85,9 @@ class _State:
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
     cudnn_found: set = field(default_factory=set)    # (thread, convolution) cuDNN's benchmark mode has timed
     next_ws: int = -1
+    pending: _Accumulation | None = None   # see Tracer._maybe_accumulation
+    alias: dict = field(default_factory=dict)   # block -> the block whose storage it is on the GPU
+    peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
@@ -88,20 +120,29 @@ class Tracer:
         if self.frozen:
             return
         s = self.s
+        s.pending = None
         module = s.module_stack[-1] if s.module_stack else ""
         phase = s.phase
-        if fc.current_autograd_node() is not None:
+        node = fc.current_autograd_node()
+        if node is not None:
             phase = "backward"
         category = "weight_copy" if fc.CASTING_WEIGHT[0] else (s.category or "")
-        s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration)
+        s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration,
+                                 node._sequence_nr() if node is not None else None)
         s.events.append(["alloc", block, nbytes, phase, category, module])
         s.live_bytes += nbytes
+        s.peak_before_alloc = s.peak_bytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
 
     def _free(self, block: int) -> None:
         if self.frozen:
             return
         s = self.s
+        pending, s.pending = s.pending, None
+        if pending is not None and block == pending.old and len(s.events) == pending.out_index + 1:
+            self._accumulate_in_place(pending)
+            return
+        block = s.alias.pop(block, block)
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.freed_in[block] = phase
         info = s.blocks.get(block)
@@ -109,10 +150,13 @@ class Tracer:
         s.events.append(["free", block, size, phase, "", ""])
         s.live_bytes -= size
 
-    def _op(self, func, args) -> None:
+    def _op(self, func, args, out) -> None:
         if self.frozen:
             return
         s = self.s
+        s.pending = None
+        if func is _ADD:
+            self._maybe_accumulation(args, out)
         if func in fc.BLAS_OPS:
             # First cuBLAS call of a thread on the stream: the thread's handle gets a workspace from
             # the caching allocator, kept for the life of the process (CublasHandlePool.cpp
@@ -145,9 +189,48 @@ class Tracer:
             for block in reversed(blocks):
                 self._release(block)
 
+    def _maybe_accumulation(self, args, out) -> None:
+        """Autograd accumulates the gradients of a tensor used more than once (a residual
+        connection, q/k/v from one input) in the pending node's InputBuffer
+        (torch/csrc/autograd/input_buffer.cpp ``accumulate``): with grad mode off it adds in place
+        into the buffered gradient, ``old_var.add_(var)``, when the buffer holds the last
+        reference to it and it is a plain dense tensor. Under a dispatch mode every tensor is
+        "subclass-like" (at::isTensorSubclassLike), so here the engine takes ``old_var + var``
+        instead: a new allocation the GPU run does not make. This ``add`` is that one when its
+        first operand is a gradient an earlier node made (not one of this node's own
+        temporaries) and the engine drops it right after (the buffer held the last reference):
+        _free then makes the sum live in the first operand's storage, as on the GPU."""
+        s = self.s
+        if len(args) != 2 or torch.is_grad_enabled():
+            return
+        old, new = args
+        node = fc.current_autograd_node()
+        if node is None or not (fc._is_fake_cuda(old) and fc._is_fake_cuda(new)):
+            return
+        if old.shape != new.shape or old.dtype != new.dtype or not is_non_overlapping_and_dense_or_false(old):
+            return
+        info = s.blocks.get(self.recorder.live_block(old))
+        if info is None or info.phase != "backward" or info.node == node._sequence_nr():
+            return
+        if not _called_by_autograd_engine():
+            return   # Python code in backward (a tensor hook, a custom Function): out of place there too
+        out_block = self.block_of(out)
+        if not s.events or s.events[-1][:2] != ["alloc", out_block]:
+            return   # not a new storage just allocated for the sum
+        s.pending = _Accumulation(self.recorder.live_block(old), len(s.events) - 1, s.peak_before_alloc)
+
+    def _accumulate_in_place(self, acc: _Accumulation) -> None:
+        """The accumulation's output is the buffered gradient's storage: undo its allocation."""
+        s = self.s
+        _, out_block, out_size, *_ = s.events.pop(acc.out_index)
+        s.alias[out_block] = s.alias.pop(acc.old, acc.old)
+        s.live_bytes -= out_size
+        s.peak_bytes = acc.peak_before
+
     def _workspace(self, name: str, nbytes: int = 0, detail: str = "") -> int:
         """Allocate a workspace block (freed by the caller with _release, or kept)."""
         s = self.s
+        s.pending = None
         block = s.next_ws
         s.next_ws -= 1
         phase = "backward" if fc.current_autograd_node() is not None else s.phase

@@ -79,3 +79,24 @@ def attention_type_as():
 
 def attention_to_dtype():
     return _Attention(type_as=False)
+
+
+class _FanOut(nn.Module):
+    """A hidden tensor used by three layers: autograd accumulates its three gradients. ``hook``
+    adds a tensor hook that writes ``grad + grad`` on it (Python code, not the engine)."""
+
+    def __init__(self, features: int, hidden: int, out: int, hook: bool):
+        super().__init__()
+        self.inp = nn.Linear(features, hidden, bias=False)
+        self.a, self.b, self.c = (nn.Linear(hidden, out, bias=False) for _ in range(3))
+        self.hook = hook
+
+    def forward(self, x):
+        h = self.inp(x)
+        if self.hook and h.requires_grad:
+            h.register_hook(lambda grad: grad + grad)
+        return self.a(h) + self.b(h) + self.c(h)
+
+
+def fan_out(features: int = 32, hidden: int = 512, out: int = 128, hook: bool = False):
+    return _FanOut(features, hidden, out, hook)
