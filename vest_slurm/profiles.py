@@ -80,17 +80,17 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 # keep a conservative floor (that of the older measured stack) until the site calibrates them.
 #   a100-40gb: 524 (11, CARMA, torch 2.x with lazy module loading; 6 of them within 468-528)
 #                                                                 a100-80gb: same chip and stack
-#   h100-80gb: 1285 (15, milabench, torch 2.6 + CUDA 12.6; 11 of them within 1203-1431)
+#   h100-80gb: 1369 (15, milabench, torch 2.6 + CUDA 12.6; 10 of them within 1225-1371)
 #   h200-141gb: 1382 (15, milabench; 10 of them within 1360-1492)
-#   l40s-48gb: 991 (15, milabench; 12 of them within 775-1123)
+#   l40s-48gb: 919 (15, milabench; 9 of them within 807-1005)
 PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
     _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 1100, 0),
     _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 1100, 0),
     _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 524, 0),
     _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 524, 0),
-    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1285, 0),
+    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1369, 0),
     _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
-    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 991, 0),
+    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 919, 0),
     _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 1100, 0),
     _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 1100, 0),
 )}
