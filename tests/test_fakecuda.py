@@ -318,3 +318,38 @@ def test_conv_workspace_key_expands_one_value_to_every_spatial_dim():
         key = fc.conv_workspace_keys(torch.ops.aten.convolution.default, args)
     _kind, _x, _w, stride, padding, dilation = json.loads(key[0])[:6]
     assert (stride, padding, dilation) == ([2, 2], [0, 0], [1, 1])
+
+
+def test_grouped_query_attention_takes_flash_attention_with_its_expanded_gradients():
+    """enable_gqa with fewer key/value heads: the GPU runs flash attention on them as they are
+    (torch >= 2.5), whose backward sums the per-query-head key/value gradients from two buffers."""
+    from vest_slurm.scratch import kernel_scratch
+
+    b, hq, hkv, n, d = 2, 8, 2, 128, 64
+    with fake_gpu():
+        q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        k = torch.randn(b, hkv, n, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        v = torch.randn(b, hkv, n, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionBackward0"
+        name, sizes = kernel_scratch(torch.ops.aten._scaled_dot_product_flash_attention_backward.default,
+                                     (out, q, k, v, out))
+    assert name == "flash_attention"
+    assert sizes[-2:] == [b * n * hq * d * 2] * 2
+
+
+def test_attention_the_gpu_runs_on_its_math_kernel_keeps_the_scores():
+    """fp32 with a head dim that is not a multiple of 4 fits neither fused kernel: the GPU runs
+    the math kernel and keeps the softmaxed scores for backward (the host's SDPA would pick its
+    own flash kernel instead and keep none)."""
+    b, h, n, d = 2, 4, 256, 6
+    scores = b * h * n * n * 4
+    with fake_gpu() as seen:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", requires_grad=True) for _ in range(3))
+        mask = torch.ones(n, n, device="cuda", dtype=torch.bool).tril()
+        mark = len(seen.allocated)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert "FlashAttention" not in type(out.grad_fn).__name__
+        kept = [size for block, size in seen.live.items() if size == scores]
+    assert seen.since(mark).count(scores) >= 2
+    assert kept, "the softmaxed scores stay alive for backward"

@@ -659,18 +659,25 @@ SDP_MATH, SDP_FLASH, SDP_EFFICIENT = "math", "flash", "efficient"
 
 
 def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
-    """Flash attention: fp16/bf16, no explicit mask, head dim <= 256 and a multiple of 8, sm80+;
-    memory-efficient attention: any float dtype, masks allowed, head dim a multiple of 8 (fp16/bf16)
-    or 4 (fp32), sm50+; math otherwise (the priority order of torch 2.x)."""
-    if enable_gqa and query.shape[-3] != key.shape[-3]:
+    """Flash attention: fp16/bf16, no explicit mask, one head dim for q, k and v, <= 256 and a
+    multiple of 8, sm80+; memory-efficient attention: any float dtype but fp64, masks allowed, q
+    and k of one head dim, head dims a multiple of 8 (fp16/bf16) or 4 (fp32), sm50+; math
+    otherwise (the priority order of torch 2.x). With ``enable_gqa`` (torch >= 2.5) key and value
+    may have fewer heads than the query, a divisor of its heads: flash and memory-efficient
+    attention take them as they are (``check_batch_size_and_num_heads_dense`` with GQA support)."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return SDP_MATH
-    if query.dim() != 4 or key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]:
+    q_heads, k_heads = query.shape[-3], key.shape[-3]
+    if k_heads != q_heads and not (enable_gqa and k_heads == value.shape[-3] and q_heads % k_heads == 0):
         return SDP_MATH
     head_dim = query.shape[-1]
     half = query.dtype in (torch.float16, torch.bfloat16)
-    if half and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0 and capability >= (8, 0):
+    same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
+    if half and attn_mask is None and same_dims and head_dim <= 256 and head_dim % 8 == 0 and capability >= (8, 0):
         return SDP_FLASH
-    if head_dim % (8 if half else 4) == 0 and capability >= (5, 0) and query.dtype != torch.float64:
+    align = 8 if half else 4
+    if (key.shape[-1] == head_dim and head_dim % align == 0 and value.shape[-1] % align == 0
+            and capability >= (5, 0) and query.dtype != torch.float64):
         return SDP_EFFICIENT
     return SDP_MATH
 
@@ -683,18 +690,23 @@ def _sdpa(capability, original):
         choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
         if choice == SDP_FLASH:
             return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # the GPU converts a boolean mask to an additive one of the query's dtype
+            # (attention.cpp convert_boolean_attn_mask) for the other kernels
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=DEVICE).masked_fill(
+                attn_mask.logical_not(), float("-inf"))
         if choice == SDP_EFFICIENT:
             bias = attn_mask
-            if bias is not None and bias.dtype == torch.bool:
-                # the GPU converts a boolean mask to an additive bias of the query's dtype
-                bias = torch.zeros(bias.shape, dtype=query.dtype, device=DEVICE).masked_fill(bias.logical_not(), float("-inf"))
             if bias is not None:
                 bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p,
                                                                 is_causal, scale=scale)[0]
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, enable_gqa=enable_gqa)
+        # The math kernel, as the GPU runs it: the query's C++ device here is the CPU's, whose
+        # scaled_dot_product_attention would pick the CPU's flash kernel and keep no S x S scores.
+        gqa = {"enable_gqa": True} if enable_gqa else {}   # torch >= 2.5
+        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                       None, scale=scale, **gqa)[0]
 
     return sdpa
 

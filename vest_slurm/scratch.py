@@ -22,6 +22,9 @@ Flash attention backward (aten/src/ATen/native/transformers/cuda/flash_attn/flas
                (always: ``bool loop = true``; the deterministic variant is not modelled)
     seqlen_q_rounded = round_up(seqlen_q, 128); head_size_rounded = round_up(head_dim, 32) for
     head_dim <= 192, else 256.
+    With fewer key/value heads than query heads (GQA/MQA), the gradients of every query head
+    before they are summed per key/value head:
+    dk_expanded, dv_expanded = empty({batch, seqlen_k, heads, head_dim}) each, of q's dtype
 
 Memory-efficient attention backward (attention_backward.cu ``_efficient_attention_backward``
 and cuda/mem_eff_attention/kernel_backward.h):
@@ -58,12 +61,15 @@ def _copy_for_kernel(t) -> int:
 
 def _flash_bwd_scratch(args) -> list[int]:
     # _scaled_dot_product_flash_attention_backward(grad_out, query, key, value, out, logsumexp, ...)
-    grad_out, query, out = args[0], args[1], args[4]
+    grad_out, query, key, out = args[0], args[1], args[2], args[4]
     batch, heads, seq_q, head_dim = query.shape
     seq_r = _round_up(seq_q, 128)
     head_r = _round_up(head_dim, 32) if head_dim <= 192 else 256
-    return [_copy_for_kernel(grad_out), _copy_for_kernel(out),
-            batch * heads * seq_r * _FLOAT, batch * seq_r * heads * head_r * _FLOAT]
+    sizes = [_copy_for_kernel(grad_out), _copy_for_kernel(out),
+             batch * heads * seq_r * _FLOAT, batch * seq_r * heads * head_r * _FLOAT]
+    if key.shape[1] != heads:   # GQA / MQA
+        sizes += [batch * key.shape[2] * heads * head_dim * query.element_size()] * 2
+    return sizes
 
 
 def _efficient_bwd_scratch(args) -> list[int]:
