@@ -353,3 +353,21 @@ def test_attention_the_gpu_runs_on_its_math_kernel_keeps_the_scores():
         kept = [size for block, size in seen.live.items() if size == scores]
     assert seen.since(mark).count(scores) >= 2
     assert kept, "the softmaxed scores stay alive for backward"
+
+
+def test_one_key_value_head_without_enable_gqa_follows_the_installed_torchs_rule(tmp_path, monkeypatch):
+    """Multi-query attention called without enable_gqa (Falcon): torch releases whose
+    sdp_utils_cpp.h broadcasts one key/value head run a fused kernel; older ones, math."""
+    q = torch.empty(2, 8, 64, 64, dtype=torch.float16, device="meta")
+    kv = torch.empty(2, 1, 64, 64, dtype=torch.float16, device="meta")
+    old = tmp_path / "old.h"
+    old.write_text("inline bool check_batch_size_and_num_heads_dense(sdp_params const& params, bool debug) {}")
+    assert fc.installed_sdp_broadcasts_one_kv_head(str(old)) is False
+    assert fc.installed_sdp_broadcasts_one_kv_head(str(tmp_path / "absent.h")) is False
+    monkeypatch.setattr(fc, "SDP_BROADCASTS_ONE_KV_HEAD", False)
+    assert fc.gpu_sdp_choice((9, 0), q, kv, kv, None, 0.0, False) == fc.SDP_MATH
+    monkeypatch.setattr(fc, "SDP_BROADCASTS_ONE_KV_HEAD", True)
+    assert fc.gpu_sdp_choice((9, 0), q, kv, kv, None, 0.0, False) == fc.SDP_FLASH
+    two = torch.empty(2, 2, 64, 64, dtype=torch.float16, device="meta")
+    assert fc.gpu_sdp_choice((9, 0), q, two, two, None, 0.0, False) == fc.SDP_MATH   # GQA needs enable_gqa
+    assert fc.gpu_sdp_choice((9, 0), q, two, two, None, 0.0, True) == fc.SDP_FLASH

@@ -658,17 +658,40 @@ def _deepcopy_fake(t: FakeTensor, memo: dict):
 SDP_MATH, SDP_FLASH, SDP_EFFICIENT = "math", "flash", "efficient"
 
 
+def installed_sdp_broadcasts_one_kv_head(header: str | None = None) -> bool:
+    """Whether the installed torch's fused attention kernels take a key and value of one head for
+    a query of many without ``enable_gqa`` (multi-query attention: ``supports_mqa`` in
+    sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``, torch's own header); False where
+    the header is absent or has no such rule (older torch: such a call runs the math kernel)."""
+    import os
+
+    path = header or os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "native",
+                                  "transformers", "sdp_utils_cpp.h")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return "supports_mqa" in text and "k_num_heads == 1 && v_num_heads == 1" in text
+
+
+SDP_BROADCASTS_ONE_KV_HEAD = installed_sdp_broadcasts_one_kv_head()
+
+
 def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
     """Flash attention: fp16/bf16, no explicit mask, one head dim for q, k and v, <= 256 and a
     multiple of 8, sm80+; memory-efficient attention: any float dtype but fp64, masks allowed, q
     and k of one head dim, head dims a multiple of 8 (fp16/bf16) or 4 (fp32), sm50+; math
     otherwise (the priority order of torch 2.x). With ``enable_gqa`` (torch >= 2.5) key and value
     may have fewer heads than the query, a divisor of its heads: flash and memory-efficient
-    attention take them as they are (``check_batch_size_and_num_heads_dense`` with GQA support)."""
+    attention take them as they are (``check_batch_size_and_num_heads_dense`` with GQA support),
+    and newer torch takes a key and value of one head so without it (SDP_BROADCASTS_ONE_KV_HEAD)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return SDP_MATH
-    q_heads, k_heads = query.shape[-3], key.shape[-3]
-    if k_heads != q_heads and not (enable_gqa and k_heads == value.shape[-3] and q_heads % k_heads == 0):
+    q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+    if not (q_heads == k_heads == v_heads
+            or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
+            or (SDP_BROADCASTS_ONE_KV_HEAD and k_heads == v_heads == 1)):
         return SDP_MATH
     head_dim = query.shape[-1]
     half = query.dtype in (torch.float16, torch.bfloat16)
