@@ -88,18 +88,26 @@ PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "g
            "index_put", "tensordot", "scatter_add")
 
 
+def _torch_header(path: str | None, *parts: str) -> str | None:
+    """The text of one of the installed torch's C++ headers (torch/include/...), or of ``path``
+    where given; None where it cannot be read."""
+    import os
+
+    try:
+        with open(path or os.path.join(os.path.dirname(torch.__file__), "include", *parts), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def installed_autocast_policy(header: str | None = None) -> dict[str, tuple[str, ...]] | None:
     """The op lists of autocast_mode.h (``AT_FORALL_LOWER_PRECISION_FP``, ``_FP32``,
     ``_FP32_SET_OPT_DTYPE``, ``_PROMOTE``) as ``name[.overload]`` strings; None where the header
     is absent or not in the expected form."""
-    import os
     import re
 
-    path = header or os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
+    text = _torch_header(header, "ATen", "autocast_mode.h")
+    if text is None:
         return None
     lists = {}
     for name in ("LOWER_PRECISION_FP", "FP32", "FP32_SET_OPT_DTYPE", "PROMOTE"):
@@ -663,16 +671,8 @@ def installed_sdp_broadcasts_one_kv_head(header: str | None = None) -> bool:
     a query of many without ``enable_gqa`` (multi-query attention: ``supports_mqa`` in
     sdp_utils_cpp.h ``check_batch_size_and_num_heads_dense``, torch's own header); False where
     the header is absent or has no such rule (older torch: such a call runs the math kernel)."""
-    import os
-
-    path = header or os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "native",
-                                  "transformers", "sdp_utils_cpp.h")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return "supports_mqa" in text and "k_num_heads == 1 && v_num_heads == 1" in text
+    text = _torch_header(header, "ATen", "native", "transformers", "sdp_utils_cpp.h")
+    return text is not None and "supports_mqa" in text and "k_num_heads == 1 && v_num_heads == 1" in text
 
 
 SDP_BROADCASTS_ONE_KV_HEAD = installed_sdp_broadcasts_one_kv_head()
