@@ -327,3 +327,18 @@ def test_gradients_of_a_reused_tensor_accumulate_in_place(hook, expected):
         else:
             assert e.block in live
             live.remove(e.block)
+
+
+@pytest.mark.parametrize("pick,expected", [("gather", 2), ("max", 1)])
+def test_backward_formulas_fill_their_zeros_in_place(pick, expected):
+    """gather_backward and max's backward fill zeros of the scores' size: in place on the GPU
+    (scatter_add_ / scatter_), out of place under the fake mode (every tensor is subclass-like
+    there); the tracer folds the copy back. Per step the scores-sized gradients are then the
+    zeros (and, for gather, log_softmax's own gradient)."""
+    batch, vocab = 64, 4096
+    s = spec("--model", f"{USER}:pick_from_scores", "--model-args", f'{{"pick": "{pick}"}}',
+             "--batch-size", str(batch), "--input", "8x16", "--loss", "mse", "--optimizer", "sgd", "--steps", "2")
+    trace = trace_training(s)
+    scores_sized = [e for e in trace.events
+                    if e.action == "alloc" and e.phase == "backward" and e.size_bytes == batch * 8 * vocab * 4]
+    assert len(scores_sized) == expected * trace.iterations

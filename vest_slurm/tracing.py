@@ -34,7 +34,14 @@ from .models import BuiltModel, build_model
 from .trace import AllocEvent, AllocTrace
 from .workload import WorkloadSpec
 
-_ADD = torch.ops.aten.add.Tensor
+_aten = torch.ops.aten
+_ADD = _aten.add.Tensor
+# Backward formulas that write into zeros they just made, in place for plain tensors and out of
+# place for subclass-like ones, as every tensor is under a dispatch mode (FunctionsManual.cpp and
+# ATen: index_backward, gather_backward and cummax/cummin, index_select_backward,
+# masked_select_backward, value_selecting_reduction_backward for max/min/median/topk/sort).
+_ZEROS_FILLED_IN_PLACE = {_aten.index_put.default, _aten.scatter_add.default, _aten.index_add.default,
+                          _aten.masked_scatter.default, _aten.scatter.src, _aten.scatter.value}
 
 
 def _called_by_autograd_engine() -> bool:
@@ -66,10 +73,10 @@ class _Block:
 
 
 @dataclass
-class _Accumulation:
-    """An ``add`` that may be autograd's gradient accumulation, waiting for its first operand's free."""
-    old: int            # block of the buffered gradient (first operand)
-    out_index: int      # position of the add's output alloc event
+class _InPlace:
+    """An op the GPU runs in place (Tracer._maybe_in_place), waiting for its first operand's free."""
+    old: int            # block of the first operand (the buffered gradient, the formula's zeros)
+    out_index: int      # position of the op's output alloc event
     peak_before: int    # s.peak_bytes before that alloc
 
 
@@ -85,7 +92,7 @@ class _State:
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
     cudnn_found: set = field(default_factory=set)    # (thread, convolution) cuDNN's benchmark mode has timed
     next_ws: int = -1
-    pending: _Accumulation | None = None   # see Tracer._maybe_accumulation
+    pending: _InPlace | None = None   # see Tracer._maybe_in_place
     alias: dict = field(default_factory=dict)   # block -> the block whose storage it is on the GPU
     peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
@@ -140,7 +147,7 @@ class Tracer:
         s = self.s
         pending, s.pending = s.pending, None
         if pending is not None and block == pending.old and len(s.events) == pending.out_index + 1:
-            self._accumulate_in_place(pending)
+            self._fold_in_place(pending)
             return
         block = s.alias.pop(block, block)
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
@@ -155,8 +162,8 @@ class Tracer:
             return
         s = self.s
         s.pending = None
-        if func is _ADD:
-            self._maybe_accumulation(args, out)
+        if func is _ADD or func in _ZEROS_FILLED_IN_PLACE:
+            self._maybe_in_place(func, args, out)
         if func in fc.BLAS_OPS:
             # First cuBLAS call of a thread on the stream: the thread's handle gets a workspace from
             # the caching allocator, kept for the life of the process (CublasHandlePool.cpp
@@ -189,38 +196,44 @@ class Tracer:
             for block in reversed(blocks):
                 self._release(block)
 
-    def _maybe_accumulation(self, args, out) -> None:
-        """Autograd accumulates the gradients of a tensor used more than once (a residual
-        connection, q/k/v from one input) in the pending node's InputBuffer
-        (torch/csrc/autograd/input_buffer.cpp ``accumulate``): with grad mode off it adds in place
-        into the buffered gradient, ``old_var.add_(var)``, when the buffer holds the last
-        reference to it and it is a plain dense tensor. Under a dispatch mode every tensor is
-        "subclass-like" (at::isTensorSubclassLike), so here the engine takes ``old_var + var``
-        instead: a new allocation the GPU run does not make. This ``add`` is that one when its
-        first operand is a gradient an earlier node made (not one of this node's own
-        temporaries) and the engine drops it right after (the buffer held the last reference):
-        _free then makes the sum live in the first operand's storage, as on the GPU."""
+    def _maybe_in_place(self, func, args, out) -> None:
+        """Where the GPU run writes in place and the traced one allocates, because under a dispatch
+        mode every tensor is "subclass-like" (at::isTensorSubclassLike):
+        - Autograd sums the gradients of a tensor used more than once (a residual connection,
+          q/k/v from one input) in the pending node's InputBuffer (input_buffer.cpp
+          ``accumulate``): on the GPU, with grad mode off, in place into the buffered gradient,
+          ``old_var.add_(var)``, when the buffer holds the last reference to it and it is a plain
+          dense tensor; here ``old_var + var``. That ``add``'s first operand is a gradient an
+          earlier node made.
+        - A few backward formulas fill zeros they just made (_ZEROS_FILLED_IN_PLACE): in place on
+          the GPU, ``zeros.scatter_add(...)`` here. The first operand is the current node's own.
+        Either way the op was called by the engine or a C++ formula (Python code in backward, a
+        hook or a custom Function, allocates on the GPU too), and the first operand is dropped
+        right after it: _free then makes the result live in the first operand's storage."""
         s = self.s
-        if len(args) != 2 or torch.is_grad_enabled():
+        if torch.is_grad_enabled() or len(args) < 2 or not isinstance(out, torch.Tensor):
             return
-        old, new = args
+        old = args[0]
         node = fc.current_autograd_node()
-        if node is None or not (fc._is_fake_cuda(old) and fc._is_fake_cuda(new)):
+        if node is None or not fc._is_fake_cuda(old):
             return
-        if old.shape != new.shape or old.dtype != new.dtype or not is_non_overlapping_and_dense_or_false(old):
+        if func is _ADD and not (len(args) == 2 and fc._is_fake_cuda(args[1])):
+            return
+        if old.shape != out.shape or old.dtype != out.dtype or not is_non_overlapping_and_dense_or_false(old):
             return
         info = s.blocks.get(self.recorder.live_block(old))
-        if info is None or info.phase != "backward" or info.node == node._sequence_nr():
+        same_node = info is not None and info.node == node._sequence_nr()
+        if info is None or info.phase != "backward" or same_node != (func is not _ADD):
             return
         if not _called_by_autograd_engine():
             return   # Python code in backward (a tensor hook, a custom Function): out of place there too
         out_block = self.block_of(out)
         if not s.events or s.events[-1][:2] != ["alloc", out_block]:
-            return   # not a new storage just allocated for the sum
-        s.pending = _Accumulation(self.recorder.live_block(old), len(s.events) - 1, s.peak_before_alloc)
+            return   # not a new storage just allocated for the result
+        s.pending = _InPlace(self.recorder.live_block(old), len(s.events) - 1, s.peak_before_alloc)
 
-    def _accumulate_in_place(self, acc: _Accumulation) -> None:
-        """The accumulation's output is the buffered gradient's storage: undo its allocation."""
+    def _fold_in_place(self, acc: _InPlace) -> None:
+        """The op's output is its first operand's storage on the GPU: undo its allocation."""
         s = self.s
         _, out_block, out_size, *_ = s.events.pop(acc.out_index)
         s.alias[out_block] = s.alias.pop(acc.old, acc.old)

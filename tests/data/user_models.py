@@ -100,3 +100,27 @@ class _FanOut(nn.Module):
 
 def fan_out(features: int = 32, hidden: int = 512, out: int = 128, hook: bool = False):
     return _FanOut(features, hidden, out, hook)
+
+
+class _PickFromScores(nn.Module):
+    """Scores over a large vocabulary, then one value picked per position, as log-probability
+    code does: ``gather`` of the log-softmax, or ``max`` over the scores. Their backward
+    formulas fill a scores-sized tensor of zeros."""
+
+    def __init__(self, features: int, vocab: int, pick: str):
+        super().__init__()
+        self.proj = nn.Linear(features, vocab, bias=False)
+        self.pick = pick
+
+    def forward(self, x):
+        import torch
+
+        scores = self.proj(x)
+        if self.pick == "gather":
+            index = torch.zeros(x.shape[:-1] + (1,), dtype=torch.long, device=x.device)
+            return scores.log_softmax(-1).gather(-1, index).squeeze(-1)
+        return scores.max(-1).values
+
+
+def pick_from_scores(features: int = 16, vocab: int = 4096, pick: str = "gather"):
+    return _PickFromScores(features, vocab, pick)
