@@ -22,7 +22,13 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
     ``.to("cpu")``; ``HOST_COPY``). Otherwise the result and all that follows from it would be
     CPU tensors, which the recorder does not see and which take CPU code paths;
   * composite ops that test ``is_cuda()`` (softmax with half input and float dtype) take the
-    CUDA branch explicitly (the autocast kernels, and ``softmax``/``log_softmax`` with a dtype).
+    CUDA branch explicitly (the autocast kernels, and ``softmax``/``log_softmax`` with a dtype);
+  * scaled_dot_product_attention would choose among the CPU's kernels: the GPU's choice is made
+    here (``gpu_sdp_choice``) and its kernel called.
+- Under any dispatch mode every tensor is "subclass-like" (``at::isTensorSubclassLike``), and
+  PyTorch then takes out-of-place paths where a GPU run writes in place: autograd's gradient
+  sums, the backward formulas that fill zeros. The tracer folds those copies back
+  (tracing.py ``Tracer._maybe_in_place``); the rarer ones left are listed in the README.
 - ``Recorder`` sees each op's outputs: a storage seen for the first time is an allocation of
   its nbytes; a weakref finalizer on the storage records its free. No strong reference to any
   tensor is held, so frees happen exactly when PyTorch would free them.
