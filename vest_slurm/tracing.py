@@ -221,7 +221,8 @@ class Tracer:
             return
         if old.shape != out.shape or old.dtype != out.dtype or not is_non_overlapping_and_dense_or_false(old):
             return
-        info = s.blocks.get(self.recorder.live_block(old))
+        old_block = self.recorder.live_block(old)
+        info = s.blocks.get(old_block)
         same_node = info is not None and info.node == node._sequence_nr()
         if info is None or info.phase != "backward" or same_node != (func is not _ADD):
             return
@@ -230,7 +231,7 @@ class Tracer:
         out_block = self.block_of(out)
         if not s.events or s.events[-1][:2] != ["alloc", out_block]:
             return   # not a new storage just allocated for the result
-        s.pending = _InPlace(self.recorder.live_block(old), len(s.events) - 1, s.peak_before_alloc)
+        s.pending = _InPlace(old_block, len(s.events) - 1, s.peak_before_alloc)
 
     def _fold_in_place(self, acc: _InPlace) -> None:
         """The op's output is its first operand's storage on the GPU: undo its allocation."""
