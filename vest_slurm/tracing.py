@@ -92,7 +92,7 @@ class _State:
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
     cudnn_found: set = field(default_factory=set)    # (thread, convolution) cuDNN's benchmark mode has timed
     next_ws: int = -1
-    pending: _InPlace | None = None   # see Tracer._maybe_in_place
+    pending: _InPlace | None = None   # Tracer._maybe_in_place; dropped by the next op or free
     alias: dict = field(default_factory=dict)   # block -> the block whose storage it is on the GPU
     peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
@@ -127,7 +127,6 @@ class Tracer:
         if self.frozen:
             return
         s = self.s
-        s.pending = None
         module = s.module_stack[-1] if s.module_stack else ""
         phase = s.phase
         node = fc.current_autograd_node()
@@ -244,7 +243,6 @@ class Tracer:
     def _workspace(self, name: str, nbytes: int = 0, detail: str = "") -> int:
         """Allocate a workspace block (freed by the caller with _release, or kept)."""
         s = self.s
-        s.pending = None
         block = s.next_ws
         s.next_ws -= 1
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
