@@ -188,6 +188,54 @@ def test_attention_backward_copies_what_is_not_contiguous_for_the_kernel():
     assert sizes == one_step * tr.iterations
 
 
+@pytest.mark.parametrize("transpose", [True, False])
+def test_layer_norm_copies_an_input_that_is_not_contiguous(transpose):
+    """The CUDA LayerNorm takes ``input.expect_contiguous()`` in forward and again in backward
+    (layer_norm_kernel.cu): a transient copy of a transposed input in each pass, none otherwise."""
+    batch, features, length = 8, 32, 48
+    tr = trace_training(spec("--model", f"{USER}:norm_of_transposed", "--model-args", f'{{"transpose": {str(transpose).lower()}}}',
+                             "--batch-size", str(batch), "--input", f"{length}x{features}", "--loss", "mse",
+                             "--optimizer", "sgd", "--steps", "2"))
+    sizes = _scratch(tr, "layer_norm")
+    phases = [e.phase for e in tr.events if e.action == "alloc" and e.module == "layer_norm"]
+    if transpose:
+        assert sizes == [batch * features * length * 4] * 2 * tr.iterations
+        assert phases == ["forward", "backward"] * tr.iterations
+    else:
+        assert sizes == []
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_backward_takes_grad_times_output(log):
+    """The CUDA softmax backward computes ``tmp = grad * output`` before its kernel
+    (SoftMax.cu softmax_backward_cuda_out): a transient of the probabilities' size each step.
+    log_softmax's backward has none for contiguous tensors."""
+    batch, classes = 64, 1000
+    tr = trace_training(spec("--model", f"{USER}:probabilities", "--model-args", f'{{"log": {str(log).lower()}}}',
+                             "--batch-size", str(batch), "--input", "16", "--loss", "mse", "--optimizer", "sgd",
+                             "--steps", "2"))
+    sizes = _scratch(tr, "softmax")
+    assert sizes == ([] if log else [batch * classes * 4] * tr.iterations)
+
+
+def test_embedding_backward_scratch_of_the_sorting_kernel():
+    """More than 3,072 indices: the CUDA embedding backward sorts them and sums partial segments
+    (Embedding.cu, EmbeddingBackwardKernel.cu): int64 buffers of the indices' and segments' counts
+    and a float buffer of (n / 10 + min(n, vocab)) rows. Tiny BERT at batch 16 x 200 tokens: the
+    word embedding (vocab 1000) and the token-type embedding (2 types) take it; the position
+    embedding (200 indices) takes the direct kernel."""
+    tr = trace_training(spec(*_TINY_BERT[:4], "--batch-size", "16", *_TINY_BERT[6:]))
+    sizes = _scratch(tr, "embedding")
+    n = 16 * 200
+    for vocab in (1000, 2):
+        segments = min(n, vocab)
+        partial = n // 10 + segments
+        one = [n * 8] * 3 + [segments * 8] * 2 + [partial * 8, partial * 96 * 4]
+        assert sizes.count(partial * 96 * 4) == tr.iterations
+        assert all(sizes.count(s) >= tr.iterations for s in one)
+    assert len(sizes) == 2 * 7 * tr.iterations
+
+
 @pytest.mark.parametrize("argv", [
     ("--model", "torchvision:resnet18", "--batch-size", "4", "--input", "3x64x64", "--optimizer", "adam", "--steps", "3"),
     ("--model", "hf:GPT2LMHeadModel", "--model-args", "{\"n_layer\": 2, \"n_embd\": 64, \"n_head\": 2}", "--batch-size", "2", "--input", "seq32", "--loss", "model", "--precision", "amp-fp16", "--steps", "3"),

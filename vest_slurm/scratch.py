@@ -7,6 +7,24 @@ allocation and a free, category ``workspace``. Each size below follows the PyTor
 allocates it (torch 2.6 - 2.14, unchanged between them); anything not listed has no scratch
 here (cuBLAS's workspace and cuDNN's are separate: tracing.py, estimator.py).
 
+Row-wise kernels (normalisation, softmax) need contiguous operands and make them so first, and ``.contiguous()``
+copies what is not (a transposed or permuted view: Whisper's encoder keeps its residual stream in
+the convolution's channels-first layout, so every LayerNorm there gets a non-contiguous input):
+    LayerNorm (layer_norm_kernel.cu): forward ``input.expect_contiguous()`` (and weight, bias);
+        backward ``input.expect_contiguous()``, weight's, and ``dY.contiguous()``.
+    softmax / log_softmax (SoftMax.cu host_softmax): ``input.contiguous()``.
+    softmax backward (softmax_backward_cuda_out): ``tmp = grad * output`` always, a tensor of the
+        gradient's size (since softmax moved to ATen in 2018); host_softmax_backward then takes
+        ``tmp.contiguous()`` and ``output.contiguous()``. log_softmax's backward: the two copies.
+
+Embedding backward (Embedding.cu embedding_dense_backward_cuda, EmbeddingBackwardKernel.cu): with
+more than 3,072 indices (or scale_grad_by_freq) it sorts them and sums partial segments. Alive
+together with the result: sorted and original index order and segment offsets (n int64 each, and
+the counts with scale_grad_by_freq), two buffers of min(n, vocab) int64, the partial-segment
+offsets, and the partial sums, ``(n / 10 + min(n, vocab)) x dim`` in fp32 for half/bf16 gradients
+(the gradient's dtype otherwise). The sort's own transients come earlier and are smaller; the
+fused kernel of releases after 2.10, taken only for tiny vocabularies, is not modelled.
+
 Both backward wrappers (attention_backward.cu) hand the kernels the tensors in the
 [batch, seqlen, heads, head_dim] frame (``.transpose(1, 2)`` of the [batch, heads, seqlen, dim]
 arguments) and first make a contiguous copy of what is not contiguous in that frame: flash
@@ -42,6 +60,7 @@ and cuda/mem_eff_attention/kernel_backward.h):
 from __future__ import annotations
 
 import torch
+from torch._prims_common import compute_elementwise_output_strides
 
 aten = torch.ops.aten
 
@@ -72,6 +91,69 @@ def _flash_bwd_scratch(args) -> list[int]:
     return sizes
 
 
+def _contiguous_copy(t) -> int:
+    """Bytes of ``t.contiguous()`` / ``t.expect_contiguous()`` (0 when ``t`` already is)."""
+    if not isinstance(t, torch.Tensor) or t.is_contiguous():
+        return 0
+    return t.numel() * t.element_size()
+
+
+def _contiguous_strides(shape, strides) -> bool:
+    expected = 1
+    for size, stride in reversed(list(zip(shape, strides))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _softmax_scratch(args) -> list[int]:
+    # _softmax / _log_softmax(input, dim, half_to_float): host_softmax's input.contiguous()
+    return [_contiguous_copy(args[0])]
+
+
+def _softmax_bwd_scratch(args) -> list[int]:
+    # _softmax_backward_data(grad_output, output, dim, input_dtype): ``tmp = grad * output``, then
+    # host_softmax_backward's tmp.contiguous() and output.contiguous()
+    grad, output = args[0], args[1]
+    dtype = torch.promote_types(grad.dtype, output.dtype)
+    tmp = grad.numel() * dtype.itemsize
+    strides = compute_elementwise_output_strides(grad, output)
+    tmp_copy = 0 if _contiguous_strides(grad.shape, strides) else tmp
+    return [tmp, tmp_copy, _contiguous_copy(output)]
+
+
+def _log_softmax_bwd_scratch(args) -> list[int]:
+    # _log_softmax_backward_data(grad_output, output, dim, input_dtype): the contiguous copies only
+    return [_contiguous_copy(args[0]), _contiguous_copy(args[1])]
+
+
+def _embedding_bwd_scratch(args) -> list[int]:
+    # embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+    grad, indices, num_weights = args[0], args[1], args[2]
+    scale_grad_by_freq = len(args) > 4 and bool(args[4])
+    n, dim, index = indices.numel(), grad.shape[-1], indices.element_size()
+    sizes = [_contiguous_copy(grad)]
+    if n <= 3072 and not scale_grad_by_freq:   # the direct kernel: only the result, grad_weight
+        return sizes
+    segments = min(n, num_weights)
+    partial_segments = n // 10 + segments     # NROWS_PER_THREAD = 10
+    acc = 4 if grad.dtype in (torch.float16, torch.bfloat16) else grad.element_size()
+    sizes += [n * index] * (4 if scale_grad_by_freq else 3)   # sorted, orig (, count), segment_offsets
+    sizes += [segments * index] * 2 + [partial_segments * index, partial_segments * dim * acc]
+    return sizes
+
+
+def _layer_norm_scratch(args) -> list[int]:
+    # native_layer_norm(input, normalized_shape, weight, bias, eps)
+    return [_contiguous_copy(t) for t in (args[0], *args[2:4])]
+
+
+def _layer_norm_bwd_scratch(args) -> list[int]:
+    # native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, mask)
+    return [_contiguous_copy(args[1]), _contiguous_copy(args[5]), _contiguous_copy(args[0])]
+
+
 def _efficient_bwd_scratch(args) -> list[int]:
     # _scaled_dot_product_efficient_attention_backward(grad_out, query, key, value, attn_bias, out, ...)
     grad_out, query = args[0], args[1]
@@ -84,6 +166,13 @@ def _efficient_bwd_scratch(args) -> list[int]:
 _SCRATCH = {
     aten._scaled_dot_product_flash_attention_backward.default: ("flash_attention", _flash_bwd_scratch),
     aten._scaled_dot_product_efficient_attention_backward.default: ("efficient_attention", _efficient_bwd_scratch),
+    aten._softmax.default: ("softmax", _softmax_scratch),
+    aten._log_softmax.default: ("softmax", _softmax_scratch),
+    aten._softmax_backward_data.default: ("softmax", _softmax_bwd_scratch),
+    aten._log_softmax_backward_data.default: ("softmax", _log_softmax_bwd_scratch),
+    aten.embedding_dense_backward.default: ("embedding", _embedding_bwd_scratch),
+    aten.native_layer_norm.default: ("layer_norm", _layer_norm_scratch),
+    aten.native_layer_norm_backward.default: ("layer_norm", _layer_norm_bwd_scratch),
 }
 
 

@@ -124,3 +124,44 @@ class _PickFromScores(nn.Module):
 
 def pick_from_scores(features: int = 16, vocab: int = 4096, pick: str = "gather"):
     return _PickFromScores(features, vocab, pick)
+
+
+class _NormOfTransposed(nn.Module):
+    """A LayerNorm over the last dim of a transposed activation (Whisper's residual stream keeps
+    the conv's channels-first layout), then a Linear, so its gradient arrives contiguous."""
+
+    def __init__(self, features: int, length: int, transpose: bool):
+        super().__init__()
+        self.inp = nn.Linear(features, features)
+        self.norm = nn.LayerNorm(length)
+        self.out = nn.Linear(length, 4)
+        self.transpose = transpose
+
+    def forward(self, x):
+        h = self.inp(x).transpose(1, 2)   # [batch, features, length], not contiguous
+        if not self.transpose:
+            h = h.contiguous()
+        return self.out(self.norm(h)).mean((1, 2))
+
+
+def norm_of_transposed(features: int = 32, length: int = 48, transpose: bool = True):
+    return _NormOfTransposed(features, length, transpose)
+
+
+class _Probabilities(nn.Module):
+    """softmax (or log_softmax) over a projection, then a Linear over the probabilities."""
+
+    def __init__(self, features: int, classes: int, log: bool):
+        super().__init__()
+        self.proj = nn.Linear(features, classes)
+        self.out = nn.Linear(classes, 4)
+        self.log = log
+
+    def forward(self, x):
+        scores = self.proj(x)
+        p = scores.log_softmax(-1) if self.log else scores.softmax(-1)
+        return self.out(p)
+
+
+def probabilities(features: int = 16, classes: int = 1000, log: bool = False):
+    return _Probabilities(features, classes, log)
