@@ -205,6 +205,18 @@ def test_layer_norm_copies_an_input_that_is_not_contiguous(transpose):
         assert sizes == []
 
 
+def test_live_tensor_peak_leaves_out_kernel_scratch():
+    """The live-tensor peak is the FakeTensor / MemTracker count the accuracy benchmark compares
+    against: tensors only, not the scratch the tracer adds for what CUDA kernels allocate."""
+    from vest_slurm.trace import AllocEvent, AllocTrace
+
+    events = (AllocEvent("alloc", 1, 100, category="activation"),
+              AllocEvent("alloc", -1, 50, category="workspace", module="layer_norm"),
+              AllocEvent("free", -1, 50), AllocEvent("alloc", 2, 30, category="activation"),
+              AllocEvent("free", 1, 100), AllocEvent("free", 2, 30))
+    assert AllocTrace(events).live_peak_bytes() == 130
+
+
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_backward_takes_grad_times_output(log):
     """The CUDA softmax backward computes ``tmp = grad * output`` before its kernel

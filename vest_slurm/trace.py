@@ -43,10 +43,14 @@ class AllocTrace:
     step_ends: tuple[int, ...] = field(default=())
 
     def live_peak_bytes(self) -> int:
-        """Peak of the sum of live requested sizes: what a FakeTensor / MemTracker count reports."""
+        """Peak of the sum of live tensor sizes: what a FakeTensor / MemTracker count reports. The
+        workspaces and kernel scratch the tracer adds (category ``workspace``) are not tensors
+        such a count sees, so they are left out."""
         live = peak = 0
         sizes: dict[int, int] = {}
         for e in self.events:
+            if e.category == "workspace":
+                continue
             if e.action == "alloc":
                 sizes[e.block] = e.size_bytes
                 live += e.size_bytes
