@@ -76,4 +76,5 @@ def test_built_in_gpu_workloads_parse_and_settle():
     assert all(s.steps == 8 for s in specs)
     bench = [s for s in specs if s.cudnn_benchmark == "on"]
     assert bench and all(s.with_(cudnn_benchmark="off") in specs for s in bench)
-    assert {"hf:WhisperForAudioClassification", "hf:t5-small"} <= {s.model for s in specs}
+    assert {"hf:WhisperForAudioClassification", "hf:t5-small", "torchvision:convnext_large",
+            "torchvision:resnet152"} <= {s.model for s in specs}
