@@ -64,7 +64,7 @@ def test_host_op_diagnostic_counts_a_device_op_with_a_host_output():
         mod._init_worker()
         recorder = fc.Recorder(lambda *a: None, lambda *a: None)
         with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)), fc.FakeCudaMode(recorder),
-              fc.CudaFactoryMode((9, 0))):
+              fc.CudaFactoryMode()):
             torch.zeros(100, 100)
             assert sum(mod._HOST_OPS.values()) == 0
             x = torch.empty(100, 100, device="cuda")

@@ -44,7 +44,7 @@ class Seen:
 def fake_gpu(scalar_stand_in: bool = False):
     seen = Seen()
     with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)),
-          fc.FakeCudaMode(seen.recorder, scalar_stand_in=scalar_stand_in), fc.CudaFactoryMode((9, 0))):
+          fc.FakeCudaMode(seen.recorder, scalar_stand_in=scalar_stand_in), fc.CudaFactoryMode()):
         yield seen
 
 
@@ -336,6 +336,29 @@ def test_grouped_query_attention_takes_flash_attention_with_its_expanded_gradien
                                      (out, q, k, v, out))
     assert name == "flash_attention"
     assert sizes[-2:] == [b * n * hq * d * 2] * 2
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_multihead_attention_takes_the_gpus_kernel(autocast):
+    """nn.MultiheadAttention (torchvision's ViT, nn.TransformerEncoderLayer) calls
+    scaled_dot_product_attention inside F.multi_head_attention_forward: the GPU's kernel there too,
+    after autocast's cast (fp32 inputs under autocast run flash attention in fp16), not the
+    host's ``_scaled_dot_product_flash_attention_for_cpu``."""
+    with fake_gpu():
+        mha = torch.nn.MultiheadAttention(64, 4, batch_first=True, device="cuda")
+        x = torch.randn(2, 100, 64, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            out, _ = mha(x, x, x, need_weights=False)
+        seen, todo = set(), [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in seen:
+                seen.add(node)
+                todo.extend(n for n, _ in node.next_functions)
+        nodes = {type(node).__name__ for node in seen}
+    kernel = "ScaledDotProductFlashAttentionBackward0" if autocast else "ScaledDotProductEfficientAttentionBackward0"
+    assert kernel in nodes
+    assert not any("ForCpu" in n for n in nodes)
 
 
 def test_attention_the_gpu_runs_on_its_math_kernel_keeps_the_scores():

@@ -24,7 +24,9 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
   * composite ops that test ``is_cuda()`` (softmax with half input and float dtype) take the
     CUDA branch explicitly (the autocast kernels, and ``softmax``/``log_softmax`` with a dtype);
   * scaled_dot_product_attention would choose among the CPU's kernels: the GPU's choice is made
-    here (``gpu_sdp_choice``) and its kernel called.
+    here (``gpu_sdp_choice``) and its kernel called, from a kernel on the AutogradCUDA key, so
+    that it holds wherever the call comes from (``nn.MultiheadAttention`` makes it inside
+    ``F.multi_head_attention_forward``) and after autocast's cast, as on the GPU.
 - Under any dispatch mode every tensor is "subclass-like" (``at::isTensorSubclassLike``), and
   PyTorch then takes out-of-place paths where a GPU run writes in place: autograd's gradient
   sums, the backward formulas that fill zeros. The tracer folds those copies back
@@ -363,6 +365,7 @@ def _register_kernels() -> None:
                     continue
                 lib.impl(full, _autocast_kernel(op, policy), "AutocastCUDA")
         lib.impl("dropout", _dropout_kernel, "AutogradCUDA")
+        lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradCUDA")
         lib.impl("softmax.int", _softmax_kernel(aten._softmax), "AutogradCUDA")
         lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax), "AutogradCUDA")
     _LIBS.append(lib)
@@ -571,16 +574,13 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
     - ``torch.tensor(data, device='cuda')`` copies host data to the device in C++, past the fake
       mode: build the host tensor, then an empty fake CUDA tensor of its shape (values are not
       needed to trace memory);
-    - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``;
-    - scaled_dot_product_attention takes the kernel the GPU would take (gpu_sdp_choice)."""
+    - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``.
+    (scaled_dot_product_attention takes the GPU's kernel in a dispatcher kernel, _sdpa_kernel, so
+    that calls from inside other functions and autocast's cast come first, as on the GPU.)"""
 
     FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
     HOST_RANDOM = (torch.rand, torch.randn, torch.randint, torch.randperm)
     HOST_RANDOM_MAX_NUMEL = 64
-
-    def __init__(self, capability: tuple[int, int] = (8, 0)):
-        super().__init__()
-        self.sdpa = _sdpa(tuple(capability), torch.nn.functional.scaled_dot_product_attention)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -590,8 +590,6 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             if isinstance(out, FakeTensor) and getattr(out.fake_mode, "scalar_stand_in", False):
                 out.fake_mode.set_fill(out, truth)
             return out
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            return self.sdpa(*args, **kwargs)
         if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
             return _deepcopy_fake(*args)
         dev = kwargs.get("device")
@@ -711,11 +709,8 @@ def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dr
     return SDP_MATH
 
 
-def _sdpa(capability, original):
+def _sdpa(capability):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if not _is_fake_cuda(query):
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa)
         choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
         if choice == SDP_FLASH:
             return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
@@ -738,6 +733,23 @@ def _sdpa(capability, original):
                                                        None, scale=scale, **gqa)[0]
 
     return sdpa
+
+
+# The capability of the GPU being traced (cuda_answers sets it): scaled_dot_product_attention on
+# fake CUDA tensors takes that GPU's kernel wherever it is called from, Python or C++
+# (nn.MultiheadAttention calls it inside F.multi_head_attention_forward, below any function mode).
+_TRACED_CAPABILITY: list = [None]
+
+
+def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                 enable_gqa=False):
+    capability = _TRACED_CAPABILITY[0]
+    if capability is not None and _is_fake_cuda(query):
+        return _sdpa(capability)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    # a real CUDA tensor: PyTorch's own composite, which chooses among the GPU's kernels itself
+    gqa = {"enable_gqa": enable_gqa} if enable_gqa else {}
+    return aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,
+                                                                scale=scale, **gqa)
 
 
 # ---- patches for code that asks CUDA questions --------------------------------------------------------
@@ -777,11 +789,14 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
             patches.append((torch.optim.Optimizer, attr, lambda self: None))
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     _register_kernels()
+    saved_capability = _TRACED_CAPABILITY[0]
     try:
         for obj, attr, new in patches:
             setattr(obj, attr, new)
+        _TRACED_CAPABILITY[0] = tuple(capability)
         yield props
     finally:
+        _TRACED_CAPABILITY[0] = saved_capability
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         CAST_CACHE.clear()

@@ -144,7 +144,7 @@ def run(ns) -> dict:
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode(tuple(ns.capability)):
+                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode():
             try:
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)

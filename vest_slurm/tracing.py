@@ -531,7 +531,7 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     model = built.module
     try:
         with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode,
-              fc.CudaFactoryMode(capability)):
+              fc.CudaFactoryMode()):
             tracer.s.category = "parameter"
             fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
             tracer.s.category = None
