@@ -7,9 +7,10 @@ allocation and a free, category ``workspace``. Each size below follows the PyTor
 allocates it (torch 2.6 - 2.14, unchanged between them); anything not listed has no scratch
 here (cuBLAS's workspace and cuDNN's are separate: tracing.py, estimator.py).
 
-Row-wise kernels (normalisation, softmax) need contiguous operands and make them so first, and ``.contiguous()``
-copies what is not (a transposed or permuted view: Whisper's encoder keeps its residual stream in
-the convolution's channels-first layout, so every LayerNorm there gets a non-contiguous input):
+Row-wise kernels (normalisation, softmax) need contiguous operands and make them so first;
+``.contiguous()`` copies what is not (a transposed or permuted view: Whisper's encoder keeps its
+residual stream in the convolution's channels-first layout, so every LayerNorm there gets a
+non-contiguous input):
     LayerNorm (layer_norm_kernel.cu): forward ``input.expect_contiguous()`` (and weight, bias);
         backward ``input.expect_contiguous()``, weight's, and ``dY.contiguous()``.
     softmax / log_softmax (SoftMax.cu host_softmax): ``input.contiguous()``.
@@ -73,9 +74,7 @@ def _round_up(n: int, m: int) -> int:
 
 def _copy_for_kernel(t) -> int:
     """Bytes of the contiguous copy a wrapper makes of ``t.transpose(1, 2)`` (0 when none is needed)."""
-    if t is None or t.transpose(1, 2).is_contiguous():
-        return 0
-    return t.numel() * t.element_size()
+    return 0 if t is None else _contiguous_copy(t.transpose(1, 2))
 
 
 def _flash_bwd_scratch(args) -> list[int]:
@@ -99,6 +98,7 @@ def _contiguous_copy(t) -> int:
 
 
 def _contiguous_strides(shape, strides) -> bool:
+    """Whether a tensor of this shape and these strides is contiguous (as ``is_contiguous()``)."""
     expected = 1
     for size, stride in reversed(list(zip(shape, strides))):
         if size != 1 and stride != expected:
