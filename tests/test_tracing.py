@@ -217,6 +217,25 @@ def test_live_tensor_peak_leaves_out_kernel_scratch():
     assert AllocTrace(events).live_peak_bytes() == 130
 
 
+@pytest.mark.parametrize("slice_", [True, False])
+def test_convolution_copies_what_cudnn_needs_dense(slice_):
+    """cuDNN convolutions take operands dense in one memory format (Convolution.cpp
+    input.contiguous(backend format); ConvShared.cpp grad_output.to(input.suggest_memory_format())).
+    A channel slice of a channels-last activation (FocalNet's context) is copied in forward and for
+    the weight gradient; the product's gradient arrives NCHW for a channels-last input, so it is
+    converted too."""
+    batch, channels = 8, 32
+    tr = trace_training(spec("--model", f"{USER}:conv_of_channel_slice", "--model-args", f'{{"slice_": {str(slice_).lower()}}}',
+                             "--batch-size", str(batch), "--input", "3x32x32", "--loss", "mse", "--optimizer", "sgd",
+                             "--steps", "2"), capability=(9, 0))
+    activation = batch * channels * 32 * 32 * 4
+    copies = [(e.phase, e.size_bytes) for e in tr.events if e.action == "alloc" and e.module == "conv_copy"]
+    one_step = [("forward", activation), ("backward", activation), ("backward", activation)] if slice_ else \
+        [("backward", activation)]
+    assert copies == one_step * tr.iterations
+    assert _scratch(tr, "conv_copy") == [size for _, size in copies]
+
+
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_backward_takes_grad_times_output(log):
     """The CUDA softmax backward computes ``tmp = grad * output`` before its kernel

@@ -165,7 +165,7 @@ def conv_workspace_keys(func, args) -> list[str]:
         stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
     channels_last = x.dim() == 4 and (x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
                                       or w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
-    if not _depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
+    if not depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
         return []
     dtype = str(x.dtype).replace("torch.", "")
     # fp32 convolutions may run on TF32 tensor-core engines only while torch.backends.cudnn.allow_tf32
@@ -174,7 +174,7 @@ def conv_workspace_keys(func, args) -> list[str]:
     return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last, tf32) for k in kinds]
 
 
-def _depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
+def depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
     """ATen's backend choice (Convolution.cpp select_conv_backend): a depthwise convolution
     (groups == input channels) runs on cuDNN only in channels_last, or in fp16 where
     use_cudnn_depthwise's simplified rule for cuDNN >= 8.2 allows it (1-d with stride 1; square

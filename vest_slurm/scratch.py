@@ -18,6 +18,15 @@ non-contiguous input):
         gradient's size (since softmax moved to ATen in 2018); host_softmax_backward then takes
         ``tmp.contiguous()`` and ``output.contiguous()``. log_softmax's backward: the two copies.
 
+cuDNN convolutions (Convolution.cpp, cudnn/ConvShared.cpp) take operands dense in one memory
+format, channels-last when the input or the weight suggests it (cudnn_conv_suggest_memory_format),
+and copy what is not: forward ``input.contiguous(format)`` and the weight's; backward the input
+again when the weight gradient is wanted, ``grad_output.to(input.suggest_memory_format())``, and
+each helper's ``grad_output.contiguous(...)`` (backward-input, backward-weight). A channel slice
+of a channels-last activation (FocalNet's context) is channels-last-like but not dense: copied.
+1-d convolutions make the input contiguous first (forward and backward); ATen's own depthwise
+kernel, which NCHW depthwise convolutions take, wants everything NCHW.
+
 Embedding backward (Embedding.cu embedding_dense_backward_cuda, EmbeddingBackwardKernel.cu): with
 more than 3,072 indices (or scale_grad_by_freq) it sorts them and sums partial segments. Alive
 together with the result: sorted and original index order and segment offsets (n int64 each, and
@@ -97,14 +106,34 @@ def _contiguous_copy(t) -> int:
     return t.numel() * t.element_size()
 
 
-def _contiguous_strides(shape, strides) -> bool:
-    """Whether a tensor of this shape and these strides is contiguous (as ``is_contiguous()``)."""
+def _dense(shape, strides, channels_last: bool = False) -> bool:
+    """Whether a tensor of this shape and these strides is contiguous in the memory format (as
+    ``is_contiguous(memory_format)``): NCHW order, or channels-last's (C, W, H, N)."""
+    order = (1, 3, 2, 0) if channels_last else range(len(shape) - 1, -1, -1)
     expected = 1
-    for size, stride in reversed(list(zip(shape, strides))):
-        if size != 1 and stride != expected:
+    for d in order:
+        if shape[d] != 1 and strides[d] != expected:
             return False
-        expected *= size
+        expected *= shape[d]
     return True
+
+
+def _channels_last_like(shape, strides) -> bool:
+    """c10's is_channels_last_strides_2d_s4, what ``suggest_memory_format()`` reads for 4-d
+    tensors: strides growing in (C, W, H, N) order, ambiguous cases NCHW."""
+    if len(shape) != 4 or strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
+
+
+def _copy_into(t, shape, strides, channels_last: bool) -> int:
+    """Bytes of ``.contiguous(memory_format)`` of a tensor of t's size and dtype with this layout."""
+    return 0 if _dense(shape, strides, channels_last) else t.numel() * t.element_size()
 
 
 def _softmax_scratch(args) -> list[int]:
@@ -119,7 +148,7 @@ def _softmax_bwd_scratch(args) -> list[int]:
     dtype = torch.promote_types(grad.dtype, output.dtype)
     tmp = grad.numel() * dtype.itemsize
     strides = compute_elementwise_output_strides(grad, output)
-    tmp_copy = 0 if _contiguous_strides(grad.shape, strides) else tmp
+    tmp_copy = 0 if _dense(grad.shape, strides) else tmp
     return [tmp, tmp_copy, _contiguous_copy(output)]
 
 
@@ -142,6 +171,81 @@ def _embedding_bwd_scratch(args) -> list[int]:
     sizes += [n * index] * (4 if scale_grad_by_freq else 3)   # sorted, orig (, count), segment_offsets
     sizes += [segments * index] * 2 + [partial_segments * index, partial_segments * dim * acc]
     return sizes
+
+
+def _conv_layouts(x, w):
+    """(input, weight) shapes and strides as the cuDNN path sees them: a 1-d convolution's input
+    made contiguous first, then both viewed as 2-d of height 1 (Convolution.cpp view4d)."""
+    if x.dim() == 3:
+        n, c, length = x.shape
+        xs = ((n, c, 1, length), (c * length, length, length, 1))
+        ws = (tuple(w.shape[:2]) + (1, w.shape[2]), (w.stride(0), w.stride(1), w.stride(2) * w.shape[2], w.stride(2)))
+        return xs, ws
+    return (tuple(x.shape), x.stride()), (tuple(w.shape), w.stride())
+
+
+def _on_cudnn(x, w, stride, dilation) -> bool:
+    from ._fakecuda import depthwise_on_cudnn
+
+    (xs, _), (ws, _) = _conv_layouts(x, w)
+    stride, dilation = ([int(v) for v in p] * (len(xs) - 2) if len(p) == 1 else [int(v) for v in p]
+                        for p in (stride, dilation))
+    if x.dim() == 3:
+        stride, dilation = [1] + stride, [1] + dilation
+    channels_last = x.dim() == 4 and (_channels_last_like(xs, x.stride()) or _channels_last_like(ws, w.stride()))
+    return depthwise_on_cudnn(list(xs), list(ws), stride, dilation, x.dtype, channels_last)
+
+
+def _conv_scratch(args) -> list[int]:
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    x, w, stride, dilation, transposed = args[0], args[1], args[3], args[5], args[6]
+    if transposed or x.dim() not in (3, 4):
+        return []
+    one_d = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
+    if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
+        return one_d + ([] if one_d else [_contiguous_copy(x)]) + [_contiguous_copy(w)]
+    (xs, xst), (ws, wst) = _conv_layouts(x, w)
+    cl = _channels_last_like(xs, xst) or _channels_last_like(ws, wst)   # cudnn_conv_suggest_memory_format
+    return one_d + [_copy_into(x, xs, xst, cl) if not one_d else 0, _copy_into(w, ws, wst, cl)]
+
+
+def _conv_bwd_scratch(args) -> list[int]:
+    # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+    #                      transposed, output_padding, groups, output_mask)
+    g, x, w, stride, dilation, transposed = args[0], args[1], args[2], args[4], args[6], args[7]
+    mask = args[10] if len(args) > 10 else (True, True, True)
+    if transposed or x.dim() not in (3, 4):
+        return []
+    sizes = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
+    (xs, xst), (ws, wst) = _conv_layouts(x, w)
+    if g.dim() == 3:
+        gs = ((g.shape[0], g.shape[1], 1, g.shape[2]), (g.stride(0), g.stride(1), g.stride(2) * g.shape[2], g.stride(2)))
+    else:
+        gs = (tuple(g.shape), g.stride())
+    if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
+        return sizes + [_copy_into(g, *gs, False), _copy_into(x, xs, xst, False) if mask[1] and not sizes else 0,
+                        _copy_into(w, ws, wst, False) if mask[0] else 0]
+    x_cl = _channels_last_like(xs, xst)
+    cl = x_cl or _channels_last_like(ws, wst)
+    if mask[1] and not sizes:
+        sizes.append(_copy_into(x, xs, xst, cl))                   # Convolution.cpp: input.contiguous(BF)
+    if _channels_last_like(*gs) != x_cl:                          # grad_output.to(input.suggest_memory_format())
+        sizes.append(g.numel() * g.element_size())
+        gs = (gs[0], _dense_strides(gs[0], x_cl))
+    if mask[0]:                                                   # cudnn_convolution_backward_input
+        fmt = _channels_last_like(*gs) or _channels_last_like(ws, wst)
+        sizes += [_copy_into(g, *gs, fmt), _copy_into(w, ws, wst, fmt)]
+    if mask[1]:                                                   # cudnn_convolution_backward_weight
+        fmt = x_cl or _channels_last_like(*gs)
+        sizes.append(_copy_into(g, *gs, fmt))
+        if fmt != cl:
+            sizes.append(x.numel() * x.element_size())
+    return sizes
+
+
+def _dense_strides(shape, channels_last: bool):
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
 
 
 def _layer_norm_scratch(args) -> list[int]:
@@ -171,6 +275,8 @@ _SCRATCH = {
     aten._softmax_backward_data.default: ("softmax", _softmax_bwd_scratch),
     aten._log_softmax_backward_data.default: ("softmax", _log_softmax_bwd_scratch),
     aten.embedding_dense_backward.default: ("embedding", _embedding_bwd_scratch),
+    aten.convolution.default: ("conv_copy", _conv_scratch),
+    aten.convolution_backward.default: ("conv_copy", _conv_bwd_scratch),
     aten.native_layer_norm.default: ("layer_norm", _layer_norm_scratch),
     aten.native_layer_norm_backward.default: ("layer_norm", _layer_norm_bwd_scratch),
 }

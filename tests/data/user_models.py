@@ -165,3 +165,29 @@ class _Probabilities(nn.Module):
 
 def probabilities(features: int = 16, classes: int = 1000, log: bool = False):
     return _Probabilities(features, classes, log)
+
+
+class _ConvOfChannelSlice(nn.Module):
+    """A depthwise convolution of a channel slice of a channels-last activation, as timm's
+    FocalNet convolves the context part of its projection: the slice is channels-last-like but
+    not dense, so the GPU copies it before cuDNN, in forward and for the weight gradient."""
+
+    def __init__(self, channels: int, slice_: bool):
+        super().__init__()
+        self.f = nn.Conv2d(3, 2 * channels, 1)
+        self.dw = nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.channels = channels
+        self.slice = slice_
+
+    def forward(self, x):
+        import torch
+
+        h = self.f(x).contiguous(memory_format=torch.channels_last)
+        q, ctx = h.split(self.channels, 1)
+        if not self.slice:
+            ctx = ctx.contiguous(memory_format=torch.channels_last)
+        return (self.dw(ctx) * q).mean((2, 3))
+
+
+def conv_of_channel_slice(channels: int = 32, slice_: bool = True):
+    return _ConvOfChannelSlice(channels, slice_)
