@@ -57,10 +57,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._prims_common import compute_elementwise_output_strides, is_non_overlapping_and_dense_or_false
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode, UnsupportedOperatorException)
 from torch.utils import _pytree as pytree
 
 DEVICE = torch.device("cuda", 0)
+
+# Layout questions other modules ask of fake tensors, answered as TensorIterator / c10 do
+elementwise_output_strides = compute_elementwise_output_strides
+is_dense = is_non_overlapping_and_dense_or_false
+parse_to = torch._C._nn._parse_to   # Tensor.to's argument parser: (device, dtype, non_blocking, memory_format)
+# What tracing stops on (data-dependent control flow, ops without a fake kernel) is raised as
+# DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException (above).
 
 aten = torch.ops.aten
 

@@ -118,7 +118,7 @@ def _as_parameters(state: ScriptState, orig, is_cuda):
 
 
 def _to_cuda(*args, **kwargs) -> bool:
-    device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    device = fc.parse_to(*args, **kwargs)[0]
     return device is not None and device.type == "cuda"
 
 

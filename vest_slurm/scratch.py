@@ -70,7 +70,6 @@ and cuda/mem_eff_attention/kernel_backward.h):
 from __future__ import annotations
 
 import torch
-from torch._prims_common import compute_elementwise_output_strides
 
 aten = torch.ops.aten
 
@@ -142,12 +141,14 @@ def _softmax_scratch(args) -> list[int]:
 
 
 def _softmax_bwd_scratch(args) -> list[int]:
+    from ._fakecuda import elementwise_output_strides
+
     # _softmax_backward_data(grad_output, output, dim, input_dtype): ``tmp = grad * output``, then
     # host_softmax_backward's tmp.contiguous() and output.contiguous()
     grad, output = args[0], args[1]
     dtype = torch.promote_types(grad.dtype, output.dtype)
     tmp = grad.numel() * dtype.itemsize
-    strides = compute_elementwise_output_strides(grad, output)
+    strides = elementwise_output_strides(grad, output)
     tmp_copy = 0 if _dense(grad.shape, strides) else tmp
     return [tmp, tmp_copy, _contiguous_copy(output)]
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from . import _fakecuda as fc
 from .scratch import kernel_scratch
@@ -218,7 +217,7 @@ class Tracer:
             return
         if func is _ADD and not (len(args) == 2 and fc._is_fake_cuda(args[1])):
             return
-        if old.shape != out.shape or old.dtype != out.dtype or not is_non_overlapping_and_dense_or_false(old):
+        if old.shape != out.shape or old.dtype != out.dtype or not fc.is_dense(old):
             return
         old_block = self.recorder.live_block(old)
         info = s.blocks.get(old_block)
@@ -545,14 +544,14 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
                     h.remove()
     except EstimateError:
         raise
-    except torch._subclasses.fake_tensor.DataDependentOutputException as e:
+    except fc.DataDependentOutputException as e:
         raise EstimateError(f"{spec.model}: the model's shapes depend on the data ({e})",
                             "the estimator cannot trace data-dependent control flow; describe a model without it or use the dynamic mode") from None
-    except torch._subclasses.fake_tensor.DynamicOutputShapeException as e:
+    except fc.DynamicOutputShapeException as e:
         raise EstimateError(f"{spec.model}: an output's size depends on the data ({e}: a boolean mask, nonzero, unique)",
                             "the estimator cannot size it without data; turn off the feature that selects by value "
                             "(e.g. SpecAugment's mask_time_prob=0) or estimate a model without it") from None
-    except torch._subclasses.fake_tensor.UnsupportedOperatorException as e:
+    except fc.UnsupportedOperatorException as e:
         raise EstimateError(f"{spec.model}: operator {e.func} cannot run on fake tensors",
                             "report it; meanwhile estimate a similar model without that operator") from None
     except (KeyboardInterrupt, SystemExit):
