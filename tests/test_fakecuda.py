@@ -361,6 +361,16 @@ def test_multihead_attention_takes_the_gpus_kernel(autocast):
     assert not any("ForCpu" in n for n in nodes)
 
 
+def test_attention_kernel_leaves_real_tensors_to_pytorch():
+    """The dispatcher kernel that picks the GPU's attention kernel for fake tensors hands real
+    tensors (a measuring run on a GPU in the same process) to PyTorch's own composite."""
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8)
+    assert torch.allclose(fc._sdpa_kernel(q, q, q, None, 0.0, True),
+                          F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert torch.allclose(fc._sdpa_kernel(q, k, k, enable_gqa=True),
+                          F.scaled_dot_product_attention(q, k, k, enable_gqa=True))
+
+
 def test_attention_the_gpu_runs_on_its_math_kernel_keeps_the_scores():
     """fp32 with a head dim that is not a multiple of 4 fits neither fused kernel: the GPU runs
     the math kernel and keeps the softmaxed scores for backward (the host's SDPA would pick its
