@@ -172,8 +172,10 @@ def conv_workspace_keys(func, args) -> list[str]:
     if x.dim() == 3:   # (N, C, L) -> (N, C, 1, L)
         xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
         stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
-    channels_last = x.dim() == 4 and (x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-                                      or w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+    # cudnn_conv_suggest_memory_format: channels-last when the input or the weight suggests it
+    # (ConvUtils.h); the operands are then copied dense in that format (scratch.py)
+    channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
+                                      or suggests_channels_last(w.shape, w.stride()))
     if not depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
         return []
     dtype = str(x.dtype).replace("torch.", "")
@@ -181,6 +183,20 @@ def conv_workspace_keys(func, args) -> list[str]:
     # is on (Conv_v8.cpp filterEngineConfigs); the script's own setting, read when the op runs
     tf32 = x.dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32)
     return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last, tf32) for k in kinds]
+
+
+def suggests_channels_last(shape, strides) -> bool:
+    """c10's is_channels_last_strides_2d_s4, what ``suggest_memory_format()`` reads for 4-d
+    tensors: strides growing in (C, W, H, N) order, ambiguous cases NCHW. True also for a tensor
+    that is not dense (a channel slice of a channels-last one)."""
+    if len(shape) != 4 or strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if shape[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * shape[d] if shape[d] > 1 else strides[d]
+    return True
 
 
 def depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:

@@ -71,6 +71,8 @@ from __future__ import annotations
 
 import torch
 
+from ._fakecuda import depthwise_on_cudnn, elementwise_output_strides, suggests_channels_last
+
 aten = torch.ops.aten
 
 _FLOAT = 4
@@ -117,19 +119,6 @@ def _dense(shape, strides, channels_last: bool = False) -> bool:
     return True
 
 
-def _channels_last_like(shape, strides) -> bool:
-    """c10's is_channels_last_strides_2d_s4, what ``suggest_memory_format()`` reads for 4-d
-    tensors: strides growing in (C, W, H, N) order, ambiguous cases NCHW."""
-    if len(shape) != 4 or strides[1] == 0:
-        return False
-    low = 0
-    for d in (1, 3, 2, 0):
-        if shape[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
-            return False
-        low = strides[d] * shape[d] if shape[d] > 1 else strides[d]
-    return True
-
-
 def _copy_into(t, shape, strides, channels_last: bool) -> int:
     """Bytes of ``.contiguous(memory_format)`` of a tensor of t's size and dtype with this layout."""
     return 0 if _dense(shape, strides, channels_last) else t.numel() * t.element_size()
@@ -141,8 +130,6 @@ def _softmax_scratch(args) -> list[int]:
 
 
 def _softmax_bwd_scratch(args) -> list[int]:
-    from ._fakecuda import elementwise_output_strides
-
     # _softmax_backward_data(grad_output, output, dim, input_dtype): ``tmp = grad * output``, then
     # host_softmax_backward's tmp.contiguous() and output.contiguous()
     grad, output = args[0], args[1]
@@ -186,14 +173,12 @@ def _conv_layouts(x, w):
 
 
 def _on_cudnn(x, w, stride, dilation) -> bool:
-    from ._fakecuda import depthwise_on_cudnn
-
     (xs, _), (ws, _) = _conv_layouts(x, w)
     stride, dilation = ([int(v) for v in p] * (len(xs) - 2) if len(p) == 1 else [int(v) for v in p]
                         for p in (stride, dilation))
     if x.dim() == 3:
         stride, dilation = [1] + stride, [1] + dilation
-    channels_last = x.dim() == 4 and (_channels_last_like(xs, x.stride()) or _channels_last_like(ws, w.stride()))
+    channels_last = x.dim() == 4 and (suggests_channels_last(xs, x.stride()) or suggests_channels_last(ws, w.stride()))
     return depthwise_on_cudnn(list(xs), list(ws), stride, dilation, x.dtype, channels_last)
 
 
@@ -206,7 +191,7 @@ def _conv_scratch(args) -> list[int]:
     if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
         return one_d + ([] if one_d else [_contiguous_copy(x)]) + [_contiguous_copy(w)]
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
-    cl = _channels_last_like(xs, xst) or _channels_last_like(ws, wst)   # cudnn_conv_suggest_memory_format
+    cl = suggests_channels_last(xs, xst) or suggests_channels_last(ws, wst)   # cudnn_conv_suggest_memory_format
     return one_d + [_copy_into(x, xs, xst, cl) if not one_d else 0, _copy_into(w, ws, wst, cl)]
 
 
@@ -226,18 +211,18 @@ def _conv_bwd_scratch(args) -> list[int]:
     if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
         return sizes + [_copy_into(g, *gs, False), _copy_into(x, xs, xst, False) if mask[1] and not sizes else 0,
                         _copy_into(w, ws, wst, False) if mask[0] else 0]
-    x_cl = _channels_last_like(xs, xst)
-    cl = x_cl or _channels_last_like(ws, wst)
+    x_cl = suggests_channels_last(xs, xst)
+    cl = x_cl or suggests_channels_last(ws, wst)
     if mask[1] and not sizes:
         sizes.append(_copy_into(x, xs, xst, cl))                   # Convolution.cpp: input.contiguous(BF)
-    if _channels_last_like(*gs) != x_cl:                          # grad_output.to(input.suggest_memory_format())
+    if suggests_channels_last(*gs) != x_cl:                          # grad_output.to(input.suggest_memory_format())
         sizes.append(g.numel() * g.element_size())
         gs = (gs[0], _dense_strides(gs[0], x_cl))
     if mask[0]:                                                   # cudnn_convolution_backward_input
-        fmt = _channels_last_like(*gs) or _channels_last_like(ws, wst)
+        fmt = suggests_channels_last(*gs) or suggests_channels_last(ws, wst)
         sizes += [_copy_into(g, *gs, fmt), _copy_into(w, ws, wst, fmt)]
     if mask[1]:                                                   # cudnn_convolution_backward_weight
-        fmt = x_cl or _channels_last_like(*gs)
+        fmt = x_cl or suggests_channels_last(*gs)
         sizes.append(_copy_into(g, *gs, fmt))
         if fmt != cl:
             sizes.append(x.numel() * x.element_size())
