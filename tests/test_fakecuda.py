@@ -320,6 +320,25 @@ def test_conv_workspace_key_expands_one_value_to_every_spatial_dim():
     assert (stride, padding, dilation) == ([2, 2], [0, 0], [1, 1])
 
 
+def test_depthwise_convolution_of_a_channels_last_slice_runs_on_cudnn():
+    """A channel slice of a channels-last activation (FocalNet's context) is not dense, but it
+    suggests channels-last (c10's stride rule), so cuDNN takes the depthwise convolution in
+    channels-last after a copy; an NCHW bf16 depthwise convolution takes ATen's kernel (no key)."""
+    import json
+
+    assert fc.suggests_channels_last((4, 96, 56, 56), (614656, 1, 10976, 196))
+    assert not fc.suggests_channels_last((4, 96, 56, 56), (301056, 3136, 56, 1))
+    assert not fc.suggests_channels_last((8, 2048, 1, 1), (2048, 1, 1, 1))   # ambiguous: NCHW
+    with fake_gpu():
+        h = torch.empty(4, 196, 56, 56, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        w = torch.empty(96, 1, 3, 3, device="cuda", dtype=torch.bfloat16)
+        sliced = (h[:, :96], w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 96)
+        nchw = (torch.empty(4, 96, 56, 56, device="cuda", dtype=torch.bfloat16), *sliced[1:])
+        keys = fc.conv_workspace_keys(torch.ops.aten.convolution.default, sliced)
+        assert fc.conv_workspace_keys(torch.ops.aten.convolution.default, nchw) == []
+    assert len(keys) == 1 and json.loads(keys[0])[7] is True   # channels_last
+
+
 def test_grouped_query_attention_takes_flash_attention_with_its_expanded_gradients():
     """enable_gqa with fewer key/value heads: the GPU runs flash attention on them as they are
     (torch >= 2.5), whose backward sums the per-query-head key/value gradients from two buffers."""
