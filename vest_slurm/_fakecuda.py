@@ -164,25 +164,38 @@ def conv_workspace_keys(func, args) -> list[str]:
         kinds = [k for k, on in (("dgrad", mask[0]), ("wgrad", mask[1])) if on]
     if transposed or not (_is_fake_cuda(x) and _is_fake_cuda(w)) or x.dim() not in (3, 4):
         return []
-    xs, ws = list(x.shape), list(w.shape)
-    # one value stands for every spatial dimension (ATen's expand_param_if_needed): HF's
-    # EfficientNet passes padding=[0] to a 2-d convolution
-    stride, padding, dilation = ([int(v) for v in p] * (x.dim() - 2) if len(p) == 1 else [int(v) for v in p]
-                                 for p in (stride, padding, dilation))
-    if x.dim() == 3:   # (N, C, L) -> (N, C, 1, L)
-        xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
-        stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
-    # cudnn_conv_suggest_memory_format: channels-last when the input or the weight suggests it
-    # (ConvUtils.h); the operands are then copied dense in that format (scratch.py)
-    channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
-                                      or suggests_channels_last(w.shape, w.stride()))
-    if not depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last):
+    xs, ws, stride, padding, dilation = conv_geometry(x, w, stride, padding, dilation)
+    on_cudnn, channels_last = conv_on_cudnn(x, w, stride, dilation)
+    if not on_cudnn:
         return []
     dtype = str(x.dtype).replace("torch.", "")
     # fp32 convolutions may run on TF32 tensor-core engines only while torch.backends.cudnn.allow_tf32
     # is on (Conv_v8.cpp filterEngineConfigs); the script's own setting, read when the op runs
     tf32 = x.dtype != torch.float32 or bool(torch.backends.cudnn.allow_tf32)
     return [conv_key(k, xs, ws, stride, padding, dilation, dtype, channels_last, tf32) for k in kinds]
+
+
+def conv_geometry(x, w, stride, padding, dilation):
+    """(input shape, weight shape, stride, padding, dilation) of the 2-d convolution ATen runs:
+    one value stands for every spatial dimension (expand_param_if_needed: HF's EfficientNet passes
+    padding=[0] to a 2-d convolution), and a 1-d convolution runs as a 2-d one of height 1 (view4d)."""
+    xs, ws = list(x.shape), list(w.shape)
+    stride, padding, dilation = ([int(v) for v in p] * (x.dim() - 2) if len(p) == 1 else [int(v) for v in p]
+                                 for p in (stride, padding, dilation))
+    if x.dim() == 3:   # (N, C, L) -> (N, C, 1, L)
+        xs, ws = [xs[0], xs[1], 1, xs[2]], [ws[0], ws[1], 1, ws[2]]
+        stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
+    return xs, ws, stride, padding, dilation
+
+
+def conv_on_cudnn(x, w, stride, dilation) -> tuple[bool, bool]:
+    """(whether cuDNN runs this convolution, whether in channels-last), for the 2-d geometry
+    conv_geometry gives. cudnn_conv_suggest_memory_format (ConvUtils.h): channels-last when the
+    input or the weight suggests it; the operands are then copied dense in it (scratch.py)."""
+    channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
+                                      or suggests_channels_last(w.shape, w.stride()))
+    xs, ws = conv_geometry(x, w, [1], [0], [1])[:2]
+    return depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last), channels_last
 
 
 def suggests_channels_last(shape, strides) -> bool:

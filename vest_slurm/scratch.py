@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import torch
 
-from ._fakecuda import depthwise_on_cudnn, elementwise_output_strides, suggests_channels_last
+from ._fakecuda import conv_geometry, conv_on_cudnn, elementwise_output_strides, suggests_channels_last
 
 aten = torch.ops.aten
 
@@ -173,13 +173,8 @@ def _conv_layouts(x, w):
 
 
 def _on_cudnn(x, w, stride, dilation) -> bool:
-    (xs, _), (ws, _) = _conv_layouts(x, w)
-    stride, dilation = ([int(v) for v in p] * (len(xs) - 2) if len(p) == 1 else [int(v) for v in p]
-                        for p in (stride, dilation))
-    if x.dim() == 3:
-        stride, dilation = [1] + stride, [1] + dilation
-    channels_last = x.dim() == 4 and (suggests_channels_last(xs, x.stride()) or suggests_channels_last(ws, w.stride()))
-    return depthwise_on_cudnn(list(xs), list(ws), stride, dilation, x.dtype, channels_last)
+    stride, dilation = conv_geometry(x, w, stride, [0], dilation)[2::2]
+    return conv_on_cudnn(x, w, stride, dilation)[0]
 
 
 def _conv_scratch(args) -> list[int]:
@@ -191,7 +186,7 @@ def _conv_scratch(args) -> list[int]:
     if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
         return one_d + ([] if one_d else [_contiguous_copy(x)]) + [_contiguous_copy(w)]
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
-    cl = suggests_channels_last(xs, xst) or suggests_channels_last(ws, wst)   # cudnn_conv_suggest_memory_format
+    cl = suggests_channels_last(xs, xst) or suggests_channels_last(ws, wst)   # the backend memory format
     return one_d + [_copy_into(x, xs, xst, cl) if not one_d else 0, _copy_into(w, ws, wst, cl)]
 
 
@@ -205,7 +200,8 @@ def _conv_bwd_scratch(args) -> list[int]:
     sizes = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
     if g.dim() == 3:
-        gs = ((g.shape[0], g.shape[1], 1, g.shape[2]), (g.stride(0), g.stride(1), g.stride(2) * g.shape[2], g.stride(2)))
+        gs = ((g.shape[0], g.shape[1], 1, g.shape[2]),
+              (g.stride(0), g.stride(1), g.stride(2) * g.shape[2], g.stride(2)))
     else:
         gs = (tuple(g.shape), g.stride())
     if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
@@ -215,7 +211,7 @@ def _conv_bwd_scratch(args) -> list[int]:
     cl = x_cl or suggests_channels_last(ws, wst)
     if mask[1] and not sizes:
         sizes.append(_copy_into(x, xs, xst, cl))                   # Convolution.cpp: input.contiguous(BF)
-    if suggests_channels_last(*gs) != x_cl:                          # grad_output.to(input.suggest_memory_format())
+    if suggests_channels_last(*gs) != x_cl:                       # grad_output.to(input.suggest_memory_format())
         sizes.append(g.numel() * g.element_size())
         gs = (gs[0], _dense_strides(gs[0], x_cl))
     if mask[0]:                                                   # cudnn_convolution_backward_input
