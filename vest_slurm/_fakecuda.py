@@ -165,7 +165,7 @@ def conv_workspace_keys(func, args) -> list[str]:
     if transposed or not (_is_fake_cuda(x) and _is_fake_cuda(w)) or x.dim() not in (3, 4):
         return []
     xs, ws, stride, padding, dilation = conv_geometry(x, w, stride, padding, dilation)
-    on_cudnn, channels_last = conv_on_cudnn(x, w, stride, dilation)
+    on_cudnn, channels_last = conv_on_cudnn(x, w, xs, ws, stride, dilation)
     if not on_cudnn:
         return []
     dtype = str(x.dtype).replace("torch.", "")
@@ -188,13 +188,12 @@ def conv_geometry(x, w, stride, padding, dilation):
     return xs, ws, stride, padding, dilation
 
 
-def conv_on_cudnn(x, w, stride, dilation) -> tuple[bool, bool]:
+def conv_on_cudnn(x, w, xs, ws, stride, dilation) -> tuple[bool, bool]:
     """(whether cuDNN runs this convolution, whether in channels-last), for the 2-d geometry
-    conv_geometry gives. cudnn_conv_suggest_memory_format (ConvUtils.h): channels-last when the
+    conv_geometry gives (xs, ws, stride, dilation). cudnn_conv_suggest_memory_format (ConvUtils.h): channels-last when the
     input or the weight suggests it; the operands are then copied dense in it (scratch.py)."""
     channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
                                       or suggests_channels_last(w.shape, w.stride()))
-    xs, ws = conv_geometry(x, w, [1], [0], [1])[:2]
     return depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last), channels_last
 
 
@@ -747,30 +746,28 @@ def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dr
     return SDP_MATH
 
 
-def _sdpa(capability):
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
-        if choice == SDP_FLASH:
-            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            # the GPU converts a boolean mask to an additive one of the query's dtype
-            # (attention.cpp convert_boolean_attn_mask) for the other kernels
-            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=DEVICE).masked_fill(
-                attn_mask.logical_not(), float("-inf"))
-        if choice == SDP_EFFICIENT:
-            bias = attn_mask
-            if bias is not None:
-                bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-            needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-            return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p,
-                                                                is_causal, scale=scale)[0]
-        # The math kernel, as the GPU runs it: the query's C++ device here is the CPU's, whose
-        # scaled_dot_product_attention would pick the CPU's flash kernel and keep no S x S scores.
-        gqa = {"enable_gqa": True} if enable_gqa else {}   # torch >= 2.5
-        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
-                                                       None, scale=scale, **gqa)[0]
-
-    return sdpa
+def _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """scaled_dot_product_attention as the GPU of this capability runs it (gpu_sdp_choice)."""
+    choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
+    if choice == SDP_FLASH:
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # the GPU converts a boolean mask to an additive one of the query's dtype
+        # (attention.cpp convert_boolean_attn_mask) for the other kernels
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=DEVICE).masked_fill(
+            attn_mask.logical_not(), float("-inf"))
+    if choice == SDP_EFFICIENT:
+        bias = attn_mask
+        if bias is not None:
+            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_efficient_attention(query, key, value, bias, needs_grad, dropout_p,
+                                                            is_causal, scale=scale)[0]
+    # The math kernel, as the GPU runs it: the query's C++ device here is the CPU's, whose
+    # scaled_dot_product_attention would pick the CPU's flash kernel and keep no S x S scores.
+    gqa = {"enable_gqa": True} if enable_gqa else {}   # torch >= 2.5
+    return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                   None, scale=scale, **gqa)[0]
 
 
 # The capability of the GPU being traced (cuda_answers sets it): scaled_dot_product_attention on
@@ -783,7 +780,7 @@ def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
                  enable_gqa=False):
     capability = _TRACED_CAPABILITY[0]
     if capability is not None and _is_fake_cuda(query):
-        return _sdpa(capability)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     # a real CUDA tensor: PyTorch's own composite, which chooses among the GPU's kernels itself
     gqa = {"enable_gqa": enable_gqa} if enable_gqa else {}
     return aten.scaled_dot_product_attention.default.decompose(query, key, value, attn_mask, dropout_p, is_causal,

@@ -161,20 +161,27 @@ def _embedding_bwd_scratch(args) -> list[int]:
     return sizes
 
 
+def _view4d(t):
+    """(shape, strides) of a tensor as the cuDNN path sees it: a 3-d one viewed as 2-d of height 1
+    (Convolution.cpp view4d, ``unsqueeze(2)``)."""
+    if t.dim() != 3:
+        return tuple(t.shape), t.stride()
+    n, c, length = t.shape
+    return (n, c, 1, length), (t.stride(0), t.stride(1), t.stride(2) * length, t.stride(2))
+
+
 def _conv_layouts(x, w):
     """(input, weight) shapes and strides as the cuDNN path sees them: a 1-d convolution's input
-    made contiguous first, then both viewed as 2-d of height 1 (Convolution.cpp view4d)."""
+    made contiguous first, then both viewed as 2-d of height 1."""
     if x.dim() == 3:
         n, c, length = x.shape
-        xs = ((n, c, 1, length), (c * length, length, length, 1))
-        ws = (tuple(w.shape[:2]) + (1, w.shape[2]), (w.stride(0), w.stride(1), w.stride(2) * w.shape[2], w.stride(2)))
-        return xs, ws
-    return (tuple(x.shape), x.stride()), (tuple(w.shape), w.stride())
+        return ((n, c, 1, length), (c * length, length, length, 1)), _view4d(w)
+    return _view4d(x), _view4d(w)
 
 
 def _on_cudnn(x, w, stride, dilation) -> bool:
-    stride, dilation = conv_geometry(x, w, stride, [0], dilation)[2::2]
-    return conv_on_cudnn(x, w, stride, dilation)[0]
+    xs, ws, stride, _, dilation = conv_geometry(x, w, stride, [0], dilation)
+    return conv_on_cudnn(x, w, xs, ws, stride, dilation)[0]
 
 
 def _conv_scratch(args) -> list[int]:
@@ -199,11 +206,7 @@ def _conv_bwd_scratch(args) -> list[int]:
         return []
     sizes = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
-    if g.dim() == 3:
-        gs = ((g.shape[0], g.shape[1], 1, g.shape[2]),
-              (g.stride(0), g.stride(1), g.stride(2) * g.shape[2], g.stride(2)))
-    else:
-        gs = (tuple(g.shape), g.stride())
+    gs = _view4d(g)
     if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
         return sizes + [_copy_into(g, *gs, False), _copy_into(x, xs, xst, False) if mask[1] and not sizes else 0,
                         _copy_into(w, ws, wst, False) if mask[0] else 0]
