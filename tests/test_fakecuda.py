@@ -160,6 +160,27 @@ def test_materialize_keeps_a_shared_submodule_tied():
     assert seen.allocated == [100 * 16 * 4]   # one storage, as model.cuda() keeps one
 
 
+def test_module_to_in_the_step_converts_memoized_parameters_as_the_gpu_does():
+    # FakeTensorMode keeps weak references to the fake tensors it memoizes, and Module._apply
+    # swaps fake parameters, which swap_tensors refuses for a weakly referenced tensor.
+    # SwitchTransformers' router calls self.classifier.to(self.dtype) in every forward.
+    import weakref
+
+    with fake_gpu() as seen:
+        lin = torch.nn.Linear(64, 32, device="cuda")
+        weight = lin.weight
+        memo = weakref.ref(weight)   # as FakeTensorMode's memo holds it
+        mark = len(seen.allocated)
+        assert lin.to(torch.float32) is lin
+        assert lin.weight is weight and lin.weight.dtype == torch.float32
+        assert seen.since(mark) == []   # a conversion to its own dtype allocates nothing
+        lin.to(torch.bfloat16)   # on a GPU: weight.data = converted, the same Parameter
+        assert lin.weight is weight and memo() is weight
+        assert weight.dtype == torch.bfloat16 and weight.device.type == "cuda"
+        assert sorted(seen.since(mark)) == [32 * 2, 64 * 32 * 2]
+        assert sorted(seen.live.values()).count(64 * 32 * 4) == 0   # the fp32 weight is freed
+
+
 def _trace_bytes(attention):
     spec = parse_workload_args(["--model", f"{DATA / 'user_models.py'}:{attention}", "--batch-size", "4",
                                 "--input", "64x32", "--loss", "mse", "--precision", "amp-fp16"])

@@ -817,6 +817,7 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         (torch.cuda, "get_device_capability", lambda *a, **k: capability),
         (torch.cuda, "synchronize", lambda *a, **k: None),
         (torch, "clear_autocast_cache", _clear_autocast_cache(torch.clear_autocast_cache)),
+        (torch.utils, "swap_tensors", _swap_or_set_data(torch.utils.swap_tensors)),
     ]
     # Optimizer.step asks the current CUDA stream whether it is capturing a graph: it is not.
     for attr in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
@@ -835,6 +836,31 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         CAST_CACHE.clear()
+
+
+def _swap_or_set_data(original):
+    """Module._apply (``module.to(dtype)``, ``.half()``, ``.cuda()``) swaps every FakeTensor
+    parameter with its converted copy, and swap_tensors refuses a tensor that has a weak
+    reference, as every fake tensor FakeTensorMode has memoized does. On a GPU the same call
+    replaces the parameter's data (``param.data = converted``, compute_should_use_set_data), or
+    does nothing where the conversion returned the parameter itself (SwitchTransformers' router
+    calls ``self.classifier.to(self.dtype)`` in every forward). Do that instead."""
+
+    def swap(t1, t2):
+        try:
+            return original(t1, t2)
+        except RuntimeError:
+            if not (_is_fake_cuda(t1) and _is_fake_cuda(t2)):
+                raise
+        same = (t1.untyped_storage()._cdata == t2.untyped_storage()._cdata
+                and t1.dtype == t2.dtype and t1.shape == t2.shape and t1.stride() == t2.stride()
+                and t1.storage_offset() == t2.storage_offset())
+        if not same:
+            with torch.no_grad():
+                t1.data = t2.data if isinstance(t2, torch.nn.Parameter) else t2
+        return None
+
+    return swap
 
 
 def _clear_autocast_cache(original):
