@@ -217,6 +217,77 @@ def test_values_known_without_data_steer_the_step():
             bool(torch.all(data == 1))
 
 
+def test_a_padded_mask_answers_whether_it_has_global_attention():
+    # Longformer: ones padded with 0 to the window, clamped, cast, gathered with arange indices,
+    # made 0 / min by where, written at (mask == 2), then asked `(m > 0).any().item()`
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    with fake_gpu():
+        mask = F.pad(torch.ones(2, 6, device="cuda"), (0, 2), value=0)
+        allowed = torch.clamp(mask, min=0, max=1).to(torch.bool)
+        kv = torch.arange(8, device="cuda")
+        assert bool((kv >= 0).all()) is True
+        gathered = allowed[torch.arange(2, device="cuda")[:, None], kv[None, :]]
+        ext = torch.where(gathered, torch.tensor(0.0, device="cuda"), torch.finfo(torch.float32).min)
+        ext[mask == 2] = torch.finfo(torch.float32).max   # selects nothing: mask is 0 or 1
+        assert bool((ext > 0).flatten().any()) is False
+        with pytest.raises(DataDependentOutputException):   # padding: both answers possible
+            bool((ext < 0).any())
+        ext[mask == 1] = 1.0   # a write the values cannot rule out
+        with pytest.raises(DataDependentOutputException):
+            bool((ext > 0).any())
+
+
+def test_known_values_only_ever_widen():
+    # each rule keeps every value an element could hold (vest_slurm/_known.py)
+    import operator
+
+    from vest_slurm import _known as kn
+
+    assert kn.cast(kn.Span(1, 5), torch.bool) == {True}
+    assert kn.cast(kn.Span(-1, 1), torch.bool) == {False, True}
+    assert kn.cast(kn.Span(0, 0), torch.bool) == {False}
+    assert kn.cast(kn.Span(0.5, 2.5), torch.int64) == kn.Span(0, 2)
+    assert kn.cast(frozenset({float("inf")}), torch.int64) is None
+    assert kn.compare(kn.Span(0, 511), operator.ge, 0) == {True}
+    assert kn.compare(kn.Span(0, 511), operator.lt, 256) == {False, True}
+    assert kn.compare(kn.Span(0, 511), operator.eq, 600) == {False}
+    assert kn.compare(kn.Span(0, 511), operator.eq, 7) == {False, True}
+    assert kn.arange((10, 0, -2), {}) == kn.Span(2, 10)
+    assert kn.arange((0, 1, 0.25), {}) == kn.Span(0, 0.75)
+    assert kn.arange((5, 5), {}) == frozenset()
+    assert kn.reduce(frozenset({0.0, 2.0}), any, 8) == {False, True}   # data decides
+    assert kn.reduce(frozenset({0.0, 2.0}), any, 0) == {False}
+    assert kn.union(frozenset(range(10)), frozenset(range(10, 20))) == kn.Span(0, 19)   # too many: kept as a span
+    assert kn.where_truthy(frozenset({0.0, 1.0}), -9.0) == {0.0, -9.0}
+    assert kn.where_truthy(kn.Span(1, 3), -9.0) == {-9.0}
+    # values are kept as the tensor's type holds them: a compare answers as the kernel would
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for v in (0.1, 1 / 3, 70000.0, 1e39, -3.4028234663852886e38):
+            assert kn.cast(frozenset({v}), dtype) == {torch.tensor(v, dtype=torch.float64).to(dtype).item()}
+    assert kn.cast(frozenset({300}), torch.uint8) is None   # would wrap
+
+
+def test_an_inverted_mask_keeps_its_zeros_where_the_mask_attends():
+    # LED / transformers' _prepare_4d_attention_mask_inverted: 1 - m, masked_fill where it is
+    # nonzero, times m: 0 where m attends, -0.0 where padded; never positive
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    with fake_gpu():
+        m = F.pad(torch.ones(2, 6, device="cuda", dtype=torch.long), (0, 2), value=0)
+        expanded = m[:, None, None, :].expand(2, 1, 8, 8).to(torch.float32)
+        inverted = 1.0 - expanded
+        filled = inverted.masked_fill(inverted.to(torch.bool), torch.finfo(torch.float32).min)
+        assert bool((filled.mul(expanded) > 0).any()) is False
+        # the same with the source written between the cast and the fill: no longer known
+        inverted2 = 1.0 - expanded
+        truth = inverted2.to(torch.bool)
+        inverted2.add_(0.5)
+        filled2 = inverted2.masked_fill(truth, torch.finfo(torch.float32).min)
+        with pytest.raises(DataDependentOutputException):
+            bool((filled2.mul(expanded) > 0).any())
+
+
 def test_host_random_numbers_are_drawn_as_the_run_draws_them():
     # transformers 4.x LayerDrop: `if torch.rand([]) < self.layerdrop` on the host
     with fake_gpu() as seen:

@@ -376,6 +376,25 @@ def test_hf_model_with_an_explicit_loss_on_its_scores():
     assert "mask_time_prob=0" in err.value.fix
 
 
+@pytest.mark.parametrize("model,args", [
+    ("LongformerForMaskedLM", {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                               "num_attention_heads": 2, "attention_window": 16, "vocab_size": 500}),
+    ("LEDForConditionalGeneration", {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32,
+                                     "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_attention_heads": 2,
+                                     "decoder_attention_heads": 2, "attention_window": 16, "vocab_size": 500}),
+])
+def test_sliding_window_attention_asks_its_padded_mask_for_global_attention(model, args):
+    # Longformer and LED pad to the attention window and ask `mask.any().item()` whether any
+    # token attends globally: known without data (no global attention mask is given), so they trace
+    import json
+
+    s = spec("--model", f"hf:{model}", "--batch-size", "2", "--input", "seq24", "--model-args", json.dumps(args))
+    trace = trace_training(s)
+    assert trace.live_peak_bytes() > 0
+    # the padded sequence (24 -> 32 tokens) is what the layers see: [2, 32, 32] fp32 hidden states
+    assert any(e.action == "alloc" and e.phase == "forward" and e.size_bytes == 2 * 32 * 32 * 4 for e in trace.events)
+
+
 def test_bare_sequence_classifier_config_gets_a_pad_token():
     # GPT2Config() has no pad token, and GPT-2's sequence classifier refuses a batch > 1 without
     # one (it pools at each row's last non-pad token); fine-tuning configs set the end-of-text token

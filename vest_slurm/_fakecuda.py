@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -61,6 +60,8 @@ from torch._prims_common import compute_elementwise_output_strides, is_non_overl
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode, UnsupportedOperatorException)
 from torch.utils import _pytree as pytree
+
+from . import _known
 
 DEVICE = torch.device("cuda", 0)
 
@@ -236,20 +237,17 @@ _TRUTH_OPS = {getattr(aten, name): value for name, value in _TRUTH_FUNCTIONS.ite
 
 
 # Values known without data: a tensor filled with one value (torch.ones, zeros, full and their
-# _like / new_ forms), and what comparisons, casts, views and all/any make of it. transformers 4.x
-# builds an all-ones attention mask itself when none is given and asks `torch.all(mask == 1)` to
-# choose the attention kernel. Kept per storage (views share it); a write to a storage forgets it.
-# Dynamic analysis's stand-ins for checks on values (_TRUTH_FUNCTIONS) are kept the same way.
+# _like / new_ forms), a scalar made by torch.tensor, an arange, and what comparisons, casts,
+# padding, gathers, where / masked_fill / index_put and all/any make of them (_known.py).
+# transformers 4.x builds an all-ones attention mask itself when none is given and asks
+# `torch.all(mask == 1)` to choose the attention kernel; Longformer asks whether its padded mask
+# has global attention. Kept per storage (views share it); a write to a storage forgets it unless
+# a rule says what it leaves. Dynamic analysis's stand-ins for checks on values
+# (_TRUTH_FUNCTIONS) are kept the same way.
 _FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
            aten.new_ones.default: 1, aten.new_zeros.default: 0}
-_FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2}   # where the value is
-_COMPARE = {aten.eq.Scalar: operator.eq, aten.ne.Scalar: operator.ne, aten.lt.Scalar: operator.lt,
-            aten.le.Scalar: operator.le, aten.gt.Scalar: operator.gt, aten.ge.Scalar: operator.ge}
-_REDUCE = {getattr(packet, name): fn for packet, fn in ((aten.all, all), (aten.any, any))
-           for name in ("default", "dim", "dims") if hasattr(packet, name)}
-_COPIES = {aten._to_copy.default, aten.clone.default}
-_NOT = {aten.logical_not.default, aten.bitwise_not.default}
-_CARRY = set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT   # ops whose output's fill follows from the input's
+_FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,   # where the value is
+         aten.scalar_tensor.default: 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -451,46 +449,71 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
-        self._fills: dict[int, tuple[weakref.ref, object]] = {}   # id(storage) -> (storage, value)
+        self._fills: dict[int, tuple[weakref.ref, object]] = {}   # id(storage) -> (storage, known values)
+        self._truths: dict[int, tuple] = {}   # id(mask storage) -> (mask storage, source storage, source version)
 
-    def fill_of(self, t):
-        """The one value every element of ``t`` holds, where it is known without data; else None."""
+    def known_of(self, t) -> _known.Known | None:
+        """What every element of ``t`` can be, where that is known without data; else None."""
+        if isinstance(t, (bool, int, float)):
+            return frozenset({t})
         if not isinstance(t, FakeTensor):
             return None
         s = t.untyped_storage()
         hit = self._fills.get(id(s))
-        return hit[1] if hit is not None and hit[0]() is s else None
+        if hit is not None and hit[0]() is s:
+            return hit[1]
+        c = t.constant   # a scalar or small tensor made by torch.tensor(): FakeTensorMode keeps it
+        if c is not None and c.numel() <= _known.MAX_SET:
+            return _known.cast(frozenset(c.flatten().tolist()), t.dtype)
+        return None
+
+    def fill_of(self, t):
+        """The one value every element of ``t`` holds, where it is known without data; else None."""
+        return _known.single(self.known_of(t)) if isinstance(t, FakeTensor) else None
+
+    def set_known(self, t, k: _known.Known | None) -> None:
+        s = t.untyped_storage()
+        k = _known.cast(k, t.dtype)
+        if k is None:
+            self._fills.pop(id(s), None)
+        else:
+            self._fills[id(s)] = (weakref.ref(s), k)
+
+    def _is_truth_of(self, mask, x) -> bool:
+        """Whether ``mask`` is ``x.to(bool)`` of ``x`` as it is now (no write since)."""
+        if not (isinstance(mask, FakeTensor) and isinstance(x, FakeTensor)):
+            return False
+        s = mask.untyped_storage()
+        hit = self._truths.get(id(s))
+        return (hit is not None and hit[0]() is s and hit[1]() is x.untyped_storage() and hit[2] == x._version
+                and mask.shape == x.shape and mask.stride() == x.stride() and mask._version == 0)
 
     def set_fill(self, t, value) -> None:
-        s = t.untyped_storage()
-        self._fills[id(s)] = (weakref.ref(s), _as_dtype(value, t.dtype))
+        self.set_known(t, frozenset({value}))
 
     def _track_fills(self, func, args, kwargs, out) -> None:
+        k = None
+        if isinstance(out, FakeTensor):
+            if func in _FILLED:
+                k = frozenset({_FILLED[func]})
+            elif self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
+                k = frozenset({_TRUTH_OPS[func.overloadpacket]})
+            elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
+                k = frozenset({args[_FULL[func]]})
+            elif func in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar) and self._is_truth_of(args[1], args[0]):
+                k = _known.where_truthy(self.known_of(args[0]), args[2])
+            elif func in _known.HANDLED:
+                k = _known.after_op(func, args, kwargs, out, self.known_of)   # before the op's writes are forgotten
+            if func is aten._to_copy.default and out.dtype == torch.bool and isinstance(args[0], FakeTensor):
+                s = out.untyped_storage()
+                self._truths[id(s)] = (weakref.ref(s), weakref.ref(args[0].untyped_storage()), args[0]._version)
         if self._fills:
             for i, name in _written_args(func):
                 target = args[i] if i < len(args) else kwargs.get(name)
                 if isinstance(target, FakeTensor):
                     self._fills.pop(id(target.untyped_storage()), None)
-        if not isinstance(out, FakeTensor):
-            return
-        if func in _FILLED:
-            self.set_fill(out, _FILLED[func])
-        elif self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
-            self.set_fill(out, _TRUTH_OPS[func.overloadpacket])
-        elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
-            self.set_fill(out, args[_FULL[func]])
-        elif func in _CARRY and args:
-            value = self.fill_of(args[0])
-            if value is None:
-                return
-            if func in _COMPARE and isinstance(args[1], (bool, int, float)):
-                self.set_fill(out, _COMPARE[func](value, args[1]))
-            elif func in _REDUCE:
-                self.set_fill(out, _REDUCE[func]([value]))
-            elif func in _COPIES:
-                self.set_fill(out, value)
-            elif func in _NOT and args[0].dtype == torch.bool:
-                self.set_fill(out, not value)
+        if k is not None:
+            self.set_known(out, k)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -603,6 +626,10 @@ def _on_the_gpu_like(host: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     """An empty fake CUDA tensor of a host tensor's shape, strides and dtype: what copying host
     data to the device allocates (values are not needed to trace memory)."""
     out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
+    mode = getattr(host, "fake_mode", None)
+    known = mode.known_of(host) if isinstance(mode, FakeCudaMode) else None
+    if known is not None:   # torch.tensor(0.0, device="cuda"): its value is the script's
+        mode.set_known(out, known)
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
@@ -676,9 +703,9 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 # C++ took the copy for a no-op (it reads the device as cpu). On the GPU the
                 # script gets a new host tensor, and the device tensor can be freed without it.
                 host = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cpu")
-                known = out.fake_mode.fill_of(out) if isinstance(out.fake_mode, FakeCudaMode) else None
+                known = out.fake_mode.known_of(out) if isinstance(out.fake_mode, FakeCudaMode) else None
                 if known is not None:
-                    out.fake_mode.set_fill(host, known)
+                    out.fake_mode.set_known(host, known)
                 return host
             return out
         return func(*args, **kwargs)
