@@ -257,12 +257,6 @@ def _written_args(func) -> tuple[tuple[int, str], ...]:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
-def _as_dtype(value, dtype: torch.dtype):
-    if dtype == torch.bool:
-        return bool(value)
-    return float(value) if dtype.is_floating_point else int(value)
-
-
 def _is_fake_cuda(t) -> bool:
     return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
 
@@ -439,6 +433,13 @@ class Recorder:
         self.on_free(block)
 
 
+def _forget_the_freed(table: dict, every: int = 4096) -> None:
+    """Drop the entries of storages that are gone, each time the table has grown by ``every``."""
+    if len(table) % every == 0:
+        for key in [key for key, entry in table.items() if entry[0]() is None]:
+            del table[key]
+
+
 class FakeCudaMode(FakeTensorMode):
     """FakeTensorMode that answers ``cpu`` to autograd's device query and records storages."""
 
@@ -478,6 +479,7 @@ class FakeCudaMode(FakeTensorMode):
             self._fills.pop(id(s), None)
         else:
             self._fills[id(s)] = (weakref.ref(s), k)
+            _forget_the_freed(self._fills)
 
     def _is_truth_of(self, mask, x) -> bool:
         """Whether ``mask`` is ``x.to(bool)`` of ``x`` as it is now (no write since)."""
@@ -507,6 +509,7 @@ class FakeCudaMode(FakeTensorMode):
             if func is aten._to_copy.default and out.dtype == torch.bool and isinstance(args[0], FakeTensor):
                 s = out.untyped_storage()
                 self._truths[id(s)] = (weakref.ref(s), weakref.ref(args[0].untyped_storage()), args[0]._version)
+                _forget_the_freed(self._truths)
         if self._fills:
             for i, name in _written_args(func):
                 target = args[i] if i < len(args) else kwargs.get(name)
