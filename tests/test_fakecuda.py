@@ -236,6 +236,14 @@ def test_a_padded_mask_answers_whether_it_has_global_attention():
         ext[mask == 1] = 1.0   # a write the values cannot rule out
         with pytest.raises(DataDependentOutputException):
             bool((ext > 0).any())
+        # compared in the tensor's type, as the kernel converts the scalar: 0.1 in fp16 is 0.1
+        tenth = torch.full((4,), 0.1, device="cuda", dtype=torch.float16)
+        assert bool((tenth == 0.1).all()) is True
+        assert bool(((tenth * 0 + 1.5) == 1.5).all()) is True   # exact results are followed
+        with pytest.raises(DataDependentOutputException):   # 1 + fp16(0.1) rounds: not followed
+            bool(((tenth + 1.0) > 0).all())
+        with pytest.raises(DataDependentOutputException):   # the same bits read as integers
+            bool((torch.ones(2, device="cuda").view(torch.int32) == 1).all())
 
 
 def test_known_values_only_ever_widen():

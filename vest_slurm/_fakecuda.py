@@ -450,7 +450,7 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
-        self._fills: dict[int, tuple[weakref.ref, object]] = {}   # id(storage) -> (storage, known values)
+        self._fills: dict[int, tuple] = {}   # id(storage) -> (storage, known values, their dtype)
         self._truths: dict[int, tuple] = {}   # id(mask storage) -> (mask storage, source storage, source version)
 
     def known_of(self, t) -> _known.Known | None:
@@ -462,7 +462,7 @@ class FakeCudaMode(FakeTensorMode):
         s = t.untyped_storage()
         hit = self._fills.get(id(s))
         if hit is not None and hit[0]() is s:
-            return hit[1]
+            return hit[1] if hit[2] == t.dtype else None   # a view as another dtype reads other bits
         c = t.constant   # a scalar or small tensor made by torch.tensor(): FakeTensorMode keeps it
         if c is not None and c.numel() <= _known.MAX_SET:
             return _known.cast(frozenset(c.flatten().tolist()), t.dtype)
@@ -478,7 +478,7 @@ class FakeCudaMode(FakeTensorMode):
         if k is None:
             self._fills.pop(id(s), None)
         else:
-            self._fills[id(s)] = (weakref.ref(s), k)
+            self._fills[id(s)] = (weakref.ref(s), k, t.dtype)
             _forget_the_freed(self._fills)
 
     def _is_truth_of(self, mask, x) -> bool:

@@ -147,6 +147,19 @@ def product(a: Known | None, b: Known | None, f: Callable) -> Known | None:
     return _set(f(x, y) for x in a for y in b)
 
 
+def exact(k: Known | None, dtype: torch.dtype) -> Known | None:
+    """Results of arithmetic done here in Python (double, or exact integers) on operands of
+    ``dtype``: kept where the GPU's kernel gives the same, i.e. where each result is a value of
+    ``dtype`` (a representable exact result is what every rounding returns). A span stays sound
+    through rounding, which keeps order."""
+    if k is None:
+        return None
+    rounded = cast(k, dtype)
+    if isinstance(k, Span) or rounded is None:
+        return rounded
+    return rounded if rounded == k else None
+
+
 _ORDERED = {operator.lt, operator.le, operator.gt, operator.ge}
 
 
@@ -240,14 +253,14 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         return None
     x = args[0]
     if func in _COMPARE:
-        c = known_of(args[1]) if isinstance(args[1], torch.Tensor) else args[1]
-        if isinstance(c, torch.Tensor) or c is None:
+        other = args[1]
+        if not isinstance(other, (torch.Tensor, bool, int, float)):
             return None
-        if isinstance(c, (frozenset, Span)):
-            c = single(c)
-            if c is None:
-                return None
-        return compare(known_of(x), _COMPARE[func], c)
+        ct = torch.result_type(x, other)   # both sides are converted to it, as the kernel does
+        c = single(cast(known_of(other), ct))
+        if c is None:
+            return None
+        return compare(cast(known_of(x), ct), _COMPARE[func], c)
     if func in _REDUCE:
         return reduce(known_of(x), _REDUCE[func], x.numel())
     if func is aten.cat.default:
@@ -262,8 +275,8 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         return monotone(known_of(x), operator.not_)
     if func in _BOOL_BINARY and x.dtype == torch.bool and dt == torch.bool:
         return product(known_of(x), known_of(args[1]), _BOOL_BINARY[func])
-    if func is aten.mul.Tensor and dt.is_floating_point:   # (integer products could wrap)
-        return cast(product(known_of(x), known_of(args[1]), operator.mul), dt)
+    if func is aten.mul.Tensor and dt.is_floating_point:
+        return exact(product(cast(known_of(x), dt), cast(known_of(args[1]), dt), operator.mul), dt)
     if func is aten.constant_pad_nd.default:
         value = args[2] if len(args) > 2 else kwargs.get("value", 0)
         return cast(union(known_of(x), frozenset({value})), dt)
@@ -271,17 +284,16 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         lo = args[1] if len(args) > 1 else kwargs.get("min")
         hi = args[2] if len(args) > 2 else kwargs.get("max")
         return cast(clamp(known_of(x), lo, hi), dt)
-    if func in (aten.add.Tensor, aten.sub.Tensor) and not isinstance(args[1], torch.Tensor):
-        alpha = kwargs.get("alpha", 1)
-        if not all(isinstance(v, (int, float)) for v in (args[1], alpha)):
-            return None
-        other = args[1] * alpha * (1 if func is aten.add.Tensor else -1)
-        return cast(monotone(known_of(x), lambda v: v + other), dt)
-    if func is aten.rsub.Scalar:
+    if func in (aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar) and not isinstance(args[1], torch.Tensor):
         other, alpha = args[1], kwargs.get("alpha", 1)
-        if not all(isinstance(v, (int, float)) for v in (other, alpha)):
+        if alpha != 1 or not isinstance(other, (int, float)):
             return None
-        return cast(monotone(known_of(x), lambda v: other - v * alpha), dt)
+        other = single(cast(frozenset({other}), dt))
+        if other is None:
+            return None
+        f = {aten.add.Tensor: lambda v: v + other, aten.sub.Tensor: lambda v: v - other,
+             aten.rsub.Scalar: lambda v: other - v}[func]
+        return exact(monotone(cast(known_of(x), dt), f), dt)
     if func is aten.where.self:
         cond = known_of(x)
         a, b = known_of(args[1]), known_of(args[2])
