@@ -395,6 +395,20 @@ def test_sliding_window_attention_asks_its_padded_mask_for_global_attention(mode
     assert any(e.action == "alloc" and e.phase == "forward" and e.size_bytes == 2 * 32 * 32 * 4 for e in trace.events)
 
 
+def test_layerdrop_is_traced_with_every_layer_kept():
+    # Wav2Vec2's encoder skips each layer with probability `layerdrop` (a host draw per layer):
+    # the estimate is that of the steps that keep them all, and the same every time
+    def peak(layerdrop):
+        args = ["--model", "hf:Wav2Vec2ForCTC", "--batch-size", "2", "--input", "tensor:4000", "--loss", "cross-entropy",
+                "--model-args", '{"num_hidden_layers": 4, "hidden_size": 32, "intermediate_size": 64, '
+                '"num_attention_heads": 2, "conv_dim": [16, 16, 16, 16, 16, 16, 16], "num_conv_pos_embeddings": 16, '
+                f'"vocab_size": 40, "mask_time_prob": 0, "layerdrop": {layerdrop}}}']
+        return trace_training(spec(*args)).live_peak_bytes()
+
+    kept = peak(0.0)
+    assert peak(0.9) == kept == peak(0.9)
+
+
 def test_bare_sequence_classifier_config_gets_a_pad_token():
     # GPT2Config() has no pad token, and GPT-2's sequence classifier refuses a batch > 1 without
     # one (it pools at each row's last non-pad token); fine-tuning configs set the end-of-text token

@@ -649,6 +649,11 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
     HOST_RANDOM = (torch.rand, torch.randn, torch.randint, torch.randperm)
     HOST_RANDOM_MAX_NUMEL = 64
 
+    def _host_generator(self) -> torch.Generator:
+        if getattr(self, "_generator", None) is None:
+            self._generator = torch.Generator().manual_seed(0)
+        return self._generator
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         truth = _TRUTH_FUNCTIONS.get(getattr(func, "__name__", None))
@@ -678,13 +683,22 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         if func in self.HOST_RANDOM:
             out = func(*args, **kwargs)
             if isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL:
-                # A few random numbers drawn on the host steer the step (transformers 4.x
-                # LayerDrop: `if torch.rand([]) < self.layerdrop`): draw them for real, as the
-                # run does; they are no data and take no device memory.
+                # A few random numbers drawn on the host steer the step: LayerDrop,
+                # `if torch.rand([]) < layerdrop: skip the layer` (transformers' Wav2Vec2 and
+                # HuBERT, layerdrop 0.1; 4.x in most models). They are no data and take no device
+                # memory. A long run reaches the step that keeps every layer, the one with the
+                # most memory (Wav2Vec2's 12 layers all run in 0.9^12 = 28% of its steps), so
+                # torch.rand answers with the top of its range, below 1, which drops nothing;
+                # other draws come from a generator of fixed seed, so that an estimate repeats.
                 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
                 with unset_fake_temporarily():
-                    real = func(*args, **kwargs)
+                    if func is torch.rand:
+                        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+                        top = torch.nextafter(torch.tensor(1.0, dtype=dtype), torch.tensor(0.0, dtype=dtype))
+                        real = torch.full(tuple(out.shape), top.item(), dtype=dtype)
+                    else:
+                        real = func(*args, **dict(kwargs, generator=self._host_generator()))
                 return torch.tensor(real.tolist(), dtype=real.dtype)
             return out
         if func is torch.Tensor.new_tensor and _is_fake_cuda(args[0]) and kwargs.get("device", DEVICE) is DEVICE:
