@@ -35,9 +35,16 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
   its nbytes; a weakref finalizer on the storage records its free. No strong reference to any
   tensor is held, so frees happen exactly when PyTorch would free them.
 
+- Values the script builds without data (masks from ``ones``, padding, ``arange``) are followed
+  as sets or ranges (``_known.py``), so that a check on them (``mask.any().item()``) answers as
+  on the GPU; a few random numbers drawn on the host (LayerDrop) take the draw that keeps every
+  layer (``CudaFactoryMode``).
+- ``Module.to(dtype)`` inside a step replaces a fake parameter's data as on a GPU
+  (``_swap_or_set_data``), where swap_tensors would refuse a tensor FakeTensorMode memoizes.
+
 Known limitations:
 - Ops without a fake/meta kernel, and data-dependent ops (``nonzero``, ``.item()`` on a value
-  that steers control flow), cannot be traced; tracing stops with the op's name.
+  that the data decides), cannot be traced; tracing stops with the op's name.
 - cuDNN / cuBLAS workspaces are not allocated by the fake ops; the tracer marks where the GPU
   would take them (``workspace`` events; a convolution's carries its shapes, conv_workspace_keys)
   and the estimator sizes them per GPU type (the profile's cuBLAS size; cuDNN's own heuristics,
