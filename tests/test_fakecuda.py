@@ -42,8 +42,9 @@ class Seen:
 
 @contextlib.contextmanager
 def fake_gpu(scalar_stand_in: bool = False):
+    """The declarative tracer's fake GPU, or with ``scalar_stand_in`` dynamic analysis's."""
     seen = Seen()
-    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)),
+    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0), scalar_draws_at_the_top=not scalar_stand_in),
           fc.FakeCudaMode(seen.recorder, scalar_stand_in=scalar_stand_in), fc.CudaFactoryMode()):
         yield seen
 
@@ -307,6 +308,19 @@ def test_host_random_numbers_take_the_step_with_the_most_memory():
         assert seen.allocated == []
     with fake_gpu():
         assert int(torch.randint(0, 1000, ())) == first
+    # the same for Python's and NumPy's scalar draws (Wav2Vec2's adapter: np.random.random() >
+    # layerdrop; MusicGen: random.uniform(0, 1) < layerdrop); arrays of draws stay random
+    import random
+
+    import numpy as np
+
+    draws = (random.random, random.uniform, np.random.random, np.random.uniform)
+    with fake_gpu():
+        assert random.random() > 0.999 and random.uniform(0, 1) > 0.999 and random.uniform(2, 4) > 3.999
+        assert np.random.random() > 0.999 and np.random.uniform() > 0.999 and np.random.rand() > 0.999
+        assert np.random.uniform(0.0, 1.0) > 0.999 and np.random.random(size=None) > 0.999
+        assert np.random.random(1000).min() < 0.5 and np.random.uniform(0, 1, size=1000).min() < 0.5
+    assert (random.random, random.uniform, np.random.random, np.random.uniform) == draws
 
 
 class _PaddingWarning(torch.nn.Module):

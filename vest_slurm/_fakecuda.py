@@ -842,8 +842,11 @@ def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 @contextlib.contextmanager
 def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-SXM4-80GB",
-                 capability: tuple[int, int] = (8, 0), device_count: int = 1):
-    """Make torch.cuda queries answer as a GPU of this kind would, for the duration."""
+                 capability: tuple[int, int] = (8, 0), device_count: int = 1, scalar_draws_at_the_top: bool = False):
+    """Make torch.cuda queries answer as a GPU of this kind would, for the duration. With
+    ``scalar_draws_at_the_top`` (the declarative tracer, where only the model's step runs), also
+    Python's and NumPy's scalar random draws (_host_draws_at_the_top); a user's script keeps them
+    (its data code may loop on them)."""
     import torch.cuda.amp.common as common
 
     @dataclass
@@ -870,6 +873,8 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         (torch, "clear_autocast_cache", _clear_autocast_cache(torch.clear_autocast_cache)),
         (torch.utils, "swap_tensors", _swap_or_set_data(torch.utils.swap_tensors)),
     ]
+    if scalar_draws_at_the_top:
+        patches += _host_draws_at_the_top()
     # Optimizer.step asks the current CUDA stream whether it is capturing a graph: it is not.
     for attr in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
         if hasattr(torch.optim.Optimizer, attr):
@@ -887,6 +892,43 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         CAST_CACHE.clear()
+
+
+_TOP = 1.0 - 2.0 ** -53   # the largest double below 1: the top of random()'s range [0, 1)
+
+
+def _host_draws_at_the_top() -> list:
+    """(object, attribute, replacement) for the scalar draws of Python's and NumPy's random
+    modules: some models draw LayerDrop with them (transformers' Wav2Vec2 adapter, WavLM,
+    Data2VecAudio: ``np.random.random() > layerdrop``; MusicGen: ``random.uniform(0, 1) <
+    layerdrop``). As for torch.rand on the host (CudaFactoryMode), the draw is the top of the range,
+    which keeps every layer: the step with the most memory, and the same estimate every time.
+    Draws of arrays (``size=``) stay as they are."""
+    import random
+
+    def uniform_top(a, b):
+        return a + (b - a) * _TOP
+
+    patches = [(random, "random", lambda: _TOP), (random, "uniform", uniform_top)]
+    try:
+        import numpy as np
+    except ImportError:
+        return patches
+
+    def scalar_or(original, top):
+        def draw(*args, **kwargs):
+            size = kwargs.get("size", args[top[1]] if len(args) > top[1] else None)
+            if size is not None:
+                return original(*args, **kwargs)
+            return top[0](*args[:top[1]], **{k: v for k, v in kwargs.items() if k != "size"})
+        return draw
+
+    patches += [
+        (np.random, "random", scalar_or(np.random.random, (lambda: _TOP, 0))),
+        (np.random, "rand", lambda *d: _TOP if not d else np.random.mtrand.rand(*d)),
+        (np.random, "uniform", scalar_or(np.random.uniform, (lambda low=0.0, high=1.0: low + (high - low) * _TOP, 2))),
+    ]
+    return patches
 
 
 def _swap_or_set_data(original):

@@ -529,7 +529,8 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
     mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
     try:
-        with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability), mode,
+        with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
+                                                    scalar_draws_at_the_top=True), mode,
               fc.CudaFactoryMode()):
             tracer.s.category = "parameter"
             fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
