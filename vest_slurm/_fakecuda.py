@@ -243,18 +243,13 @@ _TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf"
 _TRUTH_OPS = {getattr(aten, name): value for name, value in _TRUTH_FUNCTIONS.items()}
 
 
-# Values known without data: a tensor filled with one value (torch.ones, zeros, full and their
-# _like / new_ forms), a scalar made by torch.tensor, an arange, and what comparisons, casts,
-# padding, gathers, where / masked_fill / index_put and all/any make of them (_known.py).
-# transformers 4.x builds an all-ones attention mask itself when none is given and asks
-# `torch.all(mask == 1)` to choose the attention kernel; Longformer asks whether its padded mask
-# has global attention. Kept per storage (views share it); a write to a storage forgets it unless
-# a rule says what it leaves. Dynamic analysis's stand-ins for checks on values
-# (_TRUTH_FUNCTIONS) are kept the same way.
-_FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
-           aten.new_ones.default: 1, aten.new_zeros.default: 0}
-_FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,   # where the value is
-         aten.scalar_tensor.default: 0}
+# Values known without data (_known.py: a tensor filled with one value, a scalar made by
+# torch.tensor, an arange, and what comparisons, casts, padding, gathers, where / masked_fill /
+# index_put and all/any make of them). transformers 4.x builds an all-ones attention mask itself
+# when none is given and asks `torch.all(mask == 1)` to choose the attention kernel; Longformer
+# asks whether its padded mask has global attention. Kept per storage (views share it); a write to
+# a storage forgets it unless a rule says what it leaves. Dynamic analysis's stand-ins for checks
+# on values (_TRUTH_FUNCTIONS) are kept the same way.
 
 
 @functools.lru_cache(maxsize=None)
@@ -503,12 +498,8 @@ class FakeCudaMode(FakeTensorMode):
     def _track_fills(self, func, args, kwargs, out) -> None:
         k = None
         if isinstance(out, FakeTensor):
-            if func in _FILLED:
-                k = frozenset({_FILLED[func]})
-            elif self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
+            if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
                 k = frozenset({_TRUTH_OPS[func.overloadpacket]})
-            elif func in _FULL and isinstance(args[_FULL[func]], (bool, int, float)):
-                k = frozenset({args[_FULL[func]]})
             elif func in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar) and self._is_truth_of(args[1], args[0]):
                 k = _known.where_truthy(self.known_of(args[0]), args[2])
             elif func in _known.HANDLED:
@@ -636,11 +627,16 @@ def _on_the_gpu_like(host: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     """An empty fake CUDA tensor of a host tensor's shape, strides and dtype: what copying host
     data to the device allocates (values are not needed to trace memory)."""
     out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
-    mode = getattr(host, "fake_mode", None)
-    known = mode.known_of(host) if isinstance(mode, FakeCudaMode) else None
-    if known is not None:   # torch.tensor(0.0, device="cuda"): its value is the script's
-        mode.set_known(out, known)
+    _carry_known(host, out)   # torch.tensor(0.0, device="cuda"): its value is the script's
     return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def _carry_known(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst`` holds ``src``'s values (a copy between host and device): so does its knowledge."""
+    mode = getattr(src, "fake_mode", None)
+    known = mode.known_of(src) if isinstance(mode, FakeCudaMode) else None
+    if known is not None:
+        mode.set_known(dst, known)
 
 
 class CudaFactoryMode(torch.overrides.TorchFunctionMode):
@@ -727,9 +723,7 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 # C++ took the copy for a no-op (it reads the device as cpu). On the GPU the
                 # script gets a new host tensor, and the device tensor can be freed without it.
                 host = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="cpu")
-                known = out.fake_mode.known_of(out) if isinstance(out.fake_mode, FakeCudaMode) else None
-                if known is not None:
-                    out.fake_mode.set_known(host, known)
+                _carry_known(out, host)
                 return host
             return out
         return func(*args, **kwargs)
@@ -915,18 +909,22 @@ def _host_draws_at_the_top() -> list:
     except ImportError:
         return patches
 
-    def scalar_or(original, top):
+    def scalar_or(original, top, size_at: int):
+        """``top(*args)`` for a scalar draw; ``original`` for an array (``size``, keyword or
+        argument ``size_at``)."""
         def draw(*args, **kwargs):
-            size = kwargs.get("size", args[top[1]] if len(args) > top[1] else None)
+            size = kwargs.get("size", args[size_at] if len(args) > size_at else None)
             if size is not None:
                 return original(*args, **kwargs)
-            return top[0](*args[:top[1]], **{k: v for k, v in kwargs.items() if k != "size"})
+            kwargs.pop("size", None)
+            return top(*args[:size_at], **kwargs)
         return draw
 
+    rand = np.random.rand
     patches += [
-        (np.random, "random", scalar_or(np.random.random, (lambda: _TOP, 0))),
-        (np.random, "rand", lambda *d: _TOP if not d else np.random.mtrand.rand(*d)),
-        (np.random, "uniform", scalar_or(np.random.uniform, (lambda low=0.0, high=1.0: low + (high - low) * _TOP, 2))),
+        (np.random, "random", scalar_or(np.random.random, lambda: _TOP, 0)),
+        (np.random, "rand", lambda *d: rand(*d) if d else _TOP),
+        (np.random, "uniform", scalar_or(np.random.uniform, lambda low=0.0, high=1.0: low + (high - low) * _TOP, 2)),
     ]
     return patches
 
@@ -950,7 +948,7 @@ def _swap_or_set_data(original):
                 and t1.storage_offset() == t2.storage_offset())
         if not same:
             with torch.no_grad():
-                t1.data = t2.data if isinstance(t2, torch.nn.Parameter) else t2
+                t1.data = t2.data
         return None
 
     return swap

@@ -225,6 +225,10 @@ def clamp(k: Known | None, lo, hi) -> Known | None:
     return monotone(k, f)
 
 
+# the sources: factories of one value (_FULL: at which argument it is)
+_FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
+           aten.new_ones.default: 1, aten.new_zeros.default: 0}
+_FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
 _COMPARE = {aten.eq.Scalar: operator.eq, aten.ne.Scalar: operator.ne, aten.lt.Scalar: operator.lt,
             aten.le.Scalar: operator.le, aten.gt.Scalar: operator.gt, aten.ge.Scalar: operator.ge}
 _COMPARE.update({getattr(aten, name).Tensor: fn for name, fn in
@@ -247,6 +251,12 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
     if not isinstance(out, torch.Tensor):
         return None
     dt = out.dtype
+    if func in _FILLED:
+        return cast(frozenset({_FILLED[func]}), dt)
+    if func in _FULL:
+        i = _FULL[func]
+        value = args[i] if len(args) > i else None
+        return cast(frozenset({value}), dt) if isinstance(value, (bool, int, float)) else None
     if func is aten.arange.default or func is aten.arange.start or func is aten.arange.start_step:
         return cast(arange(args, kwargs), dt)
     if not args:
@@ -319,8 +329,8 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
     return None
 
 
-HANDLED = frozenset({aten.arange.default, aten.arange.start, aten.arange.start_step, aten.cat.default,
-                     aten.constant_pad_nd.default, aten.clamp.default, aten.add.Tensor, aten.sub.Tensor,
-                     aten.rsub.Scalar, aten.where.self, aten.masked_fill.Scalar, aten.masked_fill_.Scalar,
-                     aten.index_put.default, aten.index_put_.default}
-                    | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY))
+HANDLED = frozenset(set(_FILLED) | set(_FULL) | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY)
+                    | {aten.arange.default, aten.arange.start, aten.arange.start_step, aten.cat.default,
+                       aten.constant_pad_nd.default, aten.clamp.default, aten.add.Tensor, aten.sub.Tensor,
+                       aten.rsub.Scalar, aten.where.self, aten.masked_fill.Scalar, aten.masked_fill_.Scalar,
+                       aten.index_put.default, aten.index_put_.default})
