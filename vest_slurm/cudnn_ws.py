@@ -45,20 +45,31 @@ _COMMON = {"maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 102
            "maxRegistersPerSM": 65536, "pciDeviceId": 0, "maxThreadsPerBlock": 1024, "isTccDriver": 0,
            "supportCoopLaunch": 1, "driverVer": 13000, "cudaDeviceId": 0}
 _BOARDS = {
-    # key: (SM clock, memory clock, L2, shared memory per block (opt-in), threads/SM, blocks/SM);
-    # compute capability and SM count come from the profile
+    # key: the profile key without its memory size; (SM clock, memory clock, L2, shared memory per
+    # block (opt-in), threads/SM, blocks/SM); compute capability and SM count come from the profile
     "v100": (1530000, 877000, 6291456, 98304, 2048, 32),
+    "t4": (1590000, 5001000, 4194304, 65536, 1024, 16),
     "a100": (1410000, 1215000, 41943040, 166912, 2048, 32),
+    "a30": (1440000, 1215000, 25165824, 166912, 2048, 32),
     "h100": (1980000, 2619000, 52428800, 232448, 2048, 32),
+    "h100-pcie": (1755000, 1593000, 52428800, 232448, 2048, 32),
+    "h100-nvl": (1785000, 2619000, 52428800, 232448, 2048, 32),
     "h200": (1980000, 3201000, 52428800, 232448, 2048, 32),
+    "b200": (1965000, 3996000, 132120576, 232448, 2048, 32),
     "l40s": (2520000, 9001000, 100663296, 101376, 1536, 24),
-    "a10": (1695000, 6251000, 6291456, 101376, 1536, 16),
+    "l40": (2490000, 9001000, 100663296, 101376, 1536, 24),
+    "rtx-6000ada": (2505000, 10001000, 100663296, 101376, 1536, 24),
+    "rtx-4090": (2520000, 10501000, 75497472, 101376, 1536, 24),
     "l4": (2040000, 6251000, 50331648, 101376, 1536, 24),
+    "a40": (1740000, 7251000, 6291456, 101376, 1536, 16),
+    "rtx-a6000": (1800000, 8001000, 6291456, 101376, 1536, 16),
+    "rtx-3090": (1695000, 9751000, 6291456, 101376, 1536, 16),
+    "a10": (1695000, 6251000, 6291456, 101376, 1536, 16),
 }
 
 
 def _board(profile: DeviceProfile) -> str | None:
-    key = profile.key.split("-")[0]
+    key = profile.key.rsplit("-", 1)[0]
     return key if key in _BOARDS else None
 
 

@@ -29,6 +29,7 @@ Where the defaults come from (MiB; see README "Accuracy" for the measurement):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from .errors import WorkloadError
@@ -83,22 +84,47 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 #   h100-80gb: 1369 (15, milabench, torch 2.6 + CUDA 12.6; 10 of them within 1225-1371)
 #   h200-141gb: 1382 (15, milabench; 10 of them within 1360-1492)
 #   l40s-48gb: 919 (15, milabench; 9 of them within 807-1005)
+# A board with the same chip as a calibrated one and no more SMs takes that board's floor (as the
+# A100-80GB takes the 40GB's): the per-SM part of the context (each SM's local-memory reservation,
+# max resident threads x 1 KiB of stack) is no larger, the kernels and libraries are the same.
+# A30 (GA100, 56 SMs) -> A100; H100 PCIe (114) and NVL (132) -> H100 SXM; L40, RTX 6000 Ada
+# (142) and RTX 4090 (128; AD102) -> L40S.
+# total_mib and SM counts of the types without measured runs: nvidia-smi's memory.total and
+# deviceQuery's multiprocessor count as NVIDIA's boards report them (ECC on by default on the
+# data-centre boards A40 / L40, off on the workstation and consumer ones).
+UNCALIBRATED_CONTEXT_MIB = 1100
+_U = UNCALIBRATED_CONTEXT_MIB
 PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
-    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 1100, 0),
-    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 1100, 0),
+    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, _U, 0),
+    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, _U, 0),
+    _p("t4-16gb", "Tesla T4", 15360, (7, 5), 40, _U, 0),
     _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 524, 0),
     _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 524, 0),
+    _p("a30-24gb", "NVIDIA A30", 24576, (8, 0), 56, 524, 0),
     _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1369, 0),
+    _p("h100-pcie-80gb", "NVIDIA H100 PCIe", 81559, (9, 0), 114, 1369, 0),
+    _p("h100-nvl-94gb", "NVIDIA H100 NVL", 95830, (9, 0), 132, 1369, 0),
     _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
+    _p("b200-180gb", "NVIDIA B200", 183359, (10, 0), 148, _U, 0),
     _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 919, 0),
-    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, 1100, 0),
-    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, 1100, 0),
+    _p("l40-48gb", "NVIDIA L40", 46068, (8, 9), 142, 919, 0),
+    _p("rtx-6000ada-48gb", "NVIDIA RTX 6000 Ada Generation", 49140, (8, 9), 142, 919, 0),
+    _p("rtx-4090-24gb", "NVIDIA GeForce RTX 4090", 24564, (8, 9), 128, 919, 0),
+    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, _U, 0),
+    _p("a40-48gb", "NVIDIA A40", 46068, (8, 6), 84, _U, 0),
+    _p("rtx-a6000-48gb", "NVIDIA RTX A6000", 49140, (8, 6), 84, _U, 0),
+    _p("rtx-3090-24gb", "NVIDIA GeForce RTX 3090", 24576, (8, 6), 82, _U, 0),
+    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, _U, 0),
 )}
 
 ALIASES = {
     "v100": "v100-32gb", "a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb",
     "l40s": "l40s-48gb", "a10": "a10-24gb", "l4": "l4-24gb", "a100-40": "a100-40gb",
-    "a100-80": "a100-80gb", "h100-80": "h100-80gb",
+    "a100-80": "a100-80gb", "h100-80": "h100-80gb", "t4": "t4-16gb", "a30": "a30-24gb",
+    "a40": "a40-48gb", "l40": "l40-48gb", "b200": "b200-180gb", "h100-pcie": "h100-pcie-80gb",
+    "h100-nvl": "h100-nvl-94gb", "rtx-a6000": "rtx-a6000-48gb", "a6000": "rtx-a6000-48gb",
+    "rtx-6000ada": "rtx-6000ada-48gb", "rtx-4090": "rtx-4090-24gb", "4090": "rtx-4090-24gb",
+    "rtx-3090": "rtx-3090-24gb", "3090": "rtx-3090-24gb",
 }
 
 
@@ -111,15 +137,23 @@ def get_profile(key: str) -> DeviceProfile:
 
 
 def profile_for_device_name(name: str, total_mib: int | None = None) -> DeviceProfile | None:
-    """The built-in profile for an nvidia-smi device name (ground-truth rows, calibration)."""
-    n = name.lower()
-    table = (("h200", "h200-141gb"), ("h100", "h100-80gb"), ("l40s", "l40s-48gb"), ("a10", "a10-24gb"),
-             ("l4", "l4-24gb"))
-    if "a100" in n:
-        return PROFILES["a100-80gb" if (total_mib or 0) > 50000 or "80gb" in n else "a100-40gb"]
-    if "v100" in n:
-        return PROFILES["v100-32gb" if (total_mib or 0) > 20000 or "32gb" in n else "v100-16gb"]
-    for needle, key in table:
-        if needle in n and not (needle == "a10" and "a100" in n):
+    """The built-in profile for an nvidia-smi device name (ground-truth rows, calibration), matched
+    on whole words of the name: "NVIDIA L40" is an L40, not an L4; "NVIDIA H100 NVL" and
+    "NVIDIA H100 PCIe" are not the SXM board. None for a board without a profile."""
+    words = set(re.findall(r"[a-z0-9]+", name.lower()))
+    big = (total_mib or 0) > 50000 or "80gb" in words
+    if "a100" in words:
+        return PROFILES["a100-80gb" if big else "a100-40gb"]
+    if words & {"v100", "v100s"}:
+        return PROFILES["v100-32gb" if (total_mib or 0) > 20000 or "32gb" in words else "v100-16gb"]
+    if "h100" in words:
+        return PROFILES["h100-nvl-94gb" if "nvl" in words else "h100-pcie-80gb" if "pcie" in words else "h100-80gb"]
+    if "6000" in words and "ada" in words:
+        return PROFILES["rtx-6000ada-48gb"]
+    by_word = {"h200": "h200-141gb", "b200": "b200-180gb", "l40s": "l40s-48gb", "l40": "l40-48gb", "l4": "l4-24gb",
+               "a10": "a10-24gb", "a10g": "a10-24gb", "a30": "a30-24gb", "a40": "a40-48gb", "a6000": "rtx-a6000-48gb",
+               "4090": "rtx-4090-24gb", "3090": "rtx-3090-24gb", "t4": "t4-16gb"}
+    for word, key in by_word.items():
+        if word in words:
             return PROFILES[key]
     return None

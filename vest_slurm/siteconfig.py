@@ -18,14 +18,14 @@ from typing import Any, Mapping
 import toml
 
 from .errors import SiteConfigError
+from .profiles import PROFILES
 from .units import MiB
 
 DEFAULT_PATH = "/etc/vest/site.toml"
 ENV_VAR = "VEST_SITE_CONFIG"
 
-# The device profiles the estimator knows (vest_slurm/profiles.py).
-DEVICE_PROFILES = ("v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb",
-                   "l40s-48gb", "a10-24gb", "l4-24gb")
+# The device profiles the estimator knows.
+DEVICE_PROFILES = tuple(PROFILES)
 
 SELECTIONS = ("smallest-fit", "cost")
 USER_CHOICE_POLICIES = ("reroute", "warn", "refuse")

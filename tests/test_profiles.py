@@ -1,0 +1,62 @@
+"""Device profiles: nvidia-smi names map to the right board, and every profile is usable."""
+
+import pytest
+
+from vest_slurm.errors import WorkloadError
+from vest_slurm.profiles import PROFILES, get_profile, profile_for_device_name
+from vest_slurm.siteconfig import parse_site_config
+
+# (nvidia-smi name, memory.total MiB, expected profile)
+NAMES = [
+    ("NVIDIA A100-SXM4-40GB", 40960, "a100-40gb"),
+    ("NVIDIA A100 80GB PCIe", 81920, "a100-80gb"),
+    ("NVIDIA A100-PCIE-40GB", 40960, "a100-40gb"),
+    ("NVIDIA H100 80GB HBM3", 81559, "h100-80gb"),
+    ("NVIDIA H100 PCIe", 81559, "h100-pcie-80gb"),
+    ("NVIDIA H100 NVL", 95830, "h100-nvl-94gb"),
+    ("NVIDIA H200", 143771, "h200-141gb"),
+    ("NVIDIA B200", 183359, "b200-180gb"),
+    ("NVIDIA L40S", 46068, "l40s-48gb"),
+    ("NVIDIA L40", 46068, "l40-48gb"),        # not an L4
+    ("NVIDIA L4", 23034, "l4-24gb"),
+    ("NVIDIA A10", 23028, "a10-24gb"),
+    ("NVIDIA A10G", 23028, "a10-24gb"),
+    ("NVIDIA A30", 24576, "a30-24gb"),
+    ("NVIDIA A40", 46068, "a40-48gb"),
+    ("NVIDIA RTX A6000", 49140, "rtx-a6000-48gb"),
+    ("NVIDIA RTX 6000 Ada Generation", 49140, "rtx-6000ada-48gb"),
+    ("NVIDIA GeForce RTX 4090", 24564, "rtx-4090-24gb"),
+    ("NVIDIA GeForce RTX 3090", 24576, "rtx-3090-24gb"),
+    ("Tesla T4", 15360, "t4-16gb"),
+    ("Tesla V100-SXM2-16GB", 16160, "v100-16gb"),
+    ("Tesla V100S-PCIE-32GB", 32768, "v100-32gb"),
+]
+
+
+@pytest.mark.parametrize("name,total,key", NAMES)
+def test_device_names_map_to_their_board(name, total, key):
+    assert profile_for_device_name(name, total).key == key
+
+
+def test_unknown_boards_have_no_profile():
+    assert profile_for_device_name("AMD Instinct MI325X", 262144) is None
+    assert profile_for_device_name("NVIDIA GH200 480GB", 97871) is None
+
+
+def test_every_profile_is_consistent_and_reachable():
+    for key, p in PROFILES.items():
+        assert get_profile(key) is p and p.name and p.total_mib > p.reserved_mib > 0
+        assert p.sm_count > 0 and p.context_mib > 0
+        # a profile's own nvidia-smi name maps back to it
+        assert profile_for_device_name(p.name, p.total_mib) is p, key
+        # cuBLAS' recommended workspace: 32 MiB from Hopper on
+        assert (p.cublas_workspace_bytes == 32 * 2**20) == (p.capability >= (9, 0))
+    assert get_profile("L40").key == "l40-48gb" and get_profile("a6000").key == "rtx-a6000-48gb"
+    with pytest.raises(WorkloadError, match="unknown GPU type"):
+        get_profile("rtx-9090")
+
+
+def test_site_config_accepts_every_profile():
+    for key in PROFILES:
+        c = parse_site_config(f'[gpu.g]\nprofile = "{key}"\n[partition.p]\ngpu_types = ["g"]\ngpus_per_node = 4\n')
+        assert c.gpu("g").profile == key
