@@ -150,7 +150,7 @@ def _model(kind: str, name: str, args: dict) -> tuple[str, dict]:
 
 
 def _hf_model(cls_name: str, args: dict) -> tuple[str, dict]:
-    from .models import HF_PRESETS   # imports torch: only HF rows need it
+    from .models import HF_PRESETS, hf_preset   # imports torch: only HF rows need it
 
     fields = {k: v for k, v in args.items() if k not in _ANNOTATION_KEYS and k not in ("config", "pretrained")}
     checkpoint = None
@@ -172,8 +172,8 @@ def _hf_model(cls_name: str, args: dict) -> tuple[str, dict]:
         fields["attn_implementation"] = "eager"
     if checkpoint is None:
         return f"hf:{cls_name}", fields
-    preset = checkpoint.rsplit("/", 1)[-1]
-    if preset not in HF_PRESETS:
+    preset = hf_preset(checkpoint)
+    if preset is None:
         raise RowSkip(f"HF checkpoint {checkpoint!r} has no preset in models.HF_PRESETS")
     preset_cls, preset_fields = HF_PRESETS[preset]
     if preset_cls == cls_name:

@@ -1,0 +1,66 @@
+"""transformers presets: each builds the published model (its parameter count), and hub names find them."""
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from vest_slurm.groundtruth import RowSkip, row_to_spec
+from vest_slurm.models import HF_PRESETS, build_model, hf_preset
+from vest_slurm.workload import parse_workload_args
+
+# Published parameter counts (millions): model cards and papers. The tolerance (4%) absorbs how a
+# card rounds and which head it counts (OpenAI's Whisper sizes, ALBERT's "11M"); a wrong width,
+# depth, vocabulary or tying is off by far more.
+PUBLISHED_M = {
+    "bert-base": 110, "bert-base-uncased": 110, "bert-base-cased": 108, "bert-large": 335, "bert-large-uncased": 335,
+    "bert-large-cased": 334, "distilbert-base-uncased": 67, "roberta-base": 125, "roberta-large": 355,
+    "albert-base-v2": 11, "longformer-base-4096": 149, "bigbird-roberta-base": 128, "deberta-v3-base": 184,
+    "gpt2": 124, "distilgpt2": 82, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558,
+    "opt-125m": 125, "opt-350m": 331, "opt-1.3b": 1316, "bart-base": 139, "bart-large": 406,
+    "t5-small": 60.5, "t5-base": 223, "t5-large": 738, "flan-t5-small": 77.0, "flan-t5-base": 247.6,
+    "flan-t5-large": 783.2, "xlnet-base-cased": 117, "xlnet-large-cased": 361,
+    "whisper-tiny": 39, "whisper-base": 74, "whisper-small": 244, "whisper-medium": 769,
+    "vit-base-patch16-224": 86.6, "llama-7b": 6738, "llama-2-7b": 6738, "llama-2-13b": 13016, "llama-3-8b": 8030,
+    "llama-3.1-8b": 8030, "llama-1b": 1236, "llama-3.2-1b": 1236, "llama-3.2-3b": 3213, "mistral-7b": 7242,
+    "qwen2.5-0.5b": 494, "qwen2.5-1.5b": 1544, "qwen2.5-7b": 7616,
+}
+
+
+def test_every_preset_has_a_published_count():
+    assert set(HF_PRESETS) - {"tiny-llama"} == set(PUBLISHED_M)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_M))
+def test_preset_builds_the_published_model(name):
+    module = build_model(parse_workload_args(["--model", f"hf:{name}", "--batch-size", "1"])).module
+    n = sum(p.numel() for p in module.parameters()) / 1e6
+    expected = PUBLISHED_M[name]
+    if name.startswith("flan-t5") and module.config.tie_word_embeddings:
+        # T5 v1.1 unties its output layer; transformers 5 ties it always (T5Config.__post_init__)
+        expected -= module.config.vocab_size * module.config.d_model / 1e6
+    assert abs(n - expected) <= 0.04 * expected, f"{name}: {n:.1f}M built, {expected:.1f}M published"
+
+
+def test_hub_names_find_their_preset():
+    assert hf_preset("meta-llama/Meta-Llama-3-8B") == "llama-3-8b"
+    assert hf_preset("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
+    assert hf_preset("openai/whisper-tiny") == "whisper-tiny"
+    assert hf_preset("facebook/opt-1_3b") == "opt-1.3b"
+    assert hf_preset("FacebookAI/roberta-base") == "roberta-base"
+    assert hf_preset("google/gemma-7b") is None
+
+
+def _row(model_name, config):
+    return {"id": "x", "gpu": "NVIDIA H100 80GB HBM3", "model_kind": "hf", "model_name": model_name,
+            "model_args": '{"config": "AutoConfig %s"}' % config, "input_shape": "seq512", "batch_size": "4",
+            "num_gpus": "1", "optimizer": "Adam", "optimizer_args": "{}", "loss": "", "precision": "fp32",
+            "channels_last": "0", "notes": ""}
+
+
+def test_ground_truth_rows_name_checkpoints_by_hub_name():
+    s = row_to_spec(_row("OPTForCausalLM", "facebook/opt-350m"))
+    assert s.model == "hf:opt-350m"
+    s = row_to_spec(_row("LlamaForSequenceClassification", "meta-llama/Llama-2-7b-hf"))
+    assert s.model == "hf:LlamaForSequenceClassification" and s.model_kwargs["intermediate_size"] == 11008
+    with pytest.raises(RowSkip, match="no preset"):
+        row_to_spec(_row("GemmaForCausalLM", "google/gemma-7b"))
