@@ -15,7 +15,7 @@ and two baselines:
 - live_tensor_mib: CUDA context + the live-tensor peak of the same trace, what a FakeTensor or
   torch MemTracker count gives (no allocator rounding, caching or fragmentation, no cuDNN);
 - param_rule_mib: weights + gradients + optimizer states (Adam/AdamW 2 per parameter, SGD with
-  momentum 1, plain SGD 0), the rule of `accelerate estimate-memory` (no activations, no context).
+  momentum 1, plain SGD 0; the others as workload.OPTIMIZER_TABLE counts them), the rule of `accelerate estimate-memory` (no activations, no context).
 Baseline requests use the same headroom rule, so the three columns compare like with like.
 
 Rows on AMD GPUs (no built-in profile: ROCm) are estimated with a stand-in profile (the H100
@@ -45,6 +45,7 @@ from tabulate import tabulate  # noqa: E402
 from vest_slurm.groundtruth import RowSkip, is_amd, row_to_spec  # noqa: E402
 from vest_slurm.placement import needed_bytes  # noqa: E402
 from vest_slurm.siteconfig import Policy  # noqa: E402
+from vest_slurm.workload import OPTIMIZER_TABLE  # noqa: E402
 
 MiB = 1 << 20
 POLICY = Policy()   # the site's default headroom (siteconfig.Policy defaults)
@@ -149,7 +150,7 @@ def _float(text):
 
 
 def _param_rule_bytes(param_bytes: int, optimizer: str) -> int:
-    states = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[optimizer]
+    states = OPTIMIZER_TABLE[optimizer][2]
     return param_bytes * (2 + states)   # weights + gradients (same dtype) + states
 
 

@@ -191,3 +191,18 @@ def test_every_nvidia_high_medium_row_of_the_files_maps(name):
     for r in rows:
         if r["confidence"] in ("high", "medium") and not is_amd(r):
             row_to_spec(r)   # raises RowSkip on a row that does not map
+
+
+def test_optimizer_names_and_settings_map_to_options():
+    from vest_slurm.groundtruth import _optimizer
+
+    assert _optimizer("torch.optim.Adam", '{"amsgrad": true}') == "adam-amsgrad"
+    assert _optimizer("AdamW (HF Trainer default optim)", "{}") == "adamw"
+    assert _optimizer("timm train.py default (SGD momentum 0.9, nesterov)", '{"momentum": 0.9}') == "sgd-momentum"
+    assert _optimizer("RMSprop", '{"momentum": 0.9}') == "rmsprop-momentum"
+    assert _optimizer("RMSprop", '{"centered": true}') == "rmsprop-centered"
+    assert [_optimizer(n, "") for n in ("Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta")] == [
+        "adagrad", "adamax", "nadam", "radam", "adadelta"]
+    for name, args in (("Lion", ""), ("RMSprop", '{"momentum": 0.9, "centered": true}')):
+        with pytest.raises(RowSkip):
+            _optimizer(name, args)

@@ -47,6 +47,11 @@ CASES = [
     ("timm:efficientnet_b0", "adamw", 2, "3x32x32"),
     ('mlp:[["Linear",784,256],["ReLU"],["Linear",256,10]]', "adam", 2, "784"),
     ("hf:tiny-llama", "adamw", 2, "seq64"),
+] + [   # torch.optim's per-parameter state tensors (its docs' algorithms): the MLP, each optimizer
+    ('mlp:[["Linear",784,256],["ReLU"],["Linear",256,10]]', opt, states, "784")
+    for opt, states in (("adam-amsgrad", 3), ("adamw-amsgrad", 3), ("rmsprop", 1), ("rmsprop-momentum", 2),
+                        ("rmsprop-centered", 2), ("adagrad", 1), ("adamax", 2), ("nadam", 2), ("radam", 2),
+                        ("adadelta", 2))
 ]
 
 
@@ -59,6 +64,16 @@ def test_parameter_gradient_state_bytes_exact(model, opt, states, inp):
     # each of the 2 iterations allocates one full set of gradients (zero_grad sets them to None)
     assert allocated(trace, "gradient") == 2 * p_bytes
     assert live_at_end(trace, "optimizer_state") == states * p_bytes
+
+
+def test_fused_is_refused_where_torch_has_no_fused_optimizer():
+    from vest_slurm.errors import WorkloadError
+
+    s = spec("--model", 'mlp:[["Linear",8,4]]', "--batch-size", "2", "--input", "8", "--optimizer", "adadelta",
+             "--optimizer-impl", "fused")
+    with pytest.raises(WorkloadError, match="no fused implementation"):
+        trace_training(s)
+    assert trace_training(s.with_(optimizer="adam")).events   # Adam has one
 
 
 def test_bf16_weights_halve_parameter_bytes():

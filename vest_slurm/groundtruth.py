@@ -24,7 +24,8 @@ Mapping rules, one per column (the README states what each column means):
 - num_gpus: empty means "all GPUs of the node" (milabench *-gpus benches, per-device values): a
   data-parallel job of an unknown count; per-GPU memory depends only on it being more than one
   (gradient buckets, NCCL), so 2 is used. ``DataParallel`` in the notes -> parallelism dp, else ddp.
-- optimizer/optimizer_args: Adam -> adam, AdamW -> adamw, SGD -> sgd-momentum iff momentum > 0.
+- optimizer/optimizer_args: Adam -> adam, AdamW -> adamw (-amsgrad with amsgrad), SGD -> sgd-momentum iff
+  momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta by name.
 - precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16.
 - loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss -> mse
   (both keep float tensors of the logits' size, which cross-entropy's int64 class map does not).
@@ -212,14 +213,28 @@ def _optimizer(name: str, args_text: str) -> str:
         args = json.loads(args_text) if args_text.strip() else {}
     except json.JSONDecodeError:
         args = {}
-    n = name.strip().lower()
-    if n.startswith("adamw"):
-        return "adamw"
-    if n.startswith("adam"):
-        return "adam"
-    if "sgd" in n:
+    # the first optimizer the text names: "torch.optim.AdamW", "AdamW (HF Trainer default optim)",
+    # "timm train.py default (SGD momentum 0.9, nesterov ...)"
+    known = ("sgd", "adamw", "adam", "rmsprop", "adagrad", "adamax", "nadam", "radam", "adadelta")
+    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in known), "")
+
+    def on(key):
+        v = args.get(key, False)
+        return bool(float(v)) if isinstance(v, (int, float)) else str(v).lower() in ("true", "1", "yes")
+
+    if n in ("adam", "adamw"):
+        return n + ("-amsgrad" if on("amsgrad") else "")
+    if n == "sgd":
         return "sgd-momentum" if float(args.get("momentum", 0) or 0) > 0 else "sgd"
-    raise RowSkip(f"optimizer {name!r} is not Adam, AdamW or SGD")
+    if n == "rmsprop":
+        momentum, centered = float(args.get("momentum", 0) or 0) > 0, on("centered")
+        if momentum and centered:
+            raise RowSkip("RMSprop with both momentum and centered (three states per parameter) has no optimizer option")
+        return "rmsprop-momentum" if momentum else "rmsprop-centered" if centered else "rmsprop"
+    if n in ("adagrad", "adamax", "nadam", "radam", "adadelta"):
+        return n
+    raise RowSkip(f"optimizer {name!r} is not one of torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, "
+                  "NAdam, RAdam, Adadelta")
 
 
 def _precision(text: str) -> str:

@@ -18,6 +18,7 @@ Every storage allocation and free is recorded with its phase, category and modul
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 from collections.abc import Mapping
@@ -28,10 +29,10 @@ from torch import nn
 
 from . import _fakecuda as fc
 from .scratch import kernel_scratch
-from .errors import EstimateError
+from .errors import EstimateError, WorkloadError
 from .models import BuiltModel, build_model
 from .trace import AllocEvent, AllocTrace
-from .workload import WorkloadSpec
+from .workload import OPTIMIZER_TABLE, WorkloadSpec
 
 _aten = torch.ops.aten
 _ADD = _aten.add.Tensor
@@ -312,13 +313,12 @@ def make_optimizer(spec: WorkloadSpec, params):
     # "auto": on CUDA tensors PyTorch's _default_to_fused_or_foreach picks foreach (fused stays
     # opt-in); fake tensors would defeat that check, so the choice is made explicitly here.
     wd = {} if spec.weight_decay is None else {"weight_decay": spec.weight_decay}
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=0.01, **impl, **wd)
-    if spec.optimizer == "sgd-momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl, **wd)
-    if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-3, **impl, **wd)
-    return torch.optim.AdamW(params, lr=1e-3, **impl, **wd)
+    cls_name, kwargs, _ = OPTIMIZER_TABLE[spec.optimizer]
+    cls = getattr(torch.optim, cls_name)
+    if spec.optimizer_impl == "fused" and "fused" not in inspect.signature(cls.__init__).parameters:
+        raise WorkloadError(f"torch.optim.{cls_name} has no fused implementation in this torch",
+                            "use --optimizer-impl foreach (the default) or for-loop")
+    return cls(params, **kwargs, **impl, **wd)
 
 
 def _model_computes_loss(spec: WorkloadSpec, built: BuiltModel) -> bool:

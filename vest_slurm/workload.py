@@ -16,7 +16,25 @@ from dataclasses import asdict, dataclass, replace
 
 from .errors import WorkloadError
 
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+# Optimizers: name -> (torch.optim class, the memory-relevant arguments, state tensors per
+# parameter as torch keeps them). Learning rates are the classes' defaults: they move no memory.
+OPTIMIZER_TABLE: dict[str, tuple[str, dict, int]] = {
+    "sgd": ("SGD", {}, 0),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}, 1),                 # momentum_buffer
+    "adam": ("Adam", {}, 2),                                      # exp_avg, exp_avg_sq
+    "adamw": ("AdamW", {}, 2),
+    "adam-amsgrad": ("Adam", {"amsgrad": True}, 3),               # + max_exp_avg_sq
+    "adamw-amsgrad": ("AdamW", {"amsgrad": True}, 3),
+    "rmsprop": ("RMSprop", {}, 1),                                # square_avg
+    "rmsprop-momentum": ("RMSprop", {"momentum": 0.9}, 2),        # + momentum_buffer
+    "rmsprop-centered": ("RMSprop", {"centered": True}, 2),       # + grad_avg
+    "adagrad": ("Adagrad", {}, 1),                                # sum
+    "adamax": ("Adamax", {}, 2),                                  # exp_avg, exp_inf
+    "nadam": ("NAdam", {}, 2),                                    # exp_avg, exp_avg_sq
+    "radam": ("RAdam", {}, 2),
+    "adadelta": ("Adadelta", {}, 2),                              # square_avg, acc_delta
+}
+OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
