@@ -62,5 +62,11 @@ def test_ground_truth_rows_name_checkpoints_by_hub_name():
     assert s.model == "hf:opt-350m"
     s = row_to_spec(_row("LlamaForSequenceClassification", "meta-llama/Llama-2-7b-hf"))
     assert s.model == "hf:LlamaForSequenceClassification" and s.model_kwargs["intermediate_size"] == 11008
+    # milabench names its models by Auto category: the class from_config builds
+    assert row_to_spec(_row("AutoModelForCausalLM", "facebook/opt-350m")).model == "hf:opt-350m"
+    s = row_to_spec(_row("AutoModelForSequenceClassification", "roberta-base"))
+    assert s.model == "hf:RobertaForSequenceClassification" and s.model_kwargs["vocab_size"] == 50265
+    with pytest.raises(RowSkip, match="no model class"):
+        row_to_spec(_row("AutoModelForSpeechSeq2Seq", "roberta-base"))
     with pytest.raises(RowSkip, match="no preset"):
         row_to_spec(_row("GemmaForCausalLM", "google/gemma-7b"))

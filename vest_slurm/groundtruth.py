@@ -26,7 +26,8 @@ Mapping rules, one per column (the README states what each column means):
   (gradient buckets, NCCL), so 2 is used. ``DataParallel`` in the notes -> parallelism dp, else ddp.
 - optimizer/optimizer_args: Adam -> adam, AdamW -> adamw (-amsgrad with amsgrad), SGD -> sgd-momentum iff
   momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta by name.
-- precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16.
+- precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16; bf16 and fp16
+  (weights in half precision) as they are.
 - loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss -> mse
   (both keep float tensors of the logits' size, which cross-entropy's int64 class map does not).
 """
@@ -43,7 +44,7 @@ from .workload import WorkloadSpec, parse_workload_args
 _ANNOTATION_KEYS = {"note", "guess", "from_config", "impl", "library", "encoder_weights"}
 
 _PRECISIONS = {"fp32": "fp32", "tf32": "tf32", "amp_fp16": "amp-fp16", "amp_fp16+tf32": "amp-fp16",
-               "amp_bf16": "amp-bf16", "amp_bf16+tf32": "amp-bf16"}
+               "amp_bf16": "amp-bf16", "amp_bf16+tf32": "amp-bf16", "bf16": "bf16", "fp16": "fp16"}
 
 
 class RowSkip(Exception):
@@ -177,9 +178,24 @@ def _hf_model(cls_name: str, args: dict) -> tuple[str, dict]:
     if preset is None:
         raise RowSkip(f"HF checkpoint {checkpoint!r} has no preset in models.HF_PRESETS")
     preset_cls, preset_fields = HF_PRESETS[preset]
+    if cls_name.startswith("AutoModel"):
+        cls_name = _auto_class(cls_name, preset_cls)
     if preset_cls == cls_name:
         return f"hf:{preset}", fields
     return f"hf:{cls_name}", {**preset_fields, **fields}
+
+
+def _auto_class(auto_name: str, preset_cls: str) -> str:
+    """The class ``AutoModelForX.from_config`` builds for the preset's config (milabench names its
+    models by Auto category): transformers' own mapping, which needs no download."""
+    import transformers
+
+    auto = getattr(transformers, auto_name, None)
+    config_cls = getattr(getattr(transformers, preset_cls, None), "config_class", None)
+    try:
+        return auto._model_mapping[config_cls].__name__
+    except (AttributeError, KeyError):
+        raise RowSkip(f"{auto_name} has no model class for {preset_cls}'s config in this transformers") from None
 
 
 def _input(text: str) -> str:
