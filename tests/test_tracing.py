@@ -469,3 +469,28 @@ def test_backward_formulas_fill_their_zeros_in_place(pick, expected):
     scores_sized = [e for e in trace.events
                     if e.action == "alloc" and e.phase == "backward" and e.size_bytes == batch * 8 * vocab * 4]
     assert len(scores_sized) == expected * trace.iterations
+
+
+@pytest.mark.parametrize("model,args", [("hf:tiny-llama", ["--batch-size", "4", "--input", "seq128", "--model-arg", "vocab_size=512"]),
+                                        ("timm:vit_tiny_patch16_224", ["--batch-size", "32"])])
+def test_gradient_checkpointing_keeps_block_inputs_and_recomputes_in_backward(model, args):
+    base = spec("--model", model, "--optimizer", "sgd", *args)
+    plain, ckpt = trace_training(base), trace_training(base.with_(gradient_checkpointing="on"))
+    # the forward keeps only each block's input: a lower live-tensor peak ...
+    assert ckpt.live_peak_bytes() < 0.8 * plain.live_peak_bytes()
+    # ... and the backward runs the blocks' forwards again: more allocated there than without
+    assert allocated(ckpt, "activation", "backward") + allocated(ckpt, "temporary", "backward") > \
+        allocated(plain, "activation", "backward") + allocated(plain, "temporary", "backward")
+    # parameters, gradients and optimizer state do not change
+    assert live_at_end(ckpt, "parameter") == live_at_end(plain, "parameter")
+    assert allocated(ckpt, "gradient") == allocated(plain, "gradient")
+
+
+def test_gradient_checkpointing_is_refused_without_a_switch():
+    from vest_slurm.errors import WorkloadError
+
+    s = spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
+             "--gradient-checkpointing", "on")
+    with pytest.raises(WorkloadError, match="no activation checkpointing switch"):
+        trace_training(s)
+    assert s.to_argv()[-2:] == ["--gradient-checkpointing", "on"]

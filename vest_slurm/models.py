@@ -145,12 +145,37 @@ def build_model(spec: WorkloadSpec) -> BuiltModel:
     host tensors for their arithmetic and each parameter moved to meta as it is registered."""
     try:
         with torch.device("meta"):
-            return _build(spec)
+            built = _build(spec)
     except NotImplementedError as e:
         if "meta" not in str(e):
             raise WorkloadError(f"building {spec.model} failed: {e}", "check the model name and its arguments") from None
-    with _weights_on_meta():
-        return _build(spec)
+        with _weights_on_meta():
+            built = _build(spec)
+    if spec.gradient_checkpointing == "on":
+        _enable_checkpointing(built, spec.model)
+    return built
+
+
+def _enable_checkpointing(built: BuiltModel, name: str) -> None:
+    """The model's own activation checkpointing, as a training script turns it on: transformers'
+    activation_checkpointing_enable (gradient_checkpointing_enable before 5.x; its default
+    torch.utils.checkpoint arguments), timm's set_grad_checkpointing."""
+    m = built.module
+    if built.family == "hf":
+        if not getattr(m, "supports_gradient_checkpointing", False):
+            raise WorkloadError(f"{type(m).__name__} has no activation checkpointing in this transformers",
+                                "drop --gradient-checkpointing")
+        (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
+        return
+    if hasattr(m, "set_grad_checkpointing"):
+        try:
+            m.set_grad_checkpointing(True)
+            return
+        except (AssertionError, NotImplementedError):
+            pass
+    raise WorkloadError(f"{name} has no activation checkpointing switch (transformers and timm models have one)",
+                        "drop --gradient-checkpointing, or estimate your own script that checkpoints "
+                        "(vest estimate -- python train.py ...)")
 
 
 def _build(spec: WorkloadSpec) -> BuiltModel:

@@ -43,6 +43,7 @@ PRE_FORWARDS = ("none", "grad", "no-grad")
 CUDNN_TF32 = ("on", "off")
 CUDNN_BENCHMARK = ("off", "on")
 ZERO_GRADS = ("after-step", "before-backward", "never")
+GRADIENT_CHECKPOINTING = ("off", "on")
 MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
 
 
@@ -124,6 +125,9 @@ class WorkloadSpec:
                                     # while the next forward runs), between the forward and backward
                                     # ("before-backward": timm's train.py, Lightning; last step's
                                     # gradients live through the forward), or "never" (accumulated)
+    gradient_checkpointing: str = "off"   # activation checkpointing through the model's own switch (HF
+                                          # activation/gradient_checkpointing_enable, timm set_grad_checkpointing):
+                                          # each block keeps its input and recomputes the rest in backward
 
     @property
     def model_kwargs(self) -> dict:
@@ -154,7 +158,7 @@ class WorkloadSpec:
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
                      "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32",
-                     "cudnn_benchmark", "zero_grad"):
+                     "cudnn_benchmark", "zero_grad", "gradient_checkpointing"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -228,6 +232,10 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                    help="where the loop zeroes the gradients (set to None): after-step (default; also "
                         "zero_grad() at the top of the loop), before-backward (after the forward: timm's "
                         "train.py, Lightning; the previous gradients live through the forward), never")
+    g.add_argument("--gradient-checkpointing", default=None,
+                   help="off (default) or on: the model's own activation checkpointing switch (transformers "
+                        "models, timm models that have one); each block keeps its input and recomputes the "
+                        "rest in the backward")
     g.add_argument("--weight-decay", type=str, default=None,
                    help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
                         "SGD and Adam with weight decay take a temporary copy of the gradients")
@@ -319,6 +327,8 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         cudnn_tf32=_choice("cudnn-tf32", pick("cudnn_tf32", "on"), CUDNN_TF32),
         cudnn_benchmark=_choice("cudnn-benchmark", pick("cudnn_benchmark", "off"), CUDNN_BENCHMARK),
         zero_grad=_choice("zero-grad", pick("zero_grad", "after-step"), ZERO_GRADS),
+        gradient_checkpointing=_choice("gradient-checkpointing", pick("gradient_checkpointing", "off"),
+                                       GRADIENT_CHECKPOINTING),
     )
     return spec
 
