@@ -137,3 +137,27 @@ def test_advice_on_a_refused_job_is_verified_by_the_estimator():
         assert "do not help" in gpus.text
     # bounded: the batch search, AMP (one trace per GPU class) and the GPU counts reuse traces
     assert advice_traces <= 16, advice_traces
+
+
+@pytest.mark.slow
+def test_checkpointing_advice_is_offered_where_the_model_has_a_switch():
+    pytest.importorskip("transformers")
+    site = parse_site_config(TINY_SITE)
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "vocab_size=512", "--input", "seq512",
+                                "--batch-size", "8", "--optimizer", "sgd"])
+    prober = Prober.for_site(site, budget_s=120)
+    estimates, failed = prober.estimates(spec)
+    nofit = place(estimates, GpuRequest(None, None, 0, 0), (), site)
+    assert not failed and isinstance(nofit, NoFit) and nofit.reason == "no-fit"
+    ckpt = {a.kind: a for a in advise(spec, site, prober, nofit)}["checkpointing"]
+    assert ckpt.fits and "--gradient-checkpointing on" in ckpt.change
+    variant = spec.with_(gradient_checkpointing="on")
+    assert prober.needed(variant, ckpt.gpu_type) == ckpt.needed_bytes <= prober.capacity(ckpt.gpu_type)
+    assert ckpt.needed_bytes < prober.needed(spec, ckpt.gpu_type)
+    # the smallest GPU type on which it fits
+    smaller = [t for t in site.gpu_names if prober.capacity(t) < prober.capacity(ckpt.gpu_type)]
+    assert all(prober.needed(variant, t) > prober.capacity(t) for t in smaller)
+    # a model without a switch gets no such advice, and the probe's refusal does not break the advice
+    mlp = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "32768"])
+    kinds = [a.kind for a in advise(mlp, site, prober, nofit)]
+    assert "checkpointing" not in kinds and "batch" in kinds

@@ -21,8 +21,9 @@ usually closes the bracket in two or three estimates), falling back to plain bis
 guess does not halve the bracket, so the worst case stays logarithmic.
 
 ``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
-the largest GPU; AMP (bf16 on sm80+, fp16 before); more GPUs (data parallel, the per-GPU batch
-divided so the global batch stays).
+the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
+models, through their own switch); more GPUs (data parallel, the per-GPU batch divided so the
+global batch stays).
 
 Known limitations:
 - The search assumes the need does not shrink as the batch grows (true of training memory; a
@@ -39,7 +40,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .errors import EstimateError
+from .errors import EstimateError, VestError
 from .estimate import MemoryEstimate
 from .placement import NoFit, estimate_need, needed_bytes
 from .profiles import DeviceProfile, get_profile
@@ -137,7 +138,7 @@ class Prober:
             t0 = time.perf_counter()
             try:
                 self._traces[key] = trace_for(key[0], profile)
-            except EstimateError as e:
+            except VestError as e:   # EstimateError; WorkloadError for a variant the model refuses
                 self._traces[key] = e
             finally:
                 self.traces_made += 1
@@ -156,7 +157,7 @@ class Prober:
         summary = self._trace(spec, profile, bounded)
         if summary is None:
             return None
-        if isinstance(summary, EstimateError):
+        if isinstance(summary, VestError):
             if bounded:
                 return None
             raise summary
@@ -315,7 +316,7 @@ class Advice:
     """One thing that would fit (or an honest 'this does not help'). ``fits`` False: a negative
     finding. ``change`` is the #VEST / sbatch change in words."""
 
-    kind: str                      # batch, amp, gpus
+    kind: str                      # as-is, batch, amp, checkpointing, gpus, note
     text: str
     fits: bool
     change: str = ""
@@ -372,7 +373,8 @@ def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_
 
 def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | None = None,
            gpus_per_node: int = 1) -> tuple[Advice, ...]:
-    """What would fit the refused job ``spec``: largest batch on the largest GPU, AMP, more GPUs.
+    """What would fit the refused job ``spec``: largest batch on the largest GPU, AMP, activation
+    checkpointing (models with a switch), more GPUs.
     Only memory refusals get advice (``nofit.reason`` no-fit or user-choice-too-small)."""
     if nofit is not None and nofit.reason not in ("no-fit", "user-choice-too-small"):
         return ()
@@ -431,7 +433,32 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
                                      f"({fmt_mib(prober.capacity(t))})", False,
                               precision=amp_precision(prober.profiles[t]), gpu_type=t, needed_bytes=n))
 
-    # 3. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
+    # 3. Activation checkpointing, where the model has its own switch (transformers, timm) and the
+    # job does not use it: the first GPU type, smallest first, on which the batch then fits.
+    if spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm"):
+        variant = spec.with_(gradient_checkpointing="on")
+        tried = []
+        for t in _by_size(prober, site.gpu_names):
+            parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
+            n = prober.needed(variant, t) if parts else None
+            if n is None:
+                continue
+            tried.append((t, n))
+            if n <= prober.capacity(t):
+                out.append(Advice("checkpointing", f"activation checkpointing (--gradient-checkpointing on, the "
+                                                   f"model's own switch) fits {t} (partition {parts[0]}): needs "
+                                                   f"{fmt_mib(n)} per GPU with headroom", True,
+                                  "#VEST --gradient-checkpointing on (and turn it on in the script)",
+                                  gpu_type=t, partition=parts[0], needed_bytes=n))
+                break
+        else:
+            if tried:
+                t, n = next(((t, n) for t, n in tried if t == big), tried[-1])
+                out.append(Advice("checkpointing", f"activation checkpointing alone does not fit: needs "
+                                                   f"{fmt_mib(n)} per GPU on {t} ({fmt_mib(prober.capacity(t))})",
+                                  False, gpu_type=t, needed_bytes=n))
+
+    # 4. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
     most = max((p.gpus_per_node for p in site.partitions), default=1)
     k, last = 2, None
     while spec.num_gpus * k <= most and k <= spec.batch_size:
