@@ -15,7 +15,8 @@ and two baselines:
 - live_tensor_mib: CUDA context + the live-tensor peak of the same trace, what a FakeTensor or
   torch MemTracker count gives (no allocator rounding, caching or fragmentation, no cuDNN);
 - param_rule_mib: weights + gradients + optimizer states (Adam/AdamW 2 per parameter, SGD with
-  momentum 1, plain SGD 0; the others as workload.OPTIMIZER_TABLE counts them), the rule of `accelerate estimate-memory` (no activations, no context).
+  momentum 1, plain SGD 0; the others as workload.OPTIMIZER_TABLE counts them), the rule of
+  `accelerate estimate-memory` (no activations, no context).
 Baseline requests use the same headroom rule, so the three columns compare like with like.
 
 Rows on AMD GPUs (no built-in profile: ROCm) are estimated with a stand-in profile (the H100

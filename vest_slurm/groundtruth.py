@@ -38,7 +38,7 @@ import json
 import re
 from typing import Mapping
 
-from .workload import WorkloadSpec, parse_workload_args
+from .workload import OPTIMIZER_TABLE, WorkloadSpec, parse_workload_args
 
 # Keys of model_args that describe the row for people and do not change what is built.
 _ANNOTATION_KEYS = {"note", "guess", "from_config", "impl", "library", "encoder_weights"}
@@ -231,8 +231,8 @@ def _optimizer(name: str, args_text: str) -> str:
         args = {}
     # the first optimizer the text names: "torch.optim.AdamW", "AdamW (HF Trainer default optim)",
     # "timm train.py default (SGD momentum 0.9, nesterov ...)"
-    known = ("sgd", "adamw", "adam", "rmsprop", "adagrad", "adamax", "nadam", "radam", "adadelta")
-    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in known), "")
+    classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values()})
+    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in {c.lower() for c in classes}), "")
 
     def on(key):
         v = args.get(key, False)
@@ -247,10 +247,9 @@ def _optimizer(name: str, args_text: str) -> str:
         if momentum and centered:
             raise RowSkip("RMSprop with both momentum and centered (three states per parameter) has no optimizer option")
         return "rmsprop-momentum" if momentum else "rmsprop-centered" if centered else "rmsprop"
-    if n in ("adagrad", "adamax", "nadam", "radam", "adadelta"):
+    if n in OPTIMIZER_TABLE:
         return n
-    raise RowSkip(f"optimizer {name!r} is not one of torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, "
-                  "NAdam, RAdam, Adadelta")
+    raise RowSkip(f"optimizer {name!r} is not one of torch.optim's {', '.join(classes)}")
 
 
 def _precision(text: str) -> str:

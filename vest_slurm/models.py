@@ -23,12 +23,12 @@ from .workload import InputSpec, WorkloadSpec
 
 # transformers presets: the published configs of common checkpoints, written out so nothing is
 # downloaded. Values from each model's config.json on the Hugging Face hub; fields left out are the
-# config class's defaults, which those checkpoints keep (tests/test_models.py checks each preset's
+# config class's defaults, which those checkpoints keep (tests/test_hf_presets.py checks each preset's
 # parameter count against the published one).
 _ROBERTA = {"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-_T5_V11 = {"d_kv": 64, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False, "decoder_start_token_id": 0,
-           "pad_token_id": 0, "eos_token_id": 1}
+_T5 = {"d_kv": 64, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+_T5_V11 = {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}   # Flan-T5, T5 v1.1
 
 
 def _t5(d_model, d_ff, layers, heads, **kw):
@@ -47,13 +47,11 @@ def _decoder(cls, hidden, intermediate, layers, heads, kv_heads, vocab, **kw):
                   "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab, **kw})
 
 
-_T5 = {"d_kv": 64, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
 HF_PRESETS: dict[str, tuple[str, dict]] = {
     "bert-base": ("BertForMaskedLM", {}),
     "bert-base-uncased": ("BertForMaskedLM", {}),
     "bert-base-cased": ("BertForMaskedLM", {"vocab_size": 28996}),
     "bert-large": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}),
-    "bert-large-uncased": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}),
     "bert-large-cased": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 28996}),
     "distilbert-base-uncased": ("DistilBertForMaskedLM", {}),
     "roberta-base": ("RobertaForMaskedLM", dict(_ROBERTA)),
@@ -91,12 +89,9 @@ HF_PRESETS: dict[str, tuple[str, dict]] = {
     "whisper-medium": _whisper(1024, 24, 16),
     "vit-base-patch16-224": ("ViTForImageClassification", {"num_labels": 1000}),
     "llama-7b": _decoder("LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, max_position_embeddings=4096),
-    "llama-2-7b": _decoder("LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, max_position_embeddings=4096),
     "llama-2-13b": _decoder("LlamaForCausalLM", 5120, 13824, 40, 40, 40, 32000, max_position_embeddings=4096),
     "llama-3-8b": _decoder("LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128256, max_position_embeddings=8192),
-    "llama-3.1-8b": _decoder("LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128256, max_position_embeddings=131072),
     "llama-1b": _decoder("LlamaForCausalLM", 2048, 8192, 16, 32, 8, 128256, max_position_embeddings=4096, tie_word_embeddings=True),
-    "llama-3.2-1b": _decoder("LlamaForCausalLM", 2048, 8192, 16, 32, 8, 128256, max_position_embeddings=131072, tie_word_embeddings=True),
     "llama-3.2-3b": _decoder("LlamaForCausalLM", 3072, 8192, 28, 24, 8, 128256, max_position_embeddings=131072, tie_word_embeddings=True),
     "tiny-llama": _decoder("LlamaForCausalLM", 256, 688, 4, 8, 4, 32000),
     "mistral-7b": _decoder("MistralForCausalLM", 4096, 14336, 32, 32, 8, 32000, max_position_embeddings=32768, sliding_window=4096),
@@ -105,22 +100,27 @@ HF_PRESETS: dict[str, tuple[str, dict]] = {
     "qwen2.5-7b": _decoder("Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 152064, max_position_embeddings=32768, tie_word_embeddings=False),
 }
 
-# Hub names of the same checkpoints (the part after "org/", lower case).
+# Other names of the same architectures: hub names (the part after "org/", lower case) and
+# releases that differ only in what moves no memory (context length, rope scaling, weights).
 _PRESET_ALIASES = {
-    "meta-llama-3-8b": "llama-3-8b", "meta-llama-3.1-8b": "llama-3.1-8b", "llama-2-7b-hf": "llama-2-7b",
-    "llama-2-13b-hf": "llama-2-13b", "mistral-7b-v0.1": "mistral-7b", "opt-1_3b": "opt-1.3b",
-    "t5-v1_1-base": "flan-t5-base", "t5-v1_1-large": "flan-t5-large", "qwen2.5-0.5b-instruct": "qwen2.5-0.5b",
-    "qwen2.5-1.5b-instruct": "qwen2.5-1.5b", "qwen2.5-7b-instruct": "qwen2.5-7b", "llama-3.2-1b-instruct": "llama-3.2-1b",
-    "llama-3.2-3b-instruct": "llama-3.2-3b", "meta-llama-3-8b-instruct": "llama-3-8b", "meta-llama-3.1-8b-instruct": "llama-3.1-8b",
-    "llama-3.1-8b-instruct": "llama-3.1-8b", "mistral-7b-instruct-v0.1": "mistral-7b", "mistral-7b-instruct-v0.2": "mistral-7b",
+    "bert-large-uncased": "bert-large", "llama-2-7b": "llama-7b", "llama-2-7b-hf": "llama-7b",
+    "llama-2-13b-hf": "llama-2-13b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
+    "meta-llama-3.1-8b": "llama-3-8b", "llama-3.2-1b": "llama-1b", "mistral-7b-v0.1": "mistral-7b",
+    "opt-1_3b": "opt-1.3b", "t5-v1_1-base": "flan-t5-base", "t5-v1_1-large": "flan-t5-large",
 }
+_INSTRUCT_SUFFIXES = ("-instruct-v0.1", "-instruct", "-chat-hf", "-hf")
 
 
 def hf_preset(name: str) -> str | None:
-    """The preset a name or hub checkpoint ("org/name", any case) stands for, or None."""
+    """The preset a name or hub checkpoint ("org/name", any case; "-Instruct"/"-chat" tunings have
+    their base model's architecture) stands for, or None."""
     key = name.rsplit("/", 1)[-1].strip().lower()
-    key = _PRESET_ALIASES.get(key, key)
-    return key if key in HF_PRESETS else None
+    for candidate in (key, *(key.removesuffix(s) for s in _INSTRUCT_SUFFIXES if key.endswith(s))):
+        candidate = _PRESET_ALIASES.get(candidate, candidate)
+        if candidate in HF_PRESETS:
+            return candidate
+    return None
+
 
 
 MLP_LAYERS = {"Linear", "BatchNorm1d", "ReLU", "LeakyReLU", "PReLU", "ELU", "SELU", "Tanh", "Softplus",

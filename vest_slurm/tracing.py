@@ -18,7 +18,6 @@ Every storage allocation and free is recorded with its phase, category and modul
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 import time
 from collections.abc import Mapping
@@ -307,6 +306,11 @@ def _module_hooks(tracer: Tracer, model: nn.Module):
            [m.register_forward_hook(post) for m in model.modules()]
 
 
+# torch's fused CUDA optimizers whose kernels (_fused_sgd_, _fused_adam_, _fused_adamw_) have
+# fake-tensor implementations; fused Adagrad's has none and would run on a real device.
+_FUSED_TRACEABLE = ("SGD", "Adam", "AdamW")
+
+
 def make_optimizer(spec: WorkloadSpec, params):
     impl = {"auto": {"foreach": True}, "foreach": {"foreach": True}, "fused": {"fused": True},
             "for-loop": {"foreach": False}}[spec.optimizer_impl]
@@ -314,11 +318,11 @@ def make_optimizer(spec: WorkloadSpec, params):
     # opt-in); fake tensors would defeat that check, so the choice is made explicitly here.
     wd = {} if spec.weight_decay is None else {"weight_decay": spec.weight_decay}
     cls_name, kwargs, _ = OPTIMIZER_TABLE[spec.optimizer]
-    cls = getattr(torch.optim, cls_name)
-    if spec.optimizer_impl == "fused" and "fused" not in inspect.signature(cls.__init__).parameters:
-        raise WorkloadError(f"torch.optim.{cls_name} has no fused implementation in this torch",
+    if spec.optimizer_impl == "fused" and cls_name not in _FUSED_TRACEABLE:
+        raise WorkloadError(f"--optimizer-impl fused is traced for SGD, Adam and AdamW, not {cls_name} (torch has "
+                            "no fused kernel for it on CUDA, or none that runs on fake tensors)",
                             "use --optimizer-impl foreach (the default) or for-loop")
-    return cls(params, **kwargs, **impl, **wd)
+    return getattr(torch.optim, cls_name)(params, **kwargs, **impl, **wd)
 
 
 def _model_computes_loss(spec: WorkloadSpec, built: BuiltModel) -> bool:
