@@ -106,3 +106,14 @@ def test_check_missing_script_and_bad_site_config(tmp_path, capsys):
     assert run(["check", job, "--site-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "unknown key gpu.v100.memroy_mib" in err and "memory_mib" in err
+
+
+def test_check_table_says_what_would_fit_and_no_empty_help_line(tmp_path, capsys):
+    site = tmp_path / "site.toml"
+    site.write_text(TINY_SITE)   # no help_url
+    rc = run(["check", "--model", MLP, "--input", "1024", "--batch-size", "65536", "--site-config", str(site),
+              "--search-budget", "60"])
+    out = capsys.readouterr().out
+    assert rc == 3 and "vsbatch would refuse the job" in out
+    assert "What would fit:\n  - batch size " in out, out      # the advice vsbatch gives, here too
+    assert "See \n" not in out and "{help_url}" not in out and not any(l.rstrip().endswith("See") for l in out.splitlines())

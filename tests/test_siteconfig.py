@@ -101,6 +101,11 @@ def test_cost_selection_accepts_partition_cost():
 def test_message_render():
     c = parse_site_config(MINIMAL + "[policy]\nhelp_url='https://h'\n[policy.messages]\nrefuse = \"{{x}} {help_url} {reason}\"\n")
     assert c.policy.messages.render("refuse", help_url="https://h", reason="no-fit") == "{x} https://h no-fit"
+    # without a help_url, the sentences that point to it are left out
+    d = parse_site_config(MINIMAL).policy.messages
+    assert d.render("refuse", help_url="", reason="no-fit") == ""
+    assert d.render("unknown_job", help_url="") == "Submit GPU jobs with vsbatch so their memory can be checked."
+    assert d.render("unknown_job", help_url="https://h").endswith("See https://h")
 
 
 def test_load_path_order(tmp_path):

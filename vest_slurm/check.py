@@ -168,6 +168,8 @@ def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
     else:
         verdict = (f"vsbatch would submit to partition {result.partition} (--gres={result.gres}): "
                    + "; ".join(result.reasons))
+    if advice:   # what vsbatch would say with its refusal: AMP, activation checkpointing, more GPUs
+        verdict += "\nWhat would fit:\n" + "\n".join(f"  - {a.text}" for a in advice)
     tail = [f"({seconds:.1f} s, {prober.traces_made} trace(s)"
             + ("; the batch search stopped at its budget: >=N is a lower bound" if prober.stopped else "") + ")"]
     return "\n\n".join([head, table] + (["\n".join(notes)] if notes else []) + [verdict] + tail) + "\n"

@@ -11,6 +11,7 @@ caught. Out of the loader come frozen dataclasses only.
 from __future__ import annotations
 
 import os
+import re
 import string
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -44,7 +45,7 @@ MESSAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "unknown_job": ("help_url", "user"),
 }
 DEFAULT_MESSAGES: dict[str, str] = {
-    "refuse": "Questions? See {help_url}",
+    "refuse": "See {help_url} for help with GPU memory.",
     "reroute": "Your job was moved to partition {partition} ({gres}) because {requested} is too small for it.",
     "warn": "Your job may run out of GPU memory on {partition} ({gres}).",
     "unknown_job": "Submit GPU jobs with vsbatch so their memory can be checked. See {help_url}",
@@ -84,7 +85,12 @@ class Messages:
     unknown_job: str = DEFAULT_MESSAGES["unknown_job"]
 
     def render(self, kind: str, **values: object) -> str:
-        return getattr(self, kind).format_map({k: values.get(k, "") for k in MESSAGE_FIELDS[kind]})
+        """The message with its placeholders filled. Where the site has no help_url, the sentences
+        that point to it are left out (an empty message where nothing else is said)."""
+        template = getattr(self, kind)
+        if not values.get("help_url"):
+            template = " ".join(s for s in re.split(r"(?<=[.!?])\s+", template) if "{help_url}" not in s)
+        return template.format_map({k: values.get(k, "") for k in MESSAGE_FIELDS[kind]}).strip()
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class Policy:
     """``[policy]``: how jobs are placed and refused."""
 
     # 10 %: the estimate's error on measured runs has p90 8.3 %, and the request falls below the
-    # measured peak on 2.6 % of them (engines of another cuDNN version, passes the workload does not
+    # measured peak on 2.0 % of them (engines of another cuDNN version, passes the workload does not
     # describe; README "Accuracy").
     headroom_percent: float = 10.0
     headroom_bytes: int = 0
