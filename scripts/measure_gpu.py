@@ -50,6 +50,11 @@ DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
     "--model torchvision:convnext_large --batch-size 64 --optimizer sgd --cudnn-tf32 off",
     "--model torchvision:resnet152 --batch-size 256 --optimizer adam --precision amp-bf16 "
     "--zero-grad before-backward",
+    # activation checkpointing through the model's switch (the recompute in backward) and an
+    # optimizer with other state than Adam's
+    "--model hf:llama-3.2-1b --input seq1024 --batch-size 4 --optimizer adamw --precision amp-bf16 "
+    "--gradient-checkpointing on",
+    "--model hf:roberta-base --input seq512 --batch-size 32 --optimizer rmsprop-momentum",
 )]
 
 _CHILD = r"""

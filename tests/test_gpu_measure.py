@@ -19,10 +19,12 @@ def test_loop_runs_for_real_on_cpu():
     assert m.workload["model"] == "torchvision:resnet18" and m.seconds > 0
 
 
-def test_hf_loop_runs_for_real_on_cpu():
+@pytest.mark.parametrize("extra", [[], ["--gradient-checkpointing", "on", "--optimizer", "rmsprop-momentum"]])
+def test_hf_loop_runs_for_real_on_cpu(extra):
     spec = parse_workload_args(["--model", "hf:tiny-llama", "--input", "seq16", "--batch-size", "2",
-                                "--precision", "amp-bf16", "--optimizer", "adamw"])
-    assert measure(spec, device="cpu", steps=1).seconds > 0
+                                "--precision", "amp-bf16", "--optimizer", "adamw", *extra])
+    m = measure(spec, device="cpu", steps=1)
+    assert m.seconds > 0 and m.workload["gradient_checkpointing"] == spec.gradient_checkpointing
 
 
 def test_poller_samples_only_where_a_gpu_answers():
