@@ -22,9 +22,10 @@ Where the defaults come from (MiB; see README "Accuracy" for the measurement):
   a measured floor (`vest calibrate`; the defaults below and README "Accuracy").
 - ``cudnn_mib``: what loading cuDNN adds for jobs that convolve, where a calibration separates it.
 - ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per handle and stream
-  (CUDABlas.cpp getChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB = 8.125 MiB
-  before Hopper, ``:4096:8`` = 32 MiB on sm90 and later. It is allocated through the caching
-  allocator at the first matmul and kept for the life of the handle.
+  (CublasHandlePool.cpp parseChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB =
+  8.125 MiB, except on Hopper, ``:4096:8`` = 32 MiB (the test is ``major == 9 && minor == 0``, so
+  Blackwell gets 8.125 MiB). It is allocated through the caching allocator at the first matmul and
+  kept for the life of the handle.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .errors import WorkloadError
 from .units import KiB, MiB
 
 _WS_PRE_HOPPER = 2 * 4096 * KiB + 8 * 16 * KiB   # CUBLAS_WORKSPACE_CONFIG default :4096:2:16:8
-_WS_HOPPER = 8 * 4096 * KiB                        # default on sm90+: :4096:8
+_WS_HOPPER = 8 * 4096 * KiB                        # default on sm90: :4096:8
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class DeviceProfile:
 
 
 def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
-    ws = _WS_HOPPER if cap >= (9, 0) else _WS_PRE_HOPPER
+    ws = _WS_HOPPER if cap == (9, 0) else _WS_PRE_HOPPER
     return DeviceProfile(key, name, total, cap, sms, reserved if reserved is not None else round(total * 0.01),
                          context, cudnn, ws)
 
