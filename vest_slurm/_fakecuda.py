@@ -500,7 +500,7 @@ class FakeCudaMode(FakeTensorMode):
         if isinstance(out, FakeTensor):
             if self.scalar_stand_in and func.overloadpacket in _TRUTH_OPS:
                 k = frozenset({_TRUTH_OPS[func.overloadpacket]})
-            elif func in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar) and self._is_truth_of(args[1], args[0]):
+            elif func in _known.MASKED_FILL and self._is_truth_of(args[1], args[0]):
                 k = _known.where_truthy(self.known_of(args[0]), args[2])
             elif func in _known.HANDLED:
                 k = _known.after_op(func, args, kwargs, out, self.known_of)   # before the op's writes are forgotten

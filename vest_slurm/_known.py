@@ -229,11 +229,8 @@ def clamp(k: Known | None, lo, hi) -> Known | None:
 _FILLED = {aten.ones.default: 1, aten.zeros.default: 0, aten.ones_like.default: 1, aten.zeros_like.default: 0,
            aten.new_ones.default: 1, aten.new_zeros.default: 0}
 _FULL = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
-_COMPARE = {aten.eq.Scalar: operator.eq, aten.ne.Scalar: operator.ne, aten.lt.Scalar: operator.lt,
-            aten.le.Scalar: operator.le, aten.gt.Scalar: operator.gt, aten.ge.Scalar: operator.ge}
-_COMPARE.update({getattr(aten, name).Tensor: fn for name, fn in
-                 (("eq", operator.eq), ("ne", operator.ne), ("lt", operator.lt), ("le", operator.le),
-                  ("gt", operator.gt), ("ge", operator.ge))})
+_COMPARE = {getattr(getattr(aten, name), overload): getattr(operator, name)
+            for name in ("eq", "ne", "lt", "le", "gt", "ge") for overload in ("Scalar", "Tensor")}
 _REDUCE = {getattr(packet, name): fn for packet, fn in ((aten.all, all), (aten.any, any))
            for name in ("default", "dim", "dims") if hasattr(packet, name)}
 _COPIES = {aten._to_copy.default, aten.clone.default, aten.index.Tensor, aten.index_select.default,
@@ -242,6 +239,10 @@ _NOT = {aten.logical_not.default, aten.bitwise_not.default}
 _BOOL_BINARY = {aten.bitwise_and.Tensor: operator.and_, aten.logical_and.default: operator.and_,
                 aten.bitwise_or.Tensor: operator.or_, aten.logical_or.default: operator.or_,
                 aten.mul.Tensor: operator.and_}
+_ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
+_SCALAR_ARITH = {aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar}   # with a Python number
+MASKED_FILL = {aten.masked_fill.Scalar, aten.masked_fill_.Scalar}
+_INDEX_PUT = {aten.index_put.default, aten.index_put_.default}
 
 
 def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
@@ -257,7 +258,7 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         i = _FULL[func]
         value = args[i] if len(args) > i else None
         return cast(frozenset({value}), dt) if isinstance(value, (bool, int, float)) else None
-    if func is aten.arange.default or func is aten.arange.start or func is aten.arange.start_step:
+    if func in _ARANGE:
         return cast(arange(args, kwargs), dt)
     if not args:
         return None
@@ -294,7 +295,7 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         lo = args[1] if len(args) > 1 else kwargs.get("min")
         hi = args[2] if len(args) > 2 else kwargs.get("max")
         return cast(clamp(known_of(x), lo, hi), dt)
-    if func in (aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar) and not isinstance(args[1], torch.Tensor):
+    if func in _SCALAR_ARITH and not isinstance(args[1], torch.Tensor):
         other, alpha = args[1], kwargs.get("alpha", 1)
         if alpha != 1 or not isinstance(other, (int, float)):
             return None
@@ -312,12 +313,12 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         if cond == frozenset({False}):
             return cast(b, dt)
         return cast(union(a, b), dt)
-    if func in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+    if func in MASKED_FILL:
         mask = known_of(args[1])
         if mask == frozenset({False}):
             return known_of(x)
         return cast(union(known_of(x), frozenset({args[2]})), dt)
-    if func in (aten.index_put.default, aten.index_put_.default):
+    if func in _INDEX_PUT:
         indices = args[1]
         accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and known_of(i) == frozenset({False})
@@ -330,7 +331,5 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
 
 
 HANDLED = frozenset(set(_FILLED) | set(_FULL) | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY)
-                    | {aten.arange.default, aten.arange.start, aten.arange.start_step, aten.cat.default,
-                       aten.constant_pad_nd.default, aten.clamp.default, aten.add.Tensor, aten.sub.Tensor,
-                       aten.rsub.Scalar, aten.where.self, aten.masked_fill.Scalar, aten.masked_fill_.Scalar,
-                       aten.index_put.default, aten.index_put_.default})
+                    | _ARANGE | _SCALAR_ARITH | MASKED_FILL | _INDEX_PUT
+                    | {aten.cat.default, aten.constant_pad_nd.default, aten.clamp.default, aten.where.self})
