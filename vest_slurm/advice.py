@@ -366,6 +366,29 @@ def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per
     return None, None, best_need, complete
 
 
+def _first_fit(prober: Prober, site: SiteConfig, variant_on: Callable[[str], WorkloadSpec], gpus_per_node: int,
+               total_gpus: int, big: str) -> tuple[str | None, str | None, int | None]:
+    """A variant of the job (``variant_on(gpu type)``) on the site's GPU types, smallest first:
+    (type, partition, need) of the first it fits; where none does, (type, None, need) on ``big``
+    (the largest, or the last type probed if ``big`` could not be); (None, None, None) where
+    nothing was probed."""
+    tried: list[tuple[str, int]] = []
+    for t in _by_size(prober, site.gpu_names):
+        parts = _partitions_for(site, t, gpus_per_node, total_gpus)
+        if not parts:
+            continue
+        n = prober.needed(variant_on(t), t)
+        if n is None:
+            continue
+        if n <= prober.capacity(t):
+            return t, parts[0], n
+        tried.append((t, n))
+    if not tried:
+        return None, None, None
+    t, n = next(((t, n) for t, n in tried if t == big), tried[-1])
+    return t, None, n
+
+
 def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_gpus: int = 1) -> str | None:
     usable = [t for t in site.gpu_names if _partitions_for(site, t, gpus_per_node, total_gpus)]
     return _by_size(prober, usable)[-1] if usable else None
@@ -409,54 +432,34 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
 
     # 2. AMP, where the job trains in full precision.
     if spec.precision in ("fp32", "tf32"):
-        found = None
-        tried: list[tuple[str, int]] = []
-        for t in _by_size(prober, site.gpu_names):
-            parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
-            if not parts:
-                continue
+        t, part, n = _first_fit(prober, site, lambda t: spec.with_(precision=amp_precision(prober.profiles[t])),
+                                gpus_per_node, spec.num_gpus, big)
+        if t is not None:
             prec = amp_precision(prober.profiles[t])
-            n = prober.needed(spec.with_(precision=prec), t)
-            if n is None:
-                continue
-            tried.append((t, n))
-            if n <= prober.capacity(t):
-                found = Advice("amp", f"AMP (--precision {prec}) fits {t} (partition {parts[0]}): needs "
-                                      f"{fmt_mib(n)} per GPU with headroom", True, f"#VEST --precision {prec}",
-                               precision=prec, gpu_type=t, partition=parts[0], needed_bytes=n)
-                break
-        if found:
-            out.append(found)
-        elif tried:
-            t, n = next(((t, n) for t, n in tried if t == big), tried[-1])
-            out.append(Advice("amp", f"AMP alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
-                                     f"({fmt_mib(prober.capacity(t))})", False,
-                              precision=amp_precision(prober.profiles[t]), gpu_type=t, needed_bytes=n))
+            if part is not None:
+                out.append(Advice("amp", f"AMP (--precision {prec}) fits {t} (partition {part}): needs "
+                                         f"{fmt_mib(n)} per GPU with headroom", True, f"#VEST --precision {prec}",
+                                  precision=prec, gpu_type=t, partition=part, needed_bytes=n))
+            else:
+                out.append(Advice("amp", f"AMP alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
+                                         f"({fmt_mib(prober.capacity(t))})", False,
+                                  precision=prec, gpu_type=t, needed_bytes=n))
 
     # 3. Activation checkpointing, where the model has its own switch (transformers, timm) and the
-    # job does not use it: the first GPU type, smallest first, on which the batch then fits.
+    # job does not use it.
     if spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm"):
         variant = spec.with_(gradient_checkpointing="on")
-        tried = []
-        for t in _by_size(prober, site.gpu_names):
-            parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
-            n = prober.needed(variant, t) if parts else None
-            if n is None:
-                continue
-            tried.append((t, n))
-            if n <= prober.capacity(t):
-                out.append(Advice("checkpointing", f"activation checkpointing (--gradient-checkpointing on, the "
-                                                   f"model's own switch) fits {t} (partition {parts[0]}): needs "
-                                                   f"{fmt_mib(n)} per GPU with headroom", True,
-                                  "#VEST --gradient-checkpointing on (and turn it on in the script)",
-                                  gpu_type=t, partition=parts[0], needed_bytes=n))
-                break
-        else:
-            if tried:
-                t, n = next(((t, n) for t, n in tried if t == big), tried[-1])
-                out.append(Advice("checkpointing", f"activation checkpointing alone does not fit: needs "
-                                                   f"{fmt_mib(n)} per GPU on {t} ({fmt_mib(prober.capacity(t))})",
-                                  False, gpu_type=t, needed_bytes=n))
+        t, part, n = _first_fit(prober, site, lambda t: variant, gpus_per_node, spec.num_gpus, big)
+        if t is not None and part is not None:
+            out.append(Advice("checkpointing", f"activation checkpointing (--gradient-checkpointing on, the "
+                                               f"model's own switch) fits {t} (partition {part}): needs "
+                                               f"{fmt_mib(n)} per GPU with headroom", True,
+                              "#VEST --gradient-checkpointing on (and turn it on in the script)",
+                              gpu_type=t, partition=part, needed_bytes=n))
+        elif t is not None:
+            out.append(Advice("checkpointing", f"activation checkpointing alone does not fit: needs "
+                                               f"{fmt_mib(n)} per GPU on {t} ({fmt_mib(prober.capacity(t))})",
+                              False, gpu_type=t, needed_bytes=n))
 
     # 4. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
     most = max((p.gpus_per_node for p in site.partitions), default=1)
