@@ -232,18 +232,22 @@ def _optimizer(name: str, args_text: str) -> str:
     # the first optimizer the text names: "torch.optim.AdamW", "AdamW (HF Trainer default optim)",
     # "timm train.py default (SGD momentum 0.9, nesterov ...)"
     classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values()})
-    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in {c.lower() for c in classes}), "")
+    names = {c.lower() for c in classes}
+    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in names), "")
 
     def on(key):
         v = args.get(key, False)
         return bool(float(v)) if isinstance(v, (int, float)) else str(v).lower() in ("true", "1", "yes")
 
+    def has_momentum():
+        return float(args.get("momentum", 0) or 0) > 0
+
     if n in ("adam", "adamw"):
         return n + ("-amsgrad" if on("amsgrad") else "")
     if n == "sgd":
-        return "sgd-momentum" if float(args.get("momentum", 0) or 0) > 0 else "sgd"
+        return "sgd-momentum" if has_momentum() else "sgd"
     if n == "rmsprop":
-        momentum, centered = float(args.get("momentum", 0) or 0) > 0, on("centered")
+        momentum, centered = has_momentum(), on("centered")
         if momentum and centered:
             raise RowSkip("RMSprop with both momentum and centered (three states per parameter) has no optimizer option")
         return "rmsprop-momentum" if momentum else "rmsprop-centered" if centered else "rmsprop"

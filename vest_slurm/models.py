@@ -25,6 +25,7 @@ from .workload import InputSpec, WorkloadSpec
 # downloaded. Values from each model's config.json on the Hugging Face hub; fields left out are the
 # config class's defaults, which those checkpoints keep (tests/test_hf_presets.py checks each preset's
 # parameter count against the published one).
+_BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 _ROBERTA = {"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
 _T5 = {"d_kv": 64, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
@@ -51,11 +52,11 @@ HF_PRESETS: dict[str, tuple[str, dict]] = {
     "bert-base": ("BertForMaskedLM", {}),
     "bert-base-uncased": ("BertForMaskedLM", {}),
     "bert-base-cased": ("BertForMaskedLM", {"vocab_size": 28996}),
-    "bert-large": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}),
-    "bert-large-cased": ("BertForMaskedLM", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 28996}),
+    "bert-large": ("BertForMaskedLM", dict(_BERT_LARGE)),
+    "bert-large-cased": ("BertForMaskedLM", {**_BERT_LARGE, "vocab_size": 28996}),
     "distilbert-base-uncased": ("DistilBertForMaskedLM", {}),
     "roberta-base": ("RobertaForMaskedLM", dict(_ROBERTA)),
-    "roberta-large": ("RobertaForMaskedLM", {**_ROBERTA, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}),
+    "roberta-large": ("RobertaForMaskedLM", {**_ROBERTA, **_BERT_LARGE}),
     "albert-base-v2": ("AlbertForMaskedLM", {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}),
     "longformer-base-4096": ("LongformerForMaskedLM", {**_ROBERTA, "max_position_embeddings": 4098, "attention_window": 512, "sep_token_id": 2}),
     "bigbird-roberta-base": ("BigBirdForMaskedLM", {}),
