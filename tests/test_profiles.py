@@ -15,6 +15,10 @@ NAMES = [
     ("NVIDIA H100 PCIe", 81559, "h100-pcie-80gb"),
     ("NVIDIA H100 NVL", 95830, "h100-nvl-94gb"),
     ("NVIDIA H200", 143771, "h200-141gb"),
+    ("NVIDIA H200 NVL", 143771, "h200-141gb"),
+    ("NVIDIA GH200 480GB", 97871, "gh200-96gb"),      # not an H200: the superchip's whole memory
+    ("NVIDIA GH200 120GB", 97871, "gh200-96gb"),
+    ("NVIDIA GH200 144G HBM3e", 146831, "gh200-144gb"),
     ("NVIDIA B200", 183359, "b200-180gb"),
     ("NVIDIA L40S", 46068, "l40s-48gb"),
     ("NVIDIA L40", 46068, "l40-48gb"),        # not an L4
@@ -40,7 +44,7 @@ def test_device_names_map_to_their_board(name, total, key):
 
 def test_unknown_boards_have_no_profile():
     assert profile_for_device_name("AMD Instinct MI325X", 262144) is None
-    assert profile_for_device_name("NVIDIA GH200 480GB", 97871) is None
+    assert profile_for_device_name("NVIDIA GB10", 122880) is None
 
 
 def test_every_profile_is_consistent_and_reachable():

@@ -88,8 +88,8 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 # A board with the same chip as a calibrated one and no more SMs takes that board's floor (as the
 # A100-80GB takes the 40GB's): the per-SM part of the context (each SM's local-memory reservation,
 # max resident threads x 1 KiB of stack) is no larger, the kernels and libraries are the same.
-# A30 (GA100, 56 SMs) -> A100; H100 PCIe (114) and NVL (132) -> H100 SXM; L40, RTX 6000 Ada
-# (142) and RTX 4090 (128; AD102) -> L40S.
+# A30 (GA100, 56 SMs) -> A100; H100 PCIe (114) and NVL (132) and the GH200's GPU (GH100, 132; 96 GB
+# HBM3 or 144 GB HBM3e) -> H100 SXM; L40, RTX 6000 Ada (142) and RTX 4090 (128; AD102) -> L40S.
 # total_mib and SM counts of the types without measured runs: nvidia-smi's memory.total and
 # deviceQuery's multiprocessor count as NVIDIA's boards report them (ECC on by default on the
 # data-centre boards A40 / L40, off on the workstation and consumer ones).
@@ -106,6 +106,8 @@ PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
     _p("h100-pcie-80gb", "NVIDIA H100 PCIe", 81559, (9, 0), 114, 1369, 0),
     _p("h100-nvl-94gb", "NVIDIA H100 NVL", 95830, (9, 0), 132, 1369, 0),
     _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
+    _p("gh200-96gb", "NVIDIA GH200 480GB", 97871, (9, 0), 132, 1369, 0),
+    _p("gh200-144gb", "NVIDIA GH200 144G HBM3e", 146831, (9, 0), 132, 1369, 0),
     _p("b200-180gb", "NVIDIA B200", 183359, (10, 0), 148, _U, 0),
     _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 919, 0),
     _p("l40-48gb", "NVIDIA L40", 46068, (8, 9), 142, 919, 0),
@@ -125,7 +127,8 @@ ALIASES = {
     "a40": "a40-48gb", "l40": "l40-48gb", "b200": "b200-180gb", "h100-pcie": "h100-pcie-80gb",
     "h100-nvl": "h100-nvl-94gb", "rtx-a6000": "rtx-a6000-48gb", "a6000": "rtx-a6000-48gb",
     "rtx-6000ada": "rtx-6000ada-48gb", "rtx-4090": "rtx-4090-24gb", "4090": "rtx-4090-24gb",
-    "rtx-3090": "rtx-3090-24gb", "3090": "rtx-3090-24gb",
+    "rtx-3090": "rtx-3090-24gb", "3090": "rtx-3090-24gb", "gh200": "gh200-96gb", "gh200-96": "gh200-96gb",
+    "gh200-144": "gh200-144gb",
 }
 
 
@@ -147,6 +150,10 @@ def profile_for_device_name(name: str, total_mib: int | None = None) -> DevicePr
         return PROFILES["a100-80gb" if big else "a100-40gb"]
     if words & {"v100", "v100s"}:
         return PROFILES["v100-32gb" if (total_mib or 0) > 20000 or "32gb" in words else "v100-16gb"]
+    if "gh200" in words:
+        # "GH200 480GB" / "GH200 120GB" name the superchip's CPU+GPU memory; the GPU has 96 GB of
+        # HBM3, or 144 GB of HBM3e ("GH200 144G HBM3e")
+        return PROFILES["gh200-144gb" if (total_mib or 0) > 120000 or "hbm3e" in words else "gh200-96gb"]
     if "h100" in words:
         return PROFILES["h100-nvl-94gb" if "nvl" in words else "h100-pcie-80gb" if "pcie" in words else "h100-80gb"]
     if "6000" in words and "ada" in words:
