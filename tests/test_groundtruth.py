@@ -193,6 +193,17 @@ def test_every_nvidia_high_medium_row_of_the_files_maps(name):
             row_to_spec(r)   # raises RowSkip on a row that does not map
 
 
+def test_fused_and_for_loop_rows_map_to_the_optimizer_impl():
+    from vest_slurm.groundtruth import _optimizer_impl
+
+    assert _optimizer_impl("adamw_torch_fused", "") == "fused"
+    assert _optimizer_impl("torch.optim.AdamW", '{"fused": true}') == "fused"
+    assert _optimizer_impl("torch.optim.Adam", '{"foreach": false}') == "for-loop"
+    assert _optimizer_impl("torch.optim.Adam", '{"lr": 0.001}') is None   # PyTorch's default: foreach
+    assert _optimizer_impl("Adam", "not json") is None
+    assert _optimizer_impl("AdamW (HF Trainer default optim; foreach/fused depends on transformers version)", "") is None
+
+
 def test_optimizer_names_and_settings_map_to_options():
     from vest_slurm.groundtruth import _optimizer
 
@@ -201,8 +212,11 @@ def test_optimizer_names_and_settings_map_to_options():
     assert _optimizer("timm train.py default (SGD momentum 0.9, nesterov)", '{"momentum": 0.9}') == "sgd-momentum"
     assert _optimizer("RMSprop", '{"momentum": 0.9}') == "rmsprop-momentum"
     assert _optimizer("RMSprop", '{"centered": true}') == "rmsprop-centered"
-    assert [_optimizer(n, "") for n in ("Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta")] == [
-        "adagrad", "adamax", "nadam", "radam", "adadelta"]
-    for name, args in (("Lion", ""), ("RMSprop", '{"momentum": 0.9, "centered": true}')):
+    assert [_optimizer(n, "") for n in ("Adagrad", "Adamax", "NAdam", "RAdam", "Adadelta", "ASGD", "Rprop",
+                                        "torch.optim.Adafactor")] == [
+        "adagrad", "adamax", "nadam", "radam", "adadelta", "asgd", "rprop", "adafactor"]
+    assert _optimizer("adamw_torch_fused", "") == "adamw"   # HF Trainer's optim names
+    for name, args in (("Lion", ""), ("RMSprop", '{"momentum": 0.9, "centered": true}'), ("adamw_8bit", ""),
+                       ("bnb.optim.PagedAdamW", ""), ("AdamW (bitsandbytes)", "")):
         with pytest.raises(RowSkip):
             _optimizer(name, args)

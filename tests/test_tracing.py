@@ -51,7 +51,7 @@ CASES = [
     ('mlp:[["Linear",784,256],["ReLU"],["Linear",256,10]]', opt, states, "784")
     for opt, states in (("adam-amsgrad", 3), ("adamw-amsgrad", 3), ("rmsprop", 1), ("rmsprop-momentum", 2),
                         ("rmsprop-centered", 2), ("adagrad", 1), ("adamax", 2), ("nadam", 2), ("radam", 2),
-                        ("adadelta", 2))
+                        ("adadelta", 2), ("rprop", 2))
 ]
 
 
@@ -64,6 +64,34 @@ def test_parameter_gradient_state_bytes_exact(model, opt, states, inp):
     # each of the 2 iterations allocates one full set of gradients (zero_grad sets them to None)
     assert allocated(trace, "gradient") == 2 * p_bytes
     assert live_at_end(trace, "optimizer_state") == states * p_bytes
+
+
+MLP = 'mlp:[["Linear",784,256],["ReLU"],["Linear",256,10]]'
+MLP_SHAPES = [(256, 784), (256,), (10, 256), (10,)]
+
+
+@pytest.mark.parametrize("impl", ["foreach", "for-loop"])
+def test_steps_that_read_device_scalars_trace_their_exact_state(impl):
+    """Adafactor reads each parameter's RMS and ASGD its step count through .item(); the values
+    only scale the learning rate, so the step traces, with torch.optim's exact state tensors."""
+    s = spec("--model", MLP, "--batch-size", "4", "--input", "784", "--optimizer-impl", impl)
+    # Adafactor: a row and a column vector per matrix, the full size for 1-D parameters
+    factored = sum((sh[0] + sh[1] if len(sh) == 2 else sh[0]) * 4 for sh in MLP_SHAPES)
+    assert live_at_end(trace_training(s.with_(optimizer="adafactor")), "optimizer_state") == factored
+    # ASGD: ax, the parameter's size, and two device scalars per parameter (eta, mu; step too)
+    p_bytes, _ = param_bytes(s)
+    asgd = trace_training(s.with_(optimizer="asgd"))
+    assert live_at_end(asgd, "optimizer_state") == p_bytes + 3 * 4 * len(MLP_SHAPES)
+
+
+def test_model_code_that_reads_a_device_value_stays_data_dependent_after_an_optimizer_step():
+    """The stand-in values of the optimizer step end with it: the next forward's .item() fails."""
+    from vest_slurm.errors import EstimateError
+
+    s = spec("--model", f"{USER}:data_dependent_later", "--batch-size", "8", "--input", "8", "--optimizer", "adafactor")
+    with pytest.raises(EstimateError, match="depend on the data"):
+        trace_training(s)
+    assert trace_training(s.with_(steps=1)).events   # one step: the model never reads a value
 
 
 def test_fused_is_refused_where_torch_has_no_fused_optimizer():

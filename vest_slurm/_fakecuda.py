@@ -979,7 +979,8 @@ def gpu_optimizer_defaults():
     targets = [(opt_mod, "_default_to_fused_or_foreach", choose)]
     import importlib
 
-    for name in ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "radam", "asgd", "adadelta"):
+    for name in ("adam", "adamw", "sgd", "rmsprop", "adagrad", "adamax", "nadam", "radam", "asgd", "adadelta", "rprop",
+                 "_adafactor"):
         try:
             mod = importlib.import_module(f"torch.optim.{name}")
         except ImportError:

@@ -25,7 +25,9 @@ Mapping rules, one per column (the README states what each column means):
   data-parallel job of an unknown count; per-GPU memory depends only on it being more than one
   (gradient buckets, NCCL), so 2 is used. ``DataParallel`` in the notes -> parallelism dp, else ddp.
 - optimizer/optimizer_args: Adam -> adam, AdamW -> adamw (-amsgrad with amsgrad), SGD -> sgd-momentum iff
-  momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta by name.
+  momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta, ASGD,
+  Rprop, Adafactor by name; ``fused`` in the name or ``{"fused": true}`` -> ``--optimizer-impl fused``,
+  ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit / paged optimizers are a RowSkip.
 - precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16; bf16 and fp16
   (weights in half precision) as they are.
 - loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss -> mse
@@ -85,6 +87,9 @@ def row_to_argv(row: Mapping[str, str]) -> list[str]:
         batch = max(1, batch // num_gpus)   # DataParallel scatters a global batch over the replicas
     argv += ["--batch-size", str(batch)]
     argv += ["--optimizer", _optimizer(row.get("optimizer") or "", row.get("optimizer_args") or "")]
+    impl = _optimizer_impl(row.get("optimizer") or "", row.get("optimizer_args") or "")
+    if impl:
+        argv += ["--optimizer-impl", impl]
     argv += ["--precision", _precision(row.get("precision") or "")]
     argv += ["--loss", "model" if kind == "hf" else _loss(row.get("loss") or "")]
     if (row.get("channels_last") or "").strip() in ("1", "true", "True"):
@@ -224,36 +229,59 @@ def _gpus(text: str, notes: str) -> tuple[int, str]:
     return _int(t, "num_gpus"), dp
 
 
-def _optimizer(name: str, args_text: str) -> str:
+def _optimizer_args(text: str) -> dict:
+    """optimizer_args as a dict ({} where it is empty or not a JSON object: the settings are then
+    torch's defaults)."""
     try:
-        args = json.loads(args_text) if args_text.strip() else {}
+        args = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
-        args = {}
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def _flag(args: dict, key: str) -> bool:
+    v = args.get(key, False)
+    return bool(float(v)) if isinstance(v, (int, float)) else str(v).lower() in ("true", "1", "yes")
+
+
+def _optimizer(name: str, args_text: str) -> str:
+    args = _optimizer_args(args_text)
+    if re.search(r"8.?bit|\bbnb|bitsandbytes|paged", name.lower()):
+        raise RowSkip(f"optimizer {name!r}: bitsandbytes' 8-bit / paged optimizers keep quantized states in "
+                      "CUDA-only kernels, which the estimator does not trace")
     # the first optimizer the text names: "torch.optim.AdamW", "AdamW (HF Trainer default optim)",
-    # "timm train.py default (SGD momentum 0.9, nesterov ...)"
+    # "timm train.py default (SGD momentum 0.9, nesterov ...)", HF Trainer's "adamw_torch_fused"
     classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values()})
     names = {c.lower() for c in classes}
     n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in names), "")
-
-    def on(key):
-        v = args.get(key, False)
-        return bool(float(v)) if isinstance(v, (int, float)) else str(v).lower() in ("true", "1", "yes")
 
     def has_momentum():
         return float(args.get("momentum", 0) or 0) > 0
 
     if n in ("adam", "adamw"):
-        return n + ("-amsgrad" if on("amsgrad") else "")
+        return n + ("-amsgrad" if _flag(args, "amsgrad") else "")
     if n == "sgd":
         return "sgd-momentum" if has_momentum() else "sgd"
     if n == "rmsprop":
-        momentum, centered = has_momentum(), on("centered")
+        momentum, centered = has_momentum(), _flag(args, "centered")
         if momentum and centered:
             raise RowSkip("RMSprop with both momentum and centered (three states per parameter) has no optimizer option")
         return "rmsprop-momentum" if momentum else "rmsprop-centered" if centered else "rmsprop"
     if n in OPTIMIZER_TABLE:
         return n
     raise RowSkip(f"optimizer {name!r} is not one of torch.optim's {', '.join(classes)}")
+
+
+def _optimizer_impl(name: str, args_text: str) -> str | None:
+    """``fused`` where the row says so (HF Trainer's ``adamw_torch_fused``, ``{"fused": true}``),
+    ``for-loop`` for ``{"foreach": false}``; None: PyTorch's default (foreach on a GPU)."""
+    args = _optimizer_args(args_text)
+    # "adamw_torch_fused", "fused=True"; not "foreach/fused depends on the version"
+    if _flag(args, "fused") or re.search(r"_fused\b|\bfused\s*=\s*true", name.lower()):
+        return "fused"
+    if "foreach" in args and not _flag(args, "foreach"):
+        return "for-loop"
+    return None
 
 
 def _precision(text: str) -> str:

@@ -411,11 +411,18 @@ class LoopHooks:
 
 
 class _TracerHooks(LoopHooks):
-    def __init__(self, tracer: Tracer):
+    def __init__(self, tracer: Tracer, mode: "fc.FakeCudaMode"):
         self.t = tracer
+        self.mode = mode
+        self._stand_in = mode.scalar_stand_in
 
     def phase(self, name):
         self.t.s.phase = name
+        # torch.optim's steps read device scalars only as learning-rate factors (Adafactor's
+        # parameter RMS, ASGD's step count through .item()): every state and temporary has its
+        # parameter's shape whatever the value, so a stand-in value traces the same allocations.
+        # Outside the step a value read from the device stays data-dependent.
+        self.mode.scalar_stand_in = self._stand_in or name == "optimizer"
 
     def category(self, name):
         self.t.s.category = name
@@ -541,7 +548,7 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
             tracer.s.category = None
             module_hooks = _module_hooks(tracer, model)
             try:
-                opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer))
+                opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
                 tracer.freeze()   # the run is over: what is released from here on is not part of it
                 del opt
             finally:

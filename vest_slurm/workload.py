@@ -33,6 +33,11 @@ OPTIMIZER_TABLE: dict[str, tuple[str, dict, int]] = {
     "nadam": ("NAdam", {}, 2),                                    # exp_avg, exp_avg_sq
     "radam": ("RAdam", {}, 2),
     "adadelta": ("Adadelta", {}, 2),                              # square_avg, acc_delta
+    "asgd": ("ASGD", {}, 1),                                      # ax (eta, mu: scalars)
+    "rprop": ("Rprop", {}, 2),                                    # prev, step_size
+    # factored second moments: a row and a column vector per matrix (row_var, col_var), the full
+    # size only for 1-D parameters (variance); the count is that of the matrices
+    "adafactor": ("Adafactor", {}, 0),
 }
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")

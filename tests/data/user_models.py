@@ -30,6 +30,22 @@ def data_dependent():
     return _DataDependent()
 
 
+class _DataDependentLater(_DataDependent):
+    """Reads a value only from its second forward on: after the first optimizer step."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x) if self.calls > 1 else self.fc(x)
+
+
+def data_dependent_later():
+    return _DataDependentLater()
+
+
 def not_a_module():
     return "resnet"
 
