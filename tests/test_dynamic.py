@@ -312,3 +312,18 @@ def test_deep_copied_model_holds_a_second_set_of_weights():
     # tensors alone (the allocator adds whole segments)
     extra = dict(with_ema.breakdown)["live_tensor_peak"] - dict(without.breakdown)["live_tensor_peak"]
     assert weights <= extra <= 1.01 * weights, (extra, weights)
+
+
+def test_peft_lora_script_frozen_base_and_batch_from_keyword_inputs():
+    """A LoRA job: gradients and AdamW states for the adapters only, the frozen base's weights
+    resident; the batch is read from a model called with keyword arguments only."""
+    (est,), run = estimate_script("lora_train.py")
+    b = dict(est.breakdown)
+    # Llama: embedding + untied head 2 x 1000 x 64, per layer q,o 64x64, k,v 64x32, MLP 3 x 64x128,
+    # 2 RMSNorms of 64, and the final norm; LoRA r=4 on q (64->64) and v (64->32): A 4x64, B 64x4 / 32x4
+    base = 2 * 1000 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64
+    adapters = 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4)
+    assert run.steps == 3 and run.batch_hint == 6
+    rotary = 2 * 8   # buffers: inv_freq and original_inv_freq, head_dim / 2 each
+    assert b["parameters"] == 4 * (base + adapters + rotary)
+    assert b["gradients"] == 4 * adapters and b["optimizer_state"] == 2 * 4 * adapters

@@ -27,6 +27,8 @@ class ScriptState:
     steps: int = 0
     depth: int = 0
     batch_hint: int | None = None
+    batch_hint_depth: int = 1 << 30   # module nesting at which batch_hint was read
+    first_forward_done: bool = False
     saved: list = field(default_factory=list)
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
 
@@ -357,18 +359,21 @@ def patched(state: ScriptState):
     def pre_forward(mod, args):
         if state.depth == 0:
             tr.s.phase = "forward"
-        if state.batch_hint is None and state.depth <= 1:
-            # the batch: the first tensor given to the model (or, when the model takes keyword
-            # arguments only, which global hooks do not see, to its first submodule)
+        if not state.first_forward_done and state.depth < state.batch_hint_depth:
+            # the batch: the first dimension of the first tensor given to the model; a model called
+            # with keyword arguments only (which global hooks do not see: transformers, peft
+            # wrappers) shows its input to the shallowest submodule that takes one positionally
+            # (the token embedding). Read in the first forward only.
             first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
             if first is not None:
-                state.batch_hint = int(first.shape[0])
+                state.batch_hint, state.batch_hint_depth = int(first.shape[0]), state.depth
         state.depth += 1
 
     def post_forward(mod, args, out):
         state.depth = max(0, state.depth - 1)
         if state.depth == 0:
             tr.s.phase = "other"
+            state.first_forward_done = True
 
     def pre_step(opt, args, kwargs):
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")
