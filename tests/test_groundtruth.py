@@ -193,6 +193,17 @@ def test_every_nvidia_high_medium_row_of_the_files_maps(name):
             row_to_spec(r)   # raises RowSkip on a row that does not map
 
 
+def test_lightning_precisions_and_float_target_losses_map():
+    from vest_slurm.groundtruth import _loss, _precision
+
+    assert [_precision(p) for p in ("bf16-mixed", "16-mixed", "bf16-true", "32-true", "amp_bf16 (Lightning)")] == [
+        "amp-bf16", "amp-fp16", "bf16", "fp32", "amp-bf16"]
+    assert [_loss(x) for x in ("MSELoss", "BCEWithLogitsLoss", "SmoothL1Loss", "DiceLoss", "CrossEntropyLoss")] == [
+        "mse", "mse", "mse", "mse", "cross-entropy"]
+    with pytest.raises(RowSkip):
+        _precision("int8")
+
+
 def test_fused_and_for_loop_rows_map_to_the_optimizer_impl():
     from vest_slurm.groundtruth import _optimizer_impl
 

@@ -30,8 +30,10 @@ Mapping rules, one per column (the README states what each column means):
   ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit / paged optimizers are a RowSkip.
 - precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16; bf16 and fp16
   (weights in half precision) as they are.
-- loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss -> mse
-  (both keep float tensors of the logits' size, which cross-entropy's int64 class map does not).
+- loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss, MSE, L1,
+  Huber, BCE and KL-divergence -> mse (all keep a float target of the output's size, which
+  cross-entropy's int64 class map does not).
+- precision also takes PyTorch Lightning's names (bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true).
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from .workload import OPTIMIZER_TABLE, WorkloadSpec, parse_workload_args
 _ANNOTATION_KEYS = {"note", "guess", "from_config", "impl", "library", "encoder_weights"}
 
 _PRECISIONS = {"fp32": "fp32", "tf32": "tf32", "amp_fp16": "amp-fp16", "amp_fp16+tf32": "amp-fp16",
-               "amp_bf16": "amp-bf16", "amp_bf16+tf32": "amp-bf16", "bf16": "bf16", "fp16": "fp16"}
+               "amp_bf16": "amp-bf16", "amp_bf16+tf32": "amp-bf16", "bf16": "bf16", "fp16": "fp16",
+               # PyTorch Lightning's precision names: "-mixed" is autocast, "-true" the weights' dtype
+               "bf16-mixed": "amp-bf16", "16-mixed": "amp-fp16", "bf16-true": "bf16", "16-true": "fp16",
+               "32-true": "fp32", "32": "fp32"}
 
 
 class RowSkip(Exception):
@@ -297,6 +302,8 @@ def _loss(text: str) -> str:
         return "mse"
     if "crossentropy" in t or re.search(r"\bce\b", t):
         return "cross-entropy"
+    if re.search(r"mse|l1loss|huber|bce|kldiv", t):
+        return "mse"   # a float target of the output's size, as MSE keeps
     return "auto"
 
 
