@@ -227,7 +227,9 @@ def test_optimizer_names_and_settings_map_to_options():
                                         "torch.optim.Adafactor")] == [
         "adagrad", "adamax", "nadam", "radam", "adadelta", "asgd", "rprop", "adafactor"]
     assert _optimizer("adamw_torch_fused", "") == "adamw"   # HF Trainer's optim names
-    for name, args in (("Lion", ""), ("RMSprop", '{"momentum": 0.9, "centered": true}'), ("adamw_8bit", ""),
-                       ("bnb.optim.PagedAdamW", ""), ("AdamW (bitsandbytes)", "")):
+    assert [_optimizer(n, "") for n in ("adamw_bnb_8bit", "bnb.optim.AdamW8bit", "Adam8bit")] == [
+        "adamw-8bit", "adamw-8bit", "adam-8bit"]
+    for name, args in (("Lion", ""), ("RMSprop", '{"momentum": 0.9, "centered": true}'), ("paged_adamw_8bit", ""),
+                       ("bnb.optim.PagedAdamW", ""), ("bnb.optim.Lion8bit", "")):
         with pytest.raises(RowSkip):
             _optimizer(name, args)

@@ -84,6 +84,38 @@ def test_steps_that_read_device_scalars_trace_their_exact_state(impl):
     assert live_at_end(asgd, "optimizer_state") == p_bytes + 3 * 4 * len(MLP_SHAPES)
 
 
+@pytest.mark.parametrize("opt", ["adam-8bit", "adamw-8bit"])
+def test_bitsandbytes_8bit_state_is_exact(opt):
+    """bitsandbytes' 8-bit Adam: two uint8 states per element plus an fp32 absmax per block of 256
+    for tensors of 4,096 elements and more; smaller ones keep two fp32 states."""
+    pytest.importorskip("bitsandbytes")
+    model = 'mlp:[["Linear",128,64],["ReLU"],["Linear",64,10]]'
+    s = spec("--model", model, "--batch-size", "4", "--input", "128", "--optimizer", opt)
+    sizes = [128 * 64, 64, 64 * 10, 10]
+    expected = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes)
+    expected += 2 * 256 * 4   # the two quantization maps (fp32, 256 codes each), copied to the GPU once
+    assert live_at_end(trace_training(s), "optimizer_state") == expected
+
+
+def test_a_library_optimizer_takes_no_impl_setting():
+    from vest_slurm.errors import WorkloadError
+
+    s = spec("--model", MLP, "--batch-size", "2", "--input", "784", "--optimizer", "adamw-8bit",
+             "--optimizer-impl", "for-loop")
+    with pytest.raises(WorkloadError, match="runs bitsandbytes.optim's own kernels"):
+        trace_training(s)
+
+
+def test_a_library_optimizer_that_is_not_installed_says_what_to_install():
+    from vest_slurm.errors import WorkloadError
+    from vest_slurm.tracing import _library_optimizer
+
+    s = spec("--model", MLP, "--batch-size", "2", "--input", "784", "--optimizer", "adamw-8bit")
+    with pytest.raises(WorkloadError, match="needs no_such_library, which is not installed") as e:
+        _library_optimizer(s, "no_such_library.optim:AdamW8bit")
+    assert "pip install no_such_library" in e.value.fix
+
+
 def test_model_code_that_reads_a_device_value_stays_data_dependent_after_an_optimizer_step():
     """The stand-in values of the optimizer step end with it: the next forward's .item() fails."""
     from vest_slurm.errors import EstimateError

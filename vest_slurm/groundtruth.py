@@ -27,7 +27,8 @@ Mapping rules, one per column (the README states what each column means):
 - optimizer/optimizer_args: Adam -> adam, AdamW -> adamw (-amsgrad with amsgrad), SGD -> sgd-momentum iff
   momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta, ASGD,
   Rprop, Adafactor by name; ``fused`` in the name or ``{"fused": true}`` -> ``--optimizer-impl fused``,
-  ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit / paged optimizers are a RowSkip.
+  ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit Adam / AdamW (``adamw_bnb_8bit``,
+  ``AdamW8bit``) -> adam-8bit / adamw-8bit, its paged optimizers are a RowSkip.
 - precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16; bf16 and fp16
   (weights in half precision) as they are.
 - loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss, MSE, L1,
@@ -251,12 +252,18 @@ def _flag(args: dict, key: str) -> bool:
 
 def _optimizer(name: str, args_text: str) -> str:
     args = _optimizer_args(args_text)
-    if re.search(r"8.?bit|\bbnb|bitsandbytes|paged", name.lower()):
-        raise RowSkip(f"optimizer {name!r}: bitsandbytes' 8-bit / paged optimizers keep quantized states in "
-                      "CUDA-only kernels, which the estimator does not trace")
+    low = name.lower()
+    if "paged" in low:
+        raise RowSkip(f"optimizer {name!r}: bitsandbytes' paged optimizers keep their states in CUDA unified "
+                      "memory, which moves between host and GPU under memory pressure; not modelled")
+    if re.search(r"8.?bit", low):
+        words = re.findall(r"[a-z]+", low)
+        if "adamw" in words or "adam" in words:
+            return ("adamw" if "adamw" in words else "adam") + "-8bit"   # HF Trainer's adamw_bnb_8bit, AdamW8bit
+        raise RowSkip(f"optimizer {name!r}: of bitsandbytes' 8-bit optimizers only Adam and AdamW are options")
     # the first optimizer the text names: "torch.optim.AdamW", "AdamW (HF Trainer default optim)",
     # "timm train.py default (SGD momentum 0.9, nesterov ...)", HF Trainer's "adamw_torch_fused"
-    classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values()})
+    classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values() if ":" not in cls})   # torch.optim's
     names = {c.lower() for c in classes}
     n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in names), "")
 
@@ -274,7 +281,8 @@ def _optimizer(name: str, args_text: str) -> str:
         return "rmsprop-momentum" if momentum else "rmsprop-centered" if centered else "rmsprop"
     if n in OPTIMIZER_TABLE:
         return n
-    raise RowSkip(f"optimizer {name!r} is not one of torch.optim's {', '.join(classes)}")
+    raise RowSkip(f"optimizer {name!r} is not one of torch.optim's {', '.join(classes)}, or bitsandbytes' "
+                  "8-bit Adam / AdamW")
 
 
 def _optimizer_impl(name: str, args_text: str) -> str | None:

@@ -18,6 +18,7 @@ Every storage allocation and free is recorded with its phase, category and modul
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import time
 from collections.abc import Mapping
@@ -318,11 +319,27 @@ def make_optimizer(spec: WorkloadSpec, params):
     # opt-in); fake tensors would defeat that check, so the choice is made explicitly here.
     wd = {} if spec.weight_decay is None else {"weight_decay": spec.weight_decay}
     cls_name, kwargs, _ = OPTIMIZER_TABLE[spec.optimizer]
+    if ":" in cls_name:
+        return _library_optimizer(spec, cls_name)(params, **kwargs, **wd)
     if spec.optimizer_impl == "fused" and cls_name not in _FUSED_TRACEABLE:
         raise WorkloadError(f"--optimizer-impl fused is traced for SGD, Adam and AdamW, not {cls_name} (torch has "
                             "no fused kernel for it on CUDA, or none that runs on fake tensors)",
                             "use --optimizer-impl foreach (the default) or for-loop")
     return getattr(torch.optim, cls_name)(params, **kwargs, **impl, **wd)
+
+
+def _library_optimizer(spec: WorkloadSpec, path: str):
+    """An optimizer class from another library ("module:Class"): it runs its own kernels, so
+    --optimizer-impl does not apply."""
+    module, cls_name = path.split(":")
+    if spec.optimizer_impl != "auto":
+        raise WorkloadError(f"--optimizer {spec.optimizer} runs {module}'s own kernels: --optimizer-impl "
+                            f"{spec.optimizer_impl} does not apply", "leave --optimizer-impl at auto")
+    try:
+        return getattr(importlib.import_module(module), cls_name)
+    except ImportError as e:
+        raise WorkloadError(f"--optimizer {spec.optimizer} needs {module.split('.')[0]}, which is not installed here "
+                            f"({e})", f"pip install {module.split('.')[0]} (as the job's environment has it)") from None
 
 
 def _model_computes_loss(spec: WorkloadSpec, built: BuiltModel) -> bool:
@@ -418,10 +435,11 @@ class _TracerHooks(LoopHooks):
 
     def phase(self, name):
         self.t.s.phase = name
-        # torch.optim's steps read device scalars only as learning-rate factors (Adafactor's
-        # parameter RMS, ASGD's step count through .item()): every state and temporary has its
-        # parameter's shape whatever the value, so a stand-in value traces the same allocations.
-        # Outside the step a value read from the device stays data-dependent.
+        # Optimizers read values only as learning-rate factors and constants (Adafactor's parameter
+        # RMS and ASGD's step count through .item(), bitsandbytes' quantization map through
+        # .tolist()): every state and temporary has its parameter's shape whatever the value, so
+        # stand-in values trace the same allocations. Outside the optimizer (its construction and
+        # its steps) a value read from the device stays data-dependent.
         self.mode.scalar_stand_in = self._stand_in or name == "optimizer"
 
     def category(self, name):
@@ -445,7 +463,9 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
     amp = _DTYPES.get(spec.amp_dtype) if spec.amp_dtype else None
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    hooks.phase("optimizer")   # a constructor may read values too (bitsandbytes' quantization maps)
     opt = make_optimizer(spec, params)
+    hooks.phase("setup")
     scale = None
     if spec.precision == "amp-fp16":
         hooks.category("other")

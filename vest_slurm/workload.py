@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, replace
 
 from .errors import WorkloadError
 
-# Optimizers: name -> (torch.optim class, the memory-relevant arguments, state tensors per
-# parameter as torch keeps them). Learning rates are the classes' defaults: they move no memory.
-OPTIMIZER_TABLE: dict[str, tuple[str, dict, int]] = {
+# Optimizers: name -> (torch.optim class or "module:Class", the memory-relevant arguments, states
+# per parameter element in fp32 equivalents, as the optimizer keeps them). Learning rates are the classes' defaults: they move no memory.
+OPTIMIZER_TABLE: dict[str, tuple[str, dict, float]] = {
     "sgd": ("SGD", {}, 0),
     "sgd-momentum": ("SGD", {"momentum": 0.9}, 1),                 # momentum_buffer
     "adam": ("Adam", {}, 2),                                      # exp_avg, exp_avg_sq
@@ -38,6 +38,11 @@ OPTIMIZER_TABLE: dict[str, tuple[str, dict, int]] = {
     # factored second moments: a row and a column vector per matrix (row_var, col_var), the full
     # size only for 1-D parameters (variance); the count is that of the matrices
     "adafactor": ("Adafactor", {}, 0),
+    # bitsandbytes' 8-bit optimizers (installed separately: pip install bitsandbytes): two uint8
+    # states per element (a quarter of fp32's each) plus an fp32 absmax per block of 256; tensors
+    # under 4,096 elements keep fp32 states. Their kernels have fake-tensor implementations.
+    "adam-8bit": ("bitsandbytes.optim:Adam8bit", {}, 0.5),
+    "adamw-8bit": ("bitsandbytes.optim:AdamW8bit", {}, 0.5),
 }
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
