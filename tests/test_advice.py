@@ -161,3 +161,24 @@ def test_checkpointing_advice_is_offered_where_the_model_has_a_switch():
     mlp = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "32768"])
     kinds = [a.kind for a in advise(mlp, site, prober, nofit)]
     assert "checkpointing" not in kinds and "batch" in kinds
+
+
+@pytest.mark.slow
+def test_8bit_optimizer_advice_where_the_adam_state_is_what_does_not_fit():
+    pytest.importorskip("bitsandbytes")
+    site = parse_site_config(TINY_SITE)
+    big_mlp = 'mlp:[["Linear",4096,4096],["ReLU"],["Linear",4096,1024]]'   # 84 MiB of fp32 weights
+    spec = parse_workload_args(["--model", big_mlp, "--input", "4096", "--batch-size", "8", "--optimizer", "adamw"])
+    prober = Prober.for_site(site, budget_s=120)
+    estimates, failed = prober.estimates(spec)
+    nofit = place(estimates, GpuRequest(None, None, 0, 0), (), site)
+    assert not failed and isinstance(nofit, NoFit) and nofit.reason == "no-fit"
+    items = {a.kind: a for a in advise(spec, site, prober, nofit)}
+    eight = items["optimizer"]
+    assert eight.fits and "--optimizer adamw-8bit" in eight.change and "AdamW8bit" in eight.change
+    variant = spec.with_(optimizer="adamw-8bit")
+    assert prober.needed(variant, eight.gpu_type) == eight.needed_bytes <= prober.capacity(eight.gpu_type)
+    assert not items["batch"].fits   # even batch 1 does not fit with AdamW's fp32 states
+    # a job without Adam's state gets no such advice
+    sgd = spec.with_(optimizer="sgd", batch_size=32768)
+    assert "optimizer" not in [a.kind for a in advise(sgd, site, prober, nofit)]

@@ -1,4 +1,5 @@
-"""What would fit: the largest batch, AMP, more GPUs; and the estimates of one workload's variants.
+"""What would fit: the largest batch, AMP, checkpointing, an 8-bit optimizer, more GPUs; and the
+estimates of one workload's variants.
 
 ``Prober`` estimates a workload and its variants (other batch sizes, precisions, GPU counts) on the
 site's GPU types. Each trace is made once and shared:
@@ -22,8 +23,8 @@ guess does not halve the bracket, so the worst case stays logarithmic.
 
 ``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
 the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
-models, through their own switch); more GPUs (data parallel, the per-GPU batch divided so the
-global batch stays).
+models, through their own switch); an 8-bit Adam/AdamW state (bitsandbytes, where it is installed);
+more GPUs (data parallel, the per-GPU batch divided so the global batch stays).
 
 Known limitations:
 - The search assumes the need does not shrink as the batch grows (true of training memory; a
@@ -35,6 +36,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import dataclass, replace
@@ -316,7 +318,7 @@ class Advice:
     """One thing that would fit (or an honest 'this does not help'). ``fits`` False: a negative
     finding. ``change`` is the #VEST / sbatch change in words."""
 
-    kind: str                      # as-is, batch, amp, checkpointing, gpus, note
+    kind: str                      # as-is, batch, amp, checkpointing, optimizer, gpus, note
     text: str
     fits: bool
     change: str = ""
@@ -389,6 +391,23 @@ def _first_fit(prober: Prober, site: SiteConfig, variant_on: Callable[[str], Wor
     return t, None, n
 
 
+def _variant_advice(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int, big: str,
+                    kind: str, variant_on: Callable[[str], WorkloadSpec], what: Callable[[str], str],
+                    change: Callable[[str], str], **fields: Callable[[str], object]) -> Advice | None:
+    """Advice for one variant of the job (``variant_on(gpu type)``): the smallest GPU type it fits,
+    or that it does not help (its need on the largest); None where nothing could be probed.
+    ``what(t)`` names the variant, ``change(t)`` says how to make it, ``fields`` fill Advice's."""
+    t, part, n = _first_fit(prober, site, variant_on, gpus_per_node, spec.num_gpus, big)
+    if t is None:
+        return None
+    extra = {k: f(t) for k, f in fields.items()}
+    if part is not None:
+        return Advice(kind, f"{what(t)} fits {t} (partition {part}): needs {fmt_mib(n)} per GPU with headroom",
+                      True, change(t), gpu_type=t, partition=part, needed_bytes=n, **extra)
+    return Advice(kind, f"{what(t)} alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
+                        f"({fmt_mib(prober.capacity(t))})", False, gpu_type=t, needed_bytes=n, **extra)
+
+
 def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_gpus: int = 1) -> str | None:
     usable = [t for t in site.gpu_names if _partitions_for(site, t, gpus_per_node, total_gpus)]
     return _by_size(prober, usable)[-1] if usable else None
@@ -397,7 +416,7 @@ def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_
 def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | None = None,
            gpus_per_node: int = 1) -> tuple[Advice, ...]:
     """What would fit the refused job ``spec``: largest batch on the largest GPU, AMP, activation
-    checkpointing (models with a switch), more GPUs.
+    checkpointing (models with a switch), an 8-bit Adam/AdamW (bitsandbytes installed), more GPUs.
     Only memory refusals get advice (``nofit.reason`` no-fit or user-choice-too-small)."""
     if nofit is not None and nofit.reason not in ("no-fit", "user-choice-too-small"):
         return ()
@@ -432,34 +451,30 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
 
     # 2. AMP, where the job trains in full precision.
     if spec.precision in ("fp32", "tf32"):
-        t, part, n = _first_fit(prober, site, lambda t: spec.with_(precision=amp_precision(prober.profiles[t])),
-                                gpus_per_node, spec.num_gpus, big)
-        if t is not None:
-            prec = amp_precision(prober.profiles[t])
-            if part is not None:
-                out.append(Advice("amp", f"AMP (--precision {prec}) fits {t} (partition {part}): needs "
-                                         f"{fmt_mib(n)} per GPU with headroom", True, f"#VEST --precision {prec}",
-                                  precision=prec, gpu_type=t, partition=part, needed_bytes=n))
-            else:
-                out.append(Advice("amp", f"AMP alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
-                                         f"({fmt_mib(prober.capacity(t))})", False,
-                                  precision=prec, gpu_type=t, needed_bytes=n))
+        def amp(t):
+            return amp_precision(prober.profiles[t])
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "amp",
+                                   lambda t: spec.with_(precision=amp(t)), lambda t: f"AMP (--precision {amp(t)})",
+                                   lambda t: f"#VEST --precision {amp(t)}", precision=amp))
 
     # 3. Activation checkpointing, where the model has its own switch (transformers, timm) and the
     # job does not use it.
     if spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm"):
         variant = spec.with_(gradient_checkpointing="on")
-        t, part, n = _first_fit(prober, site, lambda t: variant, gpus_per_node, spec.num_gpus, big)
-        if t is not None and part is not None:
-            out.append(Advice("checkpointing", f"activation checkpointing (--gradient-checkpointing on, the "
-                                               f"model's own switch) fits {t} (partition {part}): needs "
-                                               f"{fmt_mib(n)} per GPU with headroom", True,
-                              "#VEST --gradient-checkpointing on (and turn it on in the script)",
-                              gpu_type=t, partition=part, needed_bytes=n))
-        elif t is not None:
-            out.append(Advice("checkpointing", f"activation checkpointing alone does not fit: needs "
-                                               f"{fmt_mib(n)} per GPU on {t} ({fmt_mib(prober.capacity(t))})",
-                              False, gpu_type=t, needed_bytes=n))
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "checkpointing", lambda t: variant,
+                                   lambda t: "activation checkpointing (--gradient-checkpointing on, the model's "
+                                             "own switch)",
+                                   lambda t: "#VEST --gradient-checkpointing on (and turn it on in the script)"))
+
+    # 3b. An 8-bit Adam/AdamW (bitsandbytes), where it is installed: a quarter of the state.
+    eight = {"adam": "adam-8bit", "adamw": "adamw-8bit"}.get(spec.optimizer)
+    if eight is not None and importlib.util.find_spec("bitsandbytes") is not None:
+        variant = spec.with_(optimizer=eight, optimizer_impl="auto")
+        cls = "bnb.optim." + ("AdamW8bit" if eight == "adamw-8bit" else "Adam8bit")
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "optimizer", lambda t: variant,
+                                   lambda t: f"an 8-bit optimizer state (--optimizer {eight}, bitsandbytes)",
+                                   lambda t: f"#VEST --optimizer {eight} (and {cls} in the script)"))
+    out = [a for a in out if a is not None]
 
     # 4. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
     most = max((p.gpus_per_node for p in site.partitions), default=1)
