@@ -97,6 +97,14 @@ def test_bitsandbytes_8bit_state_is_exact(opt):
     assert live_at_end(trace_training(s), "optimizer_state") == expected
 
 
+def test_mlp_on_images_flattens_them_without_a_copy():
+    """An MLP row with an image input (input_shape 1x28x28, the script does x.view(B, -1)): the same
+    allocations as with the flat 784 features."""
+    flat = trace_training(spec("--model", MLP, "--batch-size", "8", "--input", "784"))
+    image = trace_training(spec("--model", MLP, "--batch-size", "8", "--input", "1x28x28"))
+    assert [(e.action, e.size_bytes) for e in image.events] == [(e.action, e.size_bytes) for e in flat.events]
+
+
 def test_a_library_optimizer_takes_no_impl_setting():
     from vest_slurm.errors import WorkloadError
 

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -374,8 +375,12 @@ def _mlp(text: str, inp: InputSpec) -> BuiltModel:
             raise WorkloadError(f"mlp layer {i} {layer!r} is not one of {', '.join(sorted(MLP_LAYERS))}",
                                 'write each layer as ["Name", args...]')
         mods.append(getattr(nn, layer[0])(*layer[1:]))
-    module = nn.Sequential(*mods)
     linears = [m for m in mods if isinstance(m, nn.Linear)]
+    if len(inp.shape) > 1 and linears and math.prod(inp.shape) == linears[0].in_features:
+        # an image or tensor per sample into a first Linear of its size: the forward flattens it
+        # (x.view(B, -1), a view, no copy), as an MLP training script does
+        mods.insert(0, nn.Flatten())
+    module = nn.Sequential(*mods)
     if inp.kind == "default":
         if not linears:
             raise WorkloadError("mlp without a Linear layer needs --input", "give --input N (features)")
