@@ -6,7 +6,8 @@
 #   2. `vest calibrate` for this GPU type (the site-config lines with the measured context).
 # Results go to $OUT (the device tool's folder) or benchmarks/gpu/. Runs from a checkout without
 # installing: PYTHONPATH points at it. Pure-Python dependencies missing on the machine (tabulate,
-# toml, timm) can be carried as wheels in .whl/ (see the device tool's README).
+# toml, timm) can be carried as wheels in .whl/ (see the device tool's README); so can bitsandbytes'
+# wheel (43 MB) for the 8-bit optimizer workload, which otherwise reports "failed" and the rest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/gpu}"

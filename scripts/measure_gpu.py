@@ -55,6 +55,9 @@ DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
     "--model hf:llama-3.2-1b --input seq1024 --batch-size 4 --optimizer adamw --precision amp-bf16 "
     "--gradient-checkpointing on",
     "--model hf:roberta-base --input seq512 --batch-size 32 --optimizer rmsprop-momentum",
+    # factored (Adafactor) and 8-bit (bitsandbytes, where the machine has it) optimizer states
+    "--model hf:t5-small --input seq512 --batch-size 16 --loss model --optimizer adafactor",
+    "--model hf:llama-3.2-1b --input seq1024 --batch-size 4 --optimizer adamw-8bit --precision amp-bf16",
 )]
 
 _CHILD = r"""
