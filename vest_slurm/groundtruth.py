@@ -26,15 +26,15 @@ Mapping rules, one per column (the README states what each column means):
   (gradient buckets, NCCL), so 2 is used. ``DataParallel`` in the notes -> parallelism dp, else ddp.
 - optimizer/optimizer_args: Adam -> adam, AdamW -> adamw (-amsgrad with amsgrad), SGD -> sgd-momentum iff
   momentum > 0, RMSprop -> rmsprop[-momentum|-centered], Adagrad, Adamax, NAdam, RAdam, Adadelta, ASGD,
-  Rprop, Adafactor by name; ``fused`` in the name or ``{"fused": true}`` -> ``--optimizer-impl fused``,
-  ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit Adam / AdamW (``adamw_bnb_8bit``,
-  ``AdamW8bit``) -> adam-8bit / adamw-8bit, its paged optimizers are a RowSkip.
+  Rprop, Adafactor by name; HF Trainer's ``adamw_torch_fused`` or ``{"fused": true}`` ->
+  ``--optimizer-impl fused``, ``{"foreach": false}`` -> ``for-loop``; bitsandbytes' 8-bit Adam / AdamW
+  (``adamw_bnb_8bit``, ``AdamW8bit``) -> adam-8bit / adamw-8bit, its paged optimizers are a RowSkip.
 - precision: fp32, tf32 (fp32 memory), amp_fp16[+tf32] -> amp-fp16, amp_bf16 -> amp-bf16; bf16 and fp16
-  (weights in half precision) as they are.
+  (weights in half precision) as they are; PyTorch Lightning's names too (bf16-mixed, 16-mixed,
+  bf16-true, 16-true, 32-true).
 - loss: HF rows use the model's own loss; cross-entropy rows cross-entropy; smp's DiceLoss, MSE, L1,
   Huber, BCE and KL-divergence -> mse (all keep a float target of the output's size, which
   cross-entropy's int64 class map does not).
-- precision also takes PyTorch Lightning's names (bf16-mixed, 16-mixed, bf16-true, 16-true, 32-true).
 """
 
 from __future__ import annotations
@@ -253,11 +253,11 @@ def _flag(args: dict, key: str) -> bool:
 def _optimizer(name: str, args_text: str) -> str:
     args = _optimizer_args(args_text)
     low = name.lower()
+    words = re.findall(r"[a-z]+", low)
     if "paged" in low:
         raise RowSkip(f"optimizer {name!r}: bitsandbytes' paged optimizers keep their states in CUDA unified "
                       "memory, which moves between host and GPU under memory pressure; not modelled")
     if re.search(r"8.?bit", low):
-        words = re.findall(r"[a-z]+", low)
         if "adamw" in words or "adam" in words:
             return ("adamw" if "adamw" in words else "adam") + "-8bit"   # HF Trainer's adamw_bnb_8bit, AdamW8bit
         raise RowSkip(f"optimizer {name!r}: of bitsandbytes' 8-bit optimizers only Adam and AdamW are options")
@@ -265,7 +265,7 @@ def _optimizer(name: str, args_text: str) -> str:
     # "timm train.py default (SGD momentum 0.9, nesterov ...)", HF Trainer's "adamw_torch_fused"
     classes = sorted({cls for cls, _, _ in OPTIMIZER_TABLE.values() if ":" not in cls})   # torch.optim's
     names = {c.lower() for c in classes}
-    n = next((w for w in re.findall(r"[a-z]+", name.lower()) if w in names), "")
+    n = next((w for w in words if w in names), "")
 
     def has_momentum():
         return float(args.get("momentum", 0) or 0) > 0

@@ -332,14 +332,15 @@ def _library_optimizer(spec: WorkloadSpec, path: str):
     """An optimizer class from another library ("module:Class"): it runs its own kernels, so
     --optimizer-impl does not apply."""
     module, cls_name = path.split(":")
+    package = module.split(".")[0]
     if spec.optimizer_impl != "auto":
         raise WorkloadError(f"--optimizer {spec.optimizer} runs {module}'s own kernels: --optimizer-impl "
                             f"{spec.optimizer_impl} does not apply", "leave --optimizer-impl at auto")
     try:
         return getattr(importlib.import_module(module), cls_name)
     except ImportError as e:
-        raise WorkloadError(f"--optimizer {spec.optimizer} needs {module.split('.')[0]}, which is not installed here "
-                            f"({e})", f"pip install {module.split('.')[0]} (as the job's environment has it)") from None
+        raise WorkloadError(f"--optimizer {spec.optimizer} needs {package}, which is not installed here ({e})",
+                            f"pip install {package} (as the job's environment has it)") from None
 
 
 def _model_computes_loss(spec: WorkloadSpec, built: BuiltModel) -> bool:

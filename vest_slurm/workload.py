@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from .errors import WorkloadError
 
 # Optimizers: name -> (torch.optim class or "module:Class", the memory-relevant arguments, states
-# per parameter element in fp32 equivalents, as the optimizer keeps them). Learning rates are the classes' defaults: they move no memory.
+# per parameter element in fp32 equivalents, as the optimizer keeps them). Learning rates are the
+# classes' defaults: they move no memory.
 OPTIMIZER_TABLE: dict[str, tuple[str, dict, float]] = {
     "sgd": ("SGD", {}, 0),
     "sgd-momentum": ("SGD", {"momentum": 0.9}, 1),                 # momentum_buffer
