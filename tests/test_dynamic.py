@@ -327,3 +327,14 @@ def test_peft_lora_script_frozen_base_and_batch_from_keyword_inputs():
     rotary = 2 * 8   # buffers: inv_freq and original_inv_freq, head_dim / 2 each
     assert b["parameters"] == 4 * (base + adapters + rotary)
     assert b["gradients"] == 4 * adapters and b["optimizer_state"] == 2 * 4 * adapters
+
+
+def test_bitsandbytes_8bit_adamw_script():
+    """A script's own bnb.optim.AdamW8bit: its 8-bit states (uint8 pairs and block absmax for tensors
+    of 4,096 elements and more, fp32 below), as the declarative --optimizer adamw-8bit traces them."""
+    pytest.importorskip("bitsandbytes")
+    (est,), run = estimate_script("bnb_train.py")
+    sizes = [128 * 64, 64, 64 * 10, 10]
+    states = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes) + 2 * 256 * 4
+    assert run.steps == 3 and run.batch_hint == 16
+    assert dict(est.breakdown)["optimizer_state"] == states
