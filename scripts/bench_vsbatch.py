@@ -36,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The benchmarks time the work itself: no trace cache and no stored cuDNN answers (tracecache.py).
+os.environ["VEST_CACHE_DIR"] = "off"
 
 from vest_slurm.testbed import SlurmTestbed, missing_binaries  # noqa: E402
 

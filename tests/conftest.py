@@ -7,8 +7,13 @@ slurm-wlm-basic-plugins munge); CI installs them, so there they run.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# The trace cache (vest_slurm/tracecache.py): the tests' own, empty at the start of each run, never
+# the user's ~/.cache (commands the tests run in subprocesses inherit it).
+os.environ["VEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="vest-test-cache-")
 
 from vest_slurm.testbed import SlurmTestbed, missing_binaries
 

@@ -84,8 +84,9 @@ class Prober:
 
     def __init__(self, profiles: Mapping[str, DeviceProfile], headroom_percent: float = 0.0,
                  headroom_bytes: int = 0, budget_s: float | None = None, max_traces: int | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, cache: bool = False):
         self.profiles = dict(profiles)
+        self.cache = cache   # read and keep traces in the trace cache (tracecache.py)
         self.headroom_percent = headroom_percent
         self.headroom_bytes = headroom_bytes
         self.budget_s = budget_s
@@ -139,7 +140,7 @@ class Prober:
                 return None
             t0 = time.perf_counter()
             try:
-                self._traces[key] = trace_for(key[0], profile)
+                self._traces[key] = trace_for(key[0], profile, self.cache)
             except VestError as e:   # EstimateError; WorkloadError for a variant the model refuses
                 self._traces[key] = e
             finally:

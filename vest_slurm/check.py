@@ -90,7 +90,7 @@ def cmd_check(ns) -> int:
     spec, request, partitions, source = _workload(ns)
     if ns.search_budget <= 0:
         raise WorkloadError("--search-budget must be positive", "e.g. --search-budget 30, or --no-search")
-    prober = Prober.for_site(site)
+    prober = Prober.for_site(site, cache=True)
     if not isinstance(spec, WorkloadSpec):   # a training command: dynamic analysis, batch set by the script
         from .dynamic import Limits, trace_command
 

@@ -58,7 +58,7 @@ def cmd_estimate(ns) -> int:
             print(f"vest: not estimated on {key}: {failure.what}", file=sys.stderr)
     else:
         spec = spec_from_namespace(ns)
-        estimates = estimate(spec, profiles)
+        estimates = estimate(spec, profiles, cache=True)
     seconds = time.perf_counter() - t0
     print(estimate_json(spec, estimates, seconds) if ns.json else estimate_table(spec, estimates), end="" if not ns.json else "\n")
     return 0

@@ -32,9 +32,12 @@ other engines (README "Accuracy").
 
 from __future__ import annotations
 
+import atexit
 import functools
+import hashlib
 import json
 import os
+import tempfile
 
 from .profiles import DeviceProfile
 
@@ -177,11 +180,73 @@ def _plan_workspaces(profile_props: str, key: str, fallback: bool = False):
         yield size
 
 
+class _Answers:
+    """cuDNN's answers kept on disk beside the trace cache (tracecache.cache_dir()/cudnn), one file
+    per cuDNN library and frontend version: a plan's workspace is a pure function of the library,
+    the board's properties and the convolution, and asking costs milliseconds each, seconds for a
+    CNN's hundreds of convolutions on a site's GPU types. Read once per process, written back (the
+    file's entries merged with the new ones, atomically) when the process ends. Off with the cache
+    (``VEST_CACHE_DIR=off``)."""
+
+    def __init__(self):
+        self._path = None
+        self._data: dict[str, int | None] | None = None
+        self._new: dict[str, int | None] = {}
+
+    def _load(self) -> dict:
+        if self._data is None:
+            from .tracecache import cache_dir
+
+            self._data = {}
+            d, cudnn = cache_dir(), _frontend()
+            if d is not None and cudnn is not None:
+                version = f"{cudnn.backend_version()}-{getattr(cudnn, '__version__', '?')}"
+                self._path = d / "cudnn" / f"workspaces-{version}.json"
+                self._data = self._read()
+                atexit.register(self.save)
+        return self._data
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self._path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, k: str, compute):
+        data = self._load()
+        if k not in data:
+            data[k] = self._new[k] = compute()
+        return data[k]
+
+    def save(self) -> None:
+        if self._path is None or not self._new:
+            return
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            merged = {**self._read(), **self._new}
+            fd, tmp = tempfile.mkstemp(dir=self._path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(merged, f, separators=(",", ":"))
+            os.replace(tmp, self._path)
+            self._new = {}
+        except OSError:
+            pass   # a cache that cannot be written costs the next run the questions, nothing else
+
+
+_ANSWERS = _Answers()
+
+
+def _answer_key(mode: str, profile_props: str, key: str) -> str:
+    return f"{mode}|{hashlib.sha256(profile_props.encode()).hexdigest()[:16]}|{key}"
+
+
 @functools.lru_cache(maxsize=65536)
 def workspace_bytes(profile_props: str, key: str) -> int | None:
     """Workspace of the plan PyTorch would run for this convolution on this board (the first
     that builds of heuristics mode A); None when cuDNN cannot be asked."""
-    return next((ws for ws in _plan_workspaces(profile_props, key) if ws is not None), None)
+    return _ANSWERS.get(_answer_key("run", profile_props, key), lambda: next(
+        (ws for ws in _plan_workspaces(profile_props, key) if ws is not None), None))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -190,8 +255,11 @@ def find_workspace_bytes(profile_props: str, key: str) -> int | None:
     (Conv_v8.cpp generate_and_filter_plans): the largest of all plans of heuristics mode
     INSTANT and the fallback list that build (on a GPU with room for it; at capacity PyTorch
     halves it until it fits and drops the plans that do not). None when cuDNN cannot be asked."""
-    sizes = [ws for ws in _plan_workspaces(profile_props, key, fallback=True) if ws is not None]
-    return max(sizes) if sizes else None
+    def largest():
+        sizes = [ws for ws in _plan_workspaces(profile_props, key, fallback=True) if ws is not None]
+        return max(sizes) if sizes else None
+
+    return _ANSWERS.get(_answer_key("find", profile_props, key), largest)
 
 
 def workspace_for(profile: DeviceProfile, key: str, benchmark: bool = False) -> int:

@@ -24,6 +24,7 @@ from typing import Sequence
 from . import steady
 from .allocator import min_capacity_bytes, replay
 from .allocator_config import parse_alloc_conf
+from .errors import EstimateError, WorkloadError
 from .estimate import MemoryEstimate
 from .profiles import DeviceProfile
 from .trace import AllocEvent, AllocTrace
@@ -124,12 +125,28 @@ def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
     return peak
 
 
-def trace_for(spec: WorkloadSpec, profile: DeviceProfile) -> TraceSummary:
+def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -> TraceSummary:
+    """The CPU trace of ``spec`` on a GPU like ``profile``. ``cache``: read it from the trace cache
+    (tracecache.py) where the same workload was traced by the same code before, and keep it there;
+    the CLI commands use it, the benchmarks (which time the tracing) do not."""
+    from . import tracecache
+
+    k = tracecache.key(spec, profile.capability, profile.total_bytes) if cache else None
+    hit = tracecache.load(k)
+    if hit is not None:
+        trace, seconds = hit
+        return summarize(replace(trace, notes=trace.notes + ("read from the trace cache",)), seconds)
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
     t0 = time.perf_counter()
-    trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
-    return summarize(trace, time.perf_counter() - t0)
+    try:
+        trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
+    except (EstimateError, WorkloadError) as e:
+        tracecache.store(k, e, time.perf_counter() - t0)
+        raise
+    seconds = time.perf_counter() - t0
+    tracecache.store(k, trace, seconds)
+    return summarize(trace, seconds)
 
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
@@ -168,7 +185,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     )
 
 
-def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile]) -> list[MemoryEstimate]:
+def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile], cache: bool = False) -> list[MemoryEstimate]:
     """One MemoryEstimate per profile. The trace is shared between GPU types of the same class
     (what the trace can depend on: flash attention and bf16 need sm80+)."""
     traces: dict[bool, TraceSummary] = {}
@@ -176,6 +193,6 @@ def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile]) -> list[Memo
     for p in profiles:
         cls = p.capability >= (8, 0)
         if cls not in traces:
-            traces[cls] = trace_for(spec, p)
+            traces[cls] = trace_for(spec, p, cache)
         out.append(estimate_from_trace(traces[cls], spec, p))
     return out

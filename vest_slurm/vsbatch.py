@@ -322,7 +322,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     # --- the estimate
     from .advice import Prober, advisor
 
-    prober = Prober.for_site(site)
+    prober = Prober.for_site(site, cache=True)
     try:
         if train is not None:
             spec, request = _trace_script(train, request, effective, site, prober, cwd, out)
