@@ -90,6 +90,23 @@ def test_a_damaged_entry_is_a_miss_and_is_replaced(cache):
     assert tracecache.load(tracecache.key(spec(), A100.capability, A100.total_bytes)) is not None
 
 
+def test_the_least_recently_used_traces_go_first(cache, monkeypatch):
+    import os
+
+    path, calls = cache
+    monkeypatch.setattr(tracecache, "MAX_TRACES", 2)
+    for b in ("1", "2", "3"):
+        estimator.trace_for(spec("--batch-size", b), A100, cache=True)
+        entry = max(path.rglob("*.json.gz"), key=os.path.getmtime)
+        os.utime(entry, (0, {"1": 100, "2": 200, "3": 300}[b]))   # in order of use, far apart
+    # storing the third left the two most recently used: batch 2 and 3
+    estimator.trace_for(spec("--batch-size", "2"), A100, cache=True)
+    estimator.trace_for(spec("--batch-size", "3"), A100, cache=True)
+    assert len(calls) == 3 and len(list(path.rglob("*.json.gz"))) == 2
+    estimator.trace_for(spec("--batch-size", "1"), A100, cache=True)   # gone: traced again
+    assert len(calls) == 4
+
+
 def test_an_unwritable_cache_costs_nothing_but_the_cache(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -18,7 +18,8 @@ training script (dynamic analysis) reads data and arguments; both are traced eve
 What is stored is the trace alone (its allocation events, gzip'd JSON, about 50 KB for a 1B-parameter
 LLM), or the error tracing raised (a variant the model refuses, bf16 on a V100); GPU-type workspaces, the allocator replay and the context are applied after reading it, so a
 site's calibration or a new cuDNN takes effect at once. The place: ``$VEST_CACHE_DIR``, else
-``$XDG_CACHE_HOME/vest-slurm``, else ``~/.cache/vest-slurm``; ``VEST_CACHE_DIR=off`` turns it off.
+``$XDG_CACHE_HOME/vest-slurm``, else ``~/.cache/vest-slurm``; ``VEST_CACHE_DIR=off`` turns it off. The 2,000 most recently used traces
+are kept (about 100 MB); older ones are deleted as new ones are stored.
 Entries are written atomically (a temporary file renamed) and a damaged one is ignored and replaced.
 """
 
@@ -40,6 +41,7 @@ from .trace import AllocEvent, AllocTrace
 from .workload import WorkloadSpec
 
 _FORMAT = 1
+MAX_TRACES = 2000   # the most recently used traces kept (about 100 MB at ~50 KB each)
 _LIBRARIES = ("torch", "torchvision", "timm", "transformers", "bitsandbytes")
 _CACHED_FAMILIES = ("torchvision:", "timm:", "hf:", "mlp:")
 
@@ -98,6 +100,7 @@ def load(k: str | None) -> tuple[AllocTrace, float] | None:
         return None
     try:
         doc = json.loads(gzip.decompress(path.read_bytes()))
+        os.utime(path)   # used now: the pruning keeps the most recently used
         if "error" in doc:
             err = _ERRORS[doc["error"]["class"]](doc["error"]["what"], doc["error"]["fix"])
         else:
@@ -135,5 +138,21 @@ def store(k: str | None, trace: AllocTrace | VestError, seconds: float) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
+        _prune(path.parent.parent)
     except OSError:
         pass
+
+
+def _prune(traces: Path, keep: int | None = None) -> None:
+    """Delete the least recently used traces beyond ``keep`` (MAX_TRACES)."""
+    keep = MAX_TRACES if keep is None else keep
+    entries = []
+    for sub in os.scandir(traces):
+        if sub.is_dir():
+            entries += [(e.stat().st_mtime, e.path) for e in os.scandir(sub.path) if e.name.endswith(".json.gz")]
+    if len(entries) > keep:
+        for _, path in sorted(entries)[:len(entries) - keep]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
