@@ -37,7 +37,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 
 from .profiles import DeviceProfile
 
@@ -222,13 +221,11 @@ class _Answers:
     def save(self) -> None:
         if self._path is None or not self._new:
             return
+        from .tracecache import write_atomic
+
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
             merged = {**self._read(), **self._new}
-            fd, tmp = tempfile.mkstemp(dir=self._path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(merged, f, separators=(",", ":"))
-            os.replace(tmp, self._path)
+            write_atomic(self._path, json.dumps(merged, separators=(",", ":")).encode())
             self._new = {}
         except OSError:
             pass   # a cache that cannot be written costs the next run the questions, nothing else

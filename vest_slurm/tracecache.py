@@ -129,18 +129,24 @@ def store(k: str | None, trace: AllocTrace | VestError, seconds: float) -> None:
                "iterations": trace.iterations, "notes": list(trace.notes), "step_ends": list(trace.step_ends),
                "seconds": seconds}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), 3))
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), 3))
         _prune(path.parent.parent)
     except OSError:
         pass
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it: a reader sees the old
+    file or the new one, never a part (raises OSError where it cannot be written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _prune(traces: Path, keep: int | None = None) -> None:
