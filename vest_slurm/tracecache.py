@@ -74,8 +74,9 @@ def _code_digest() -> str:
 
 
 def key(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> str | None:
-    """The cache key of a trace, or None where the workload is not cached (user code, scripts)."""
-    if not spec.model.startswith(_CACHED_FAMILIES):
+    """The cache key of a trace, or None where the workload is not cached (user code, scripts) or
+    the cache is off."""
+    if not spec.model.startswith(_CACHED_FAMILIES) or cache_dir() is None:
         return None
     what = json.dumps({"format": _FORMAT, "spec": asdict(spec), "capability": list(capability),
                        "total_memory_bytes": total_memory_bytes, "code": _code_digest()},
