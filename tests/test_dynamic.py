@@ -338,3 +338,16 @@ def test_bitsandbytes_8bit_adamw_script():
     states = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes) + 2 * 256 * 4
     assert run.steps == 3 and run.batch_hint == 16
     assert dict(est.breakdown)["optimizer_state"] == states
+
+
+def test_hf_trainer_script():
+    """transformers' Trainer: its own loop, accelerate underneath, bf16 autocast, AdamW; the model's
+    weights, gradients and AdamW states exact, the batch from its keyword-only call."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("hf_trainer_train.py")
+    assert set(os.listdir(SCRIPTS)) == before   # its output_dir went to the temp dir
+    b = dict(est.breakdown)
+    params = 4 * (2 * 1000 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64)
+    buffers = 4 * 2 * 8   # rotary inv_freq and original_inv_freq
+    assert run.steps == 3 and run.batch_hint == 6
+    assert b["parameters"] == params + buffers and b["optimizer_state"] == 2 * params
