@@ -340,14 +340,28 @@ def test_bitsandbytes_8bit_adamw_script():
     assert dict(est.breakdown)["optimizer_state"] == states
 
 
-def test_hf_trainer_script():
-    """transformers' Trainer: its own loop, accelerate underneath, bf16 autocast, AdamW; the model's
-    weights, gradients and AdamW states exact, the batch from its keyword-only call."""
+@pytest.mark.parametrize("eight_bit", [False, True])
+def test_hf_trainer_script(eight_bit):
+    """transformers' Trainer: its own loop, accelerate underneath, bf16 autocast; the model's weights
+    and optimizer states exact (AdamW's; or, with optim="adamw_bnb_8bit" and gradient checkpointing,
+    bitsandbytes' 8-bit ones), the batch from its keyword-only call."""
+    if eight_bit:
+        pytest.importorskip("bitsandbytes")
     before = set(os.listdir(SCRIPTS))
-    (est,), run = estimate_script("hf_trainer_train.py")
+    (est,), run = estimate_script("hf_trainer_train.py", *(["--8bit"] if eight_bit else []))
     assert set(os.listdir(SCRIPTS)) == before   # its output_dir went to the temp dir
     b = dict(est.breakdown)
-    params = 4 * (2 * 1000 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64)
+    # embedding and head 1000 x 64; per layer q, o 64x64, k, v 32x64, MLP 3 x 64x128, 2 norms; final norm
+    sizes = [1000 * 64] * 2 + [64 * 64, 32 * 64, 32 * 64, 64 * 64, 64 * 128, 64 * 128, 64 * 128, 64, 64] * 2 + [64]
     buffers = 4 * 2 * 8   # rotary inv_freq and original_inv_freq
     assert run.steps == 3 and run.batch_hint == 6
-    assert b["parameters"] == params + buffers and b["optimizer_state"] == 2 * params
+    assert b["parameters"] == 4 * sum(sizes) + buffers
+    if eight_bit:
+        # uint8 pairs and block absmax from 4,096 elements, fp32 below, the two maps once; the
+        # Trainer keeps nn.Embedding weights in 32-bit states (GlobalOptimManager override)
+        embedding, rest = sizes[0], sizes[1:]
+        states = 2 * 4 * embedding + sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in rest)
+        states += 2 * 256 * 4
+    else:
+        states = 2 * 4 * sum(sizes)
+    assert b["optimizer_state"] == states

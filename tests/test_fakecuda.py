@@ -60,6 +60,26 @@ def test_type_as_and_to_other_stay_on_the_gpu_and_are_recorded():
             assert seen.since(mark) == [4 * 256 * 2]
 
 
+@pytest.mark.parametrize("stand_in", [False, True])
+def test_to_the_gpu_of_a_tensor_on_the_gpu_is_the_tensor_itself(stand_in):
+    """ATen's to() returns self when nothing changes; C++ reads a fake tensor's device as the host's
+    and made a copy the GPU never makes (transformers' mask.to(x.device), bitsandbytes' maps)."""
+    with fake_gpu(stand_in) as seen:
+        x = torch.empty(4, 256, device="cuda")
+        cl = torch.empty(2, 3, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+        mark = len(seen.allocated)
+        for same in (lambda: x.to("cuda"), lambda: x.to(x.device), lambda: x.to(torch.device("cuda", 0)),
+                     lambda: x.to("cuda", torch.float32), lambda: x.to(device="cuda", non_blocking=True),
+                     x.cuda, lambda: x.to(x), lambda: cl.to("cuda", memory_format=torch.channels_last)):
+            y = same()
+            assert y is x or y is cl
+        assert seen.since(mark) == []
+        for change in (lambda: x.to("cuda", torch.float16), lambda: x.to("cuda", copy=True),
+                       lambda: cl.to("cuda", memory_format=torch.contiguous_format)):
+            mark = len(seen.allocated)
+            assert change() is not x and len(seen.since(mark)) == 1
+
+
 def test_copies_the_script_asks_for_go_to_the_host():
     with fake_gpu() as seen:
         x = torch.empty(4, 256, device="cuda")

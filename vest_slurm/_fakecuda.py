@@ -681,8 +681,12 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             device = _pin(args[1]) if len(args) > 1 and args[1] is not None else DEVICE
             if isinstance(device, int):
                 device = DEVICE
+            if _is_fake_cuda(args[0]) and kwargs.get("memory_format", torch.preserve_format) is torch.preserve_format:
+                return args[0]   # already on the GPU: Tensor.cuda() returns the tensor itself
             return args[0].to(device, non_blocking=kwargs.get("non_blocking", False),
                               memory_format=kwargs.get("memory_format", torch.preserve_format))
+        if func is torch.Tensor.to and _to_aliases(args, kwargs):
+            return args[0]
         if func in self.HOST_RANDOM:
             out = func(*args, **kwargs)
             if isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL:
@@ -727,6 +731,26 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 return host
             return out
         return func(*args, **kwargs)
+
+
+def _to_aliases(args, kwargs) -> bool:
+    """Whether ``Tensor.to(...)`` returns the tensor itself, as ATen's to() does when nothing changes
+    (to_will_alias: same device, dtype and memory format, copy=False): ``x.to(x.device)``,
+    ``mask.to("cuda")`` on a tensor already on the GPU. C++ reads a fake CUDA tensor's device as
+    the host's (see the module docstring), so it would make a copy that the GPU run never makes."""
+    x = args[0]
+    if not _is_fake_cuda(x) or kwargs.get("copy", False):
+        return False
+    rest = {k: v for k, v in kwargs.items() if k != "copy"}
+    try:
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **rest)
+    except (TypeError, RuntimeError):
+        return False
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    if dtype is not None and dtype != x.dtype:
+        return False
+    return memory_format in (None, torch.preserve_format) or x.is_contiguous(memory_format=memory_format)
 
 
 def _deepcopy_fake(t: FakeTensor, memo: dict):
