@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from bnb_state import adam_8bit_state_bytes
 from vest_slurm import steady
 from vest_slurm.dynamic import Limits, estimate_command
 from vest_slurm.errors import EstimateError
@@ -335,9 +336,8 @@ def test_bitsandbytes_8bit_adamw_script():
     pytest.importorskip("bitsandbytes")
     (est,), run = estimate_script("bnb_train.py")
     sizes = [128 * 64, 64, 64 * 10, 10]
-    states = sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in sizes) + 2 * 256 * 4
     assert run.steps == 3 and run.batch_hint == 16
-    assert dict(est.breakdown)["optimizer_state"] == states
+    assert dict(est.breakdown)["optimizer_state"] == adam_8bit_state_bytes(sizes)
 
 
 @pytest.mark.parametrize("eight_bit", [False, True])
@@ -357,11 +357,8 @@ def test_hf_trainer_script(eight_bit):
     assert run.steps == 3 and run.batch_hint == 6
     assert b["parameters"] == 4 * sum(sizes) + buffers
     if eight_bit:
-        # uint8 pairs and block absmax from 4,096 elements, fp32 below, the two maps once; the
-        # Trainer keeps nn.Embedding weights in 32-bit states (GlobalOptimManager override)
-        embedding, rest = sizes[0], sizes[1:]
-        states = 2 * 4 * embedding + sum(2 * (n + 4 * -(-n // 256)) if n >= 4096 else 2 * 4 * n for n in rest)
-        states += 2 * 256 * 4
+        # the Trainer keeps nn.Embedding weights in 32-bit states (GlobalOptimManager override)
+        states = adam_8bit_state_bytes(sizes[1:], fp32_sizes=sizes[:1])
     else:
         states = 2 * 4 * sum(sizes)
     assert b["optimizer_state"] == states
