@@ -681,10 +681,9 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             device = _pin(args[1]) if len(args) > 1 and args[1] is not None else DEVICE
             if isinstance(device, int):
                 device = DEVICE
-            if _is_fake_cuda(args[0]) and kwargs.get("memory_format", torch.preserve_format) is torch.preserve_format:
-                return args[0]   # already on the GPU: Tensor.cuda() returns the tensor itself
-            return args[0].to(device, non_blocking=kwargs.get("non_blocking", False),
-                              memory_format=kwargs.get("memory_format", torch.preserve_format))
+            func, args = torch.Tensor.to, (args[0], device)   # Tensor.cuda() is to(cuda) (TensorConversions.cpp)
+            kwargs = {"non_blocking": kwargs.get("non_blocking", False),
+                      "memory_format": kwargs.get("memory_format", torch.preserve_format)}
         if func is torch.Tensor.to and _to_aliases(args, kwargs):
             return args[0]
         if func in self.HOST_RANDOM:
