@@ -117,3 +117,13 @@ def test_check_table_says_what_would_fit_and_no_empty_help_line(tmp_path, capsys
     assert rc == 3 and "vsbatch would refuse the job" in out
     assert "What would fit:\n  - batch size " in out, out      # the advice vsbatch gives, here too
     assert "See \n" not in out and "{help_url}" not in out and not any(l.rstrip().endswith("See") for l in out.splitlines())
+
+
+def test_check_notes_where_bf16_runs_emulated(tmp_path, capsys):
+    """bf16 autocast runs on the V100 (PyTorch emulates it: same memory), with a note that it is
+    slow there; the A100 has it natively: no note."""
+    job = _script(tmp_path, f"#VEST --model {SMALL} --batch-size 8 --input 3x32x32 --precision amp-bf16")
+    assert run(["check", job, "--site-config", TESTBED, "--no-search", "--json"]) == 0
+    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["gpus"]}
+    assert rows["v100"]["fits"] and "emulated" in rows["v100"]["note"] and "amp-fp16" in rows["v100"]["note"]
+    assert rows["a100"]["fits"] and rows["a100"]["note"] == ""

@@ -36,6 +36,17 @@ def test_table_output():
     r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--input", "3x32x32", "--gpu", "l4-24gb")
     assert r.returncode == 0, r.stderr
     assert "l4-24gb" in r.stdout and "required MiB" in r.stdout and "breakdown on l4-24gb" in r.stdout
+    assert "emulated" not in r.stdout
+
+
+def test_bf16_before_sm80_is_estimated_with_a_note():
+    """bf16 autocast on a T4 (sm75): PyTorch emulates it, so it is estimated, and the table says it
+    is slow there; the L4 (sm89) has it natively."""
+    r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--input", "3x32x32",
+             "--precision", "amp-bf16", "--gpu", "t4-16gb", "--gpu", "l4-24gb")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "t4-16gb" in notes[0] and "emulated" in notes[0] and "amp-fp16" in notes[0]
 
 
 BAD = [

@@ -252,19 +252,47 @@ def test_building_a_huge_model_costs_no_host_memory():
     assert run.peak_rss_bytes < 2 * 2**30 and est.peak_bytes > 2 * params
 
 
-def test_vsbatch_dry_run_skips_the_gpu_class_a_script_cannot_run_on(tmp_path):
-    """bf16 autocast fails on the testbed's V100 (sm70): vsbatch places on the A100 and says why."""
+NEEDS_NATIVE_BF16 = """import torch
+if not torch.cuda.is_bf16_supported(including_emulation=False):
+    raise RuntimeError("this job needs native bfloat16: an A100 or newer")
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(3):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(torch.randn(8, 64, device="cuda")).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _vsbatch_dry_run(tmp_path, job):
     import json
 
-    job = _job(tmp_path, "lm.sbatch", "python train_lm.py --n-layer 1 --n-embd 64 --n-head 2 --seq-len 32 "
-               "--batch-size 2 --amp bf16", "--gres=gpu:1")
     r = subprocess.run(["vsbatch", "--site-config", TESTBED, "--dry-run", "--json", job.name], cwd=tmp_path,
                        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
+    return json.loads(r.stdout)
+
+
+def test_vsbatch_dry_run_skips_the_gpu_class_a_script_cannot_run_on(tmp_path):
+    """A script that stops on a GPU without native bf16 (the testbed's V100, sm70): vsbatch places
+    on the A100 and says why."""
+    (tmp_path / "native_bf16.py").write_text(NEEDS_NATIVE_BF16)
+    d = _vsbatch_dry_run(tmp_path, _job(tmp_path, "bf16.sbatch", "python native_bf16.py", "--gres=gpu:1"))
     assert d["action"] == "submit" and d["partition"] == "a100"
-    assert "v100" not in d["estimates"] and any("v100" in w and "bfloat16" in w for w in d["warnings"])
+    assert "v100" not in d["estimates"] and any("v100" in w and "native bfloat16" in w for w in d["warnings"])
+
+
+def test_bf16_autocast_runs_on_a_v100_as_pytorch_emulates_it(tmp_path):
+    """torch.cuda.is_bf16_supported() is true on a V100 (bf16 is emulated there), so a bf16
+    autocast script runs on it: vsbatch estimates it there too and places it on the smallest GPU."""
+    job = _job(tmp_path, "lm.sbatch", "python train_lm.py --n-layer 1 --n-embd 64 --n-head 2 --seq-len 32 "
+               "--batch-size 2 --amp bf16", "--gres=gpu:1")
+    d = _vsbatch_dry_run(tmp_path, job)
+    assert d["action"] == "submit" and d["partition"] == "v100"
+    assert {"v100", "a100"} <= set(d["estimates"]) and not any("bfloat16" in w for w in d["warnings"])
 
 
 def _same_as_declared(dyn, declared):

@@ -41,10 +41,10 @@ class Seen:
 
 
 @contextlib.contextmanager
-def fake_gpu(scalar_stand_in: bool = False):
+def fake_gpu(scalar_stand_in: bool = False, capability: tuple[int, int] = (9, 0)):
     """The declarative tracer's fake GPU, or with ``scalar_stand_in`` dynamic analysis's."""
     seen = Seen()
-    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0), scalar_draws_at_the_top=not scalar_stand_in),
+    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=capability, scalar_draws_at_the_top=not scalar_stand_in),
           fc.FakeCudaMode(seen.recorder, scalar_stand_in=scalar_stand_in), fc.CudaFactoryMode()):
         yield seen
 
@@ -561,3 +561,69 @@ def test_one_key_value_head_without_enable_gqa_follows_the_installed_torchs_rule
     two = torch.empty(2, 2, 64, 64, dtype=torch.float16, device="meta")
     assert fc.gpu_sdp_choice((9, 0), q, two, two, None, 0.0, False) == fc.SDP_MATH   # GQA needs enable_gqa
     assert fc.gpu_sdp_choice((9, 0), q, two, two, None, 0.0, True) == fc.SDP_FLASH
+
+
+def test_bfloat16_before_sm80_is_emulated_as_pytorch_answers():
+    """torch.cuda.is_bf16_supported() is true on a V100 (a bfloat16 tensor can be made there), so
+    bf16 autocast runs; only ``including_emulation=False`` asks for sm80. Memory-efficient
+    attention takes bf16 only from sm80: math before (flash needs sm80 anyway)."""
+    q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="meta")
+    with fake_gpu(capability=(7, 0)):
+        assert torch.cuda.is_bf16_supported() and not torch.cuda.is_bf16_supported(including_emulation=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.nn.Linear(8, 8, device="cuda")(torch.randn(4, 8, device="cuda"))
+        assert y.dtype == torch.bfloat16
+    with fake_gpu(capability=(8, 0)):
+        assert torch.cuda.is_bf16_supported(including_emulation=False)
+    assert fc.gpu_sdp_choice((7, 0), q, q, q, None, 0.0, False) == fc.SDP_MATH
+    assert fc.gpu_sdp_choice((7, 0), q.half(), q.half(), q.half(), None, 0.0, False) == fc.SDP_EFFICIENT
+    assert fc.gpu_sdp_choice((8, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
+
+
+def _conv(dtype, groups=1, n=4, c=64, hw=28, k=3):
+    x = torch.empty(n, c, hw, hw, device="cuda", dtype=dtype)
+    w = torch.empty(c, c // groups, k, k, device="cuda", dtype=dtype)
+    return (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+
+
+def test_bfloat16_convolution_before_sm80_runs_im2col_off_cudnn():
+    """cuDNN takes bf16 convolutions from sm80 only (use_cudnn: supportsBFloat16ConvolutionWithCuDNNv8);
+    on a V100 ATen's im2col + GEMM runs them with no cuDNN workspace and an im2col buffer of one
+    sample, C_in x kH x kW x H_out x W_out; fp16 there, and bf16 on an A100, go to cuDNN."""
+    from vest_slurm.scratch import kernel_scratch
+
+    conv, conv_bwd = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
+    columns = 64 * 3 * 3 * 28 * 28 * 2
+    with fake_gpu(capability=(7, 0)):
+        bf16, fp16 = _conv(torch.bfloat16), _conv(torch.float16)
+        assert fc.conv_workspace_keys(conv, bf16) == [] and len(fc.conv_workspace_keys(conv, fp16)) == 1
+        assert kernel_scratch(conv, bf16) == ("conv_scratch", [columns])
+        assert kernel_scratch(conv, fp16) == ("conv_scratch", [])   # dense operands: no copies
+        g = torch.empty(4, 64, 28, 28, device="cuda", dtype=torch.bfloat16)
+        bwd = (g, *bf16[:2], [64], *bf16[3:], [True, True, False])
+        assert kernel_scratch(conv_bwd, bwd) == ("conv_scratch", [columns])
+        # an NCHW depthwise convolution takes ATen's depthwise kernel, as in fp16 and fp32: no im2col
+        assert kernel_scratch(conv, _conv(torch.bfloat16, groups=64)) == ("conv_scratch", [])
+    with fake_gpu(capability=(8, 0)):
+        assert len(fc.conv_workspace_keys(conv, _conv(torch.bfloat16))) == 1
+
+
+def test_grouped_im2col_convolution_keeps_every_groups_result_until_cat():
+    """With groups, Convolution.cpp runs im2col + GEMM per group on a copied slice of the input and
+    joins the groups' outputs (forward) and input gradients (backward) with ``at::cat``: a second
+    output-sized buffer while the op runs. At batch 1 a group's slice is contiguous: no copy."""
+    from vest_slurm.scratch import kernel_scratch
+
+    conv, conv_bwd = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
+    n, c, hw, groups = 4, 64, 28, 8
+    out = in_ = n * c * hw * hw * 2
+    columns, slice_ = (c // groups) * 9 * hw * hw * 2, in_ // groups
+    with fake_gpu(capability=(7, 5)):
+        args = _conv(torch.bfloat16, groups=groups, n=n, c=c, hw=hw)
+        assert kernel_scratch(conv, args) == ("conv_scratch", [out, slice_, columns])
+        g = torch.empty(n, c, hw, hw, device="cuda", dtype=torch.bfloat16)
+        bwd = (g, *args[:2], [c], *args[3:], [True, True, False])
+        weight_grad = args[1].numel() * 2
+        assert kernel_scratch(conv_bwd, bwd) == ("conv_scratch", [in_ + weight_grad, out // groups, slice_, columns])
+        one = _conv(torch.bfloat16, groups=groups, n=1, c=c, hw=hw)
+        assert kernel_scratch(conv, one) == ("conv_scratch", [c * hw * hw * 2, columns])

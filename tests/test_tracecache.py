@@ -71,13 +71,12 @@ def test_a_failed_trace_fails_again_from_the_cache(cache):
     from vest_slurm.errors import EstimateError
 
     _, calls = cache
-    v100 = get_profile("v100-32gb")
     errors = []
     for _ in range(2):
         with pytest.raises(EstimateError) as e:
-            estimator.trace_for(spec("--precision", "amp-bf16"), v100, cache=True)   # no bf16 before sm80
+            estimator.trace_for(spec("--input", "48"), A100, cache=True)   # the MLP takes 64 features
         errors.append((e.value.what, e.value.fix))
-    assert len(calls) == 1 and errors[0] == errors[1] and "bfloat16" in errors[0][0]
+    assert len(calls) == 1 and errors[0] == errors[1] and "48" in errors[0][0] and errors[0][1]
 
 
 def test_a_damaged_entry_is_a_miss_and_is_replaced(cache):

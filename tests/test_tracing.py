@@ -312,11 +312,11 @@ def test_convolution_copies_what_cudnn_needs_dense(slice_):
                              "--batch-size", str(batch), "--input", "3x32x32", "--loss", "mse", "--optimizer", "sgd",
                              "--steps", "2"), capability=(9, 0))
     activation = batch * channels * 32 * 32 * 4
-    copies = [(e.phase, e.size_bytes) for e in tr.events if e.action == "alloc" and e.module == "conv_copy"]
+    copies = [(e.phase, e.size_bytes) for e in tr.events if e.action == "alloc" and e.module == "conv_scratch"]
     one_step = [("forward", activation), ("backward", activation), ("backward", activation)] if slice_ else \
         [("backward", activation)]
     assert copies == one_step * tr.iterations
-    assert _scratch(tr, "conv_copy") == [size for _, size in copies]
+    assert _scratch(tr, "conv_scratch") == [size for _, size in copies]
 
 
 @pytest.mark.parametrize("log", [False, True])

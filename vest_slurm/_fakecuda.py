@@ -199,10 +199,24 @@ def conv_geometry(x, w, stride, padding, dilation):
 def conv_on_cudnn(x, w, xs, ws, stride, dilation) -> tuple[bool, bool]:
     """(whether cuDNN runs this convolution, whether in channels-last), for the 2-d geometry
     conv_geometry gives (xs, ws, stride, dilation). cudnn_conv_suggest_memory_format (ConvUtils.h): channels-last when the
-    input or the weight suggests it; the operands are then copied dense in it (scratch.py)."""
+    input or the weight suggests it; the operands are then copied dense in it (scratch.py).
+    A bfloat16 convolution runs on cuDNN only from sm80 (Convolution.cpp use_cudnn:
+    ``supportsBFloat16ConvolutionWithCuDNNv8``, CUDAHooks ``major >= 8``); before, on ATen's own
+    kernels (im2col + GEMM, or the depthwise kernel)."""
     channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
                                       or suggests_channels_last(w.shape, w.stride()))
+    capability = _TRACED_CAPABILITY[0]
+    if torch.bfloat16 in (x.dtype, w.dtype) and capability is not None and tuple(capability) < (8, 0):
+        return False, channels_last
     return depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last), channels_last
+
+
+def is_depthwise(xs, ws) -> bool:
+    """ConvParams::is_depthwise (Convolution.cpp): groups == input channels > 1, each group's output
+    channels a multiple of them. Such a convolution off cuDNN runs ATen's depthwise kernel; any
+    other one there runs im2col + GEMM (slow_conv2d)."""
+    groups = xs[1] // ws[1] if ws[1] else 1
+    return groups > 1 and groups == xs[1] and ws[0] % xs[1] == 0
 
 
 def suggests_channels_last(shape, strides) -> bool:
@@ -225,8 +239,7 @@ def depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
     use_cudnn_depthwise's simplified rule for cuDNN >= 8.2 allows it (1-d with stride 1; square
     1/3/5 filters, width >= 7, stride 1; stride-2 cases are left to ATen's kernel here); otherwise
     on ATen's own depthwise kernel, which takes no workspace. Any other convolution: cuDNN."""
-    groups = xs[1] // ws[1] if ws[1] else 1
-    if not (groups > 1 and groups == xs[1] and ws[0] % xs[1] == 0):
+    if not is_depthwise(xs, ws):
         return True
     if channels_last:
         return True
@@ -789,7 +802,8 @@ SDP_BROADCASTS_ONE_KV_HEAD = installed_sdp_broadcasts_one_kv_head()
 
 def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
     """Flash attention: fp16/bf16, no explicit mask, one head dim for q, k and v, <= 256 and a
-    multiple of 8, sm80+; memory-efficient attention: any float dtype but fp64, masks allowed, q
+    multiple of 8, sm80+; memory-efficient attention: any float dtype but fp64 (bf16 from sm80:
+    ``less_than_sm80_mem_efficient_dtypes``), masks allowed, q
     and k of one head dim, head dims a multiple of 8 (fp16/bf16) or 4 (fp32), sm50+; math
     otherwise (the priority order of torch 2.x). With ``enable_gqa`` (torch >= 2.5) key and value
     may have fewer heads than the query, a divisor of its heads: flash and memory-efficient
@@ -809,7 +823,8 @@ def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dr
         return SDP_FLASH
     align = 8 if half else 4
     if (key.shape[-1] == head_dim and head_dim % align == 0 and value.shape[-1] % align == 0
-            and capability >= (5, 0) and query.dtype != torch.float64):
+            and capability >= (5, 0) and query.dtype != torch.float64
+            and (query.dtype != torch.bfloat16 or capability >= (8, 0))):
         return SDP_EFFICIENT
     return SDP_MATH
 
@@ -857,6 +872,16 @@ def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 # ---- patches for code that asks CUDA questions --------------------------------------------------------
 
+def _bf16_supported(capability: tuple[int, int]):
+    """torch.cuda.is_bf16_supported as on a GPU of this capability: natively from sm80; before,
+    with ``including_emulation`` (the default), whether a bfloat16 tensor can be made on the
+    device, which it can with any CUDA 11+ (torch/cuda/__init__.py). So autocast to bfloat16 runs
+    on a V100 or T4 too, on kernels that compute in fp32; its tensors are the same."""
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return tuple(capability) >= (8, 0) or bool(including_emulation)
+    return is_bf16_supported
+
+
 @contextlib.contextmanager
 def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-SXM4-80GB",
                  capability: tuple[int, int] = (8, 0), device_count: int = 1, scalar_draws_at_the_top: bool = False):
@@ -879,7 +904,7 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
     props = _Props(name, total_memory_bytes, *capability)
     patches = [
         (common, "amp_definitely_not_available", lambda: False),
-        (torch.cuda, "is_bf16_supported", lambda *a, **k: capability >= (8, 0)),
+        (torch.cuda, "is_bf16_supported", _bf16_supported(capability)),
         (torch.cuda, "is_available", lambda: True),
         (torch.cuda, "device_count", lambda: device_count),
         (torch.cuda, "current_device", lambda: 0),

@@ -5,7 +5,7 @@ estimates of one workload's variants.
 site's GPU types. Each trace is made once and shared:
 
 - by every GPU type of the same capability class (the estimator's rule: what a trace can depend on
-  is bf16 / flash attention, sm80+), and
+  is flash attention / native bf16, sm80+), and
 - by every GPU count: the trace is per GPU (``num_gpus``, ``parallelism`` and ``alloc_conf`` only
   change the replay: DDP buckets, NCCL, allocator settings), so "4 GPUs at batch 32 per GPU" reuses
   the trace the batch search made at batch 32.
@@ -171,7 +171,7 @@ class Prober:
     def estimates(self, spec: WorkloadSpec, types: Iterable[str] | None = None
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:
         """The job's own estimate on every GPU type (or ``types``), unbounded: (estimates, errors).
-        A workload can fail on one class only (bf16 autocast needs sm80+); the caller decides."""
+        A workload can fail on one class only (a script that needs sm80+); the caller decides."""
         ok, failed = {}, {}
         for t in (types or self.profiles):
             try:
@@ -338,7 +338,8 @@ class Advice:
 
 
 def amp_precision(profile: DeviceProfile) -> str:
-    """bf16 autocast where the GPU has it (sm80+), fp16 with a GradScaler before."""
+    """bf16 autocast where the GPU has it natively (sm80+), fp16 with a GradScaler before (bf16
+    runs there too, emulated in fp32 arithmetic: slower, the same memory)."""
     return "amp-bf16" if profile.capability >= (8, 0) else "amp-fp16"
 
 

@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from . import __version__
 from .errors import EXIT_NO_FIT, JobScriptError, WorkloadError
+from .report import emulated_bf16
 from .units import MiB
 from .workload import WorkloadSpec, add_workload_arguments, parse_workload_args, spec_from_namespace
 
@@ -129,7 +130,8 @@ def cmd_check(ns) -> int:
         rows.append(dict(gpu=g.name, profile=g.profile, capacity_bytes=cap, estimate_bytes=estimate_need(e),
                          peak_bytes=e.peak_bytes, needed_bytes=need, headroom_bytes=cap - need, fits=need <= cap,
                          largest_batch=s.batch if s else None, largest_batch_exact=bool(s and s.exact),
-                         largest_batch_text=s.text() if s else "(not searched)", partitions=parts, note=""))
+                         largest_batch_text=s.text() if s else "(not searched)", partitions=parts,
+                         note=emulated_bf16(spec, prober.profiles[g.name])))
     seconds = time.perf_counter() - t0
     if ns.json:
         print(_json(spec, site, source, rows, result, advice, seconds, prober))

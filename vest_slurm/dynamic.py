@@ -207,7 +207,7 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
 def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
                   cwd: str | None = None, alloc_conf: str | None = None):
     """Run the script once per capability class of ``profiles``: (spec, {class: TraceSummary or
-    EstimateError}, run). A script can fail on one class only (bf16 autocast needs sm80+); it is an
+    EstimateError}, run). A script can fail on one class only (one that checks for native bf16 or a GPU of sm80+); it is an
     error only when it fails on every class."""
     from .estimator import summarize
 
@@ -215,7 +215,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first = {}, None
-    # newest GPU class first: a script that needs sm80+ (bf16) is traced where it runs
+    # newest GPU class first: a script that needs sm80+ is traced where it runs
     for p in sorted(profiles, key=lambda p: p.capability, reverse=True):
         cls = p.capability >= (8, 0)
         if cls in summaries:

@@ -187,7 +187,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
 
 def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile], cache: bool = False) -> list[MemoryEstimate]:
     """One MemoryEstimate per profile. The trace is shared between GPU types of the same class
-    (what the trace can depend on: flash attention and bf16 need sm80+)."""
+    (what the trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need sm80+)."""
     traces: dict[bool, TraceSummary] = {}
     out = []
     for p in profiles:

@@ -32,6 +32,15 @@ def _mib(n: int) -> str:
     return f"{n / MiB:,.0f}"
 
 
+def emulated_bf16(spec: WorkloadSpec, profile) -> str:
+    """A note where the job's bf16 runs emulated: before sm80 PyTorch computes bf16 in fp32
+    arithmetic (no bf16 tensor cores; convolutions off cuDNN), with the same memory."""
+    if spec.precision in ("amp-bf16", "bf16") and profile.capability < (8, 0):
+        return (f"bf16 runs emulated on sm{profile.capability[0]}{profile.capability[1]} (no bf16 tensor cores): "
+                f"the same memory, much slower; amp-fp16 is the usual choice there")
+    return ""
+
+
 def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> str:
     if spec.model.startswith("script:"):
         head = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the script ran with fake CUDA; "
@@ -48,13 +57,17 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> s
     brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
-    note = ""
+    from .profiles import PROFILES
+
+    notes = [f"note: {e.gpu}: {n}" for e in estimates
+             if e.gpu in PROFILES and (n := emulated_bf16(spec, PROFILES[e.gpu]))]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
 
         if not cudnn_ws.available():
-            note = ("\nnote: cuDNN's convolution workspaces are not in this estimate (it needs cuDNN >= 9.8 and "
-                    "nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend)\n")
+            notes.append("note: cuDNN's convolution workspaces are not in this estimate (it needs cuDNN >= 9.8 and "
+                         "nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend)")
+    note = "\n" + "\n".join(notes) + "\n" if notes else ""
     return f"{head}\n\n{table}\n\n{breakdown}\n{note}"
 
 

@@ -25,7 +25,10 @@ again when the weight gradient is wanted, ``grad_output.to(input.suggest_memory_
 each helper's ``grad_output.contiguous(...)`` (backward-input, backward-weight). A channel slice
 of a channels-last activation (FocalNet's context) is channels-last-like but not dense: copied.
 1-d convolutions make the input contiguous first (forward and backward); ATen's own depthwise
-kernel, which NCHW depthwise convolutions take, wants everything NCHW.
+kernel, which NCHW depthwise convolutions take, wants everything NCHW. A convolution off cuDNN
+that is not depthwise (bfloat16 before sm80) runs im2col + GEMM (ConvolutionMM2d.cu), one sample
+at a time through an im2col buffer of ``C_in/groups x kH x kW x H_out x W_out``; with groups,
+Convolution.cpp runs it per group on copied slices and joins the groups' results with ``cat``.
 
 Embedding backward (Embedding.cu embedding_dense_backward_cuda, EmbeddingBackwardKernel.cu): with
 more than 3,072 indices (or scale_grad_by_freq) it sorts them and sums partial segments. Alive
@@ -71,7 +74,7 @@ from __future__ import annotations
 
 import torch
 
-from ._fakecuda import conv_geometry, conv_on_cudnn, elementwise_output_strides, suggests_channels_last
+from ._fakecuda import conv_geometry, conv_on_cudnn, elementwise_output_strides, is_depthwise, suggests_channels_last
 
 aten = torch.ops.aten
 
@@ -184,13 +187,60 @@ def _on_cudnn(x, w, stride, dilation) -> bool:
     return conv_on_cudnn(x, w, xs, ws, stride, dilation)[0]
 
 
+def _columns(x, w, stride, padding, dilation) -> tuple[int, int, int, int]:
+    """(groups, bytes of one group's im2col buffer, bytes of one group's input slice, bytes of the
+    output) of the convolution as ATen's im2col + GEMM kernel runs it (ConvolutionMM2d.cu
+    slow_conv2d: ``columns = empty({C_in/groups * kH * kW, H_out * W_out})``, one sample at a
+    time; the dilated kernel's is the same size). A group's slice is a copy (Convolution.cpp
+    ``subtensor``: ``narrow(...).contiguous()``) unless the batch is 1."""
+    xs, ws, stride, padding, dilation = conv_geometry(x, w, stride, padding, dilation)
+    h_out, w_out = (max((xs[d] + 2 * padding[i] - dilation[i] * (ws[d] - 1) - 1) // stride[i] + 1, 0)
+                    for i, d in ((0, 2), (1, 3)))
+    groups = xs[1] // ws[1] if ws[1] else 1
+    elem = x.element_size()
+    slice_ = xs[0] * ws[1] * xs[2] * xs[3] * elem if groups > 1 and xs[0] > 1 else 0
+    return groups, ws[1] * ws[2] * ws[3] * h_out * w_out * elem, slice_, xs[0] * ws[0] * h_out * w_out * elem
+
+
+def _slow_conv_scratch(x, w, stride, padding, dilation, one_d) -> list[int]:
+    """Forward of a convolution off cuDNN that is not depthwise (Convolution.cpp Slow2d /
+    SlowDilated2d, which bfloat16 takes before sm80): ``input.contiguous()``; per group the input
+    slice, its weight (``expect_contiguous``) and the im2col buffer; with groups, every group's
+    output is kept until ``at::cat`` makes the op's output from them."""
+    groups, columns, slice_, out = _columns(x, w, stride, padding, dilation)
+    sizes = one_d or [_contiguous_copy(x)]
+    if groups > 1:
+        return sizes + [out, slice_, columns]
+    return sizes + [_contiguous_copy(w), columns]
+
+
+def _slow_conv_bwd_scratch(g, x, w, stride, padding, dilation, mask, one_d) -> list[int]:
+    """Backward of the same (Convolution.cpp convolution_backward, ConvolutionMM2d.cu
+    slow_conv2d_backward): input and weight made contiguous, ``grad_output.expect_contiguous()``,
+    one im2col buffer for the input gradient and the weight gradient; with groups, each group's
+    gradient-output and input slices, and every group's input and weight gradients until
+    ``at::cat``."""
+    groups, columns, slice_, _ = _columns(x, w, stride, padding, dilation)
+    sizes = (one_d or [_contiguous_copy(x)]) + [_contiguous_copy(w)]
+    if groups == 1:
+        return sizes + [_contiguous_copy(g), columns]
+    g_slice = g.numel() * g.element_size() // groups if g.shape[0] > 1 else 0
+    grads = ((x.numel() * x.element_size() if mask[0] else 0)
+             + (w.numel() * w.element_size() if mask[1] else 0))
+    return sizes + [grads, g_slice, slice_, columns]
+
+
 def _conv_scratch(args) -> list[int]:
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    x, w, stride, dilation, transposed = args[0], args[1], args[3], args[5], args[6]
+    x, w, stride, padding, dilation, transposed = args[0], args[1], args[3], args[4], args[5], args[6]
     if transposed or x.dim() not in (3, 4):
         return []
     one_d = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
-    if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
+    if not _on_cudnn(x, w, stride, dilation):
+        xs, ws = conv_geometry(x, w, stride, padding, dilation)[:2]
+        if not is_depthwise(xs, ws):                              # im2col + GEMM
+            return _slow_conv_scratch(x, w, stride, padding, dilation, one_d)
+        # ATen's depthwise kernel: NCHW
         return one_d + ([] if one_d else [_contiguous_copy(x)]) + [_contiguous_copy(w)]
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
     cl = suggests_channels_last(xs, xst) or suggests_channels_last(ws, wst)   # the backend memory format
@@ -200,14 +250,17 @@ def _conv_scratch(args) -> list[int]:
 def _conv_bwd_scratch(args) -> list[int]:
     # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     #                      transposed, output_padding, groups, output_mask)
-    g, x, w, stride, dilation, transposed = args[0], args[1], args[2], args[4], args[6], args[7]
+    g, x, w, stride, padding, dilation, transposed = args[0], args[1], args[2], args[4], args[5], args[6], args[7]
     mask = args[10] if len(args) > 10 else (True, True, True)
     if transposed or x.dim() not in (3, 4):
         return []
     sizes = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
     gs = _view4d(g)
-    if not _on_cudnn(x, w, stride, dilation):                     # ATen's depthwise kernel: NCHW
+    on_cudnn = _on_cudnn(x, w, stride, dilation)
+    if not on_cudnn and not is_depthwise(xs, ws):                 # im2col + GEMM
+        return _slow_conv_bwd_scratch(g, x, w, stride, padding, dilation, mask, sizes)
+    if not on_cudnn:                                              # ATen's depthwise kernel: NCHW
         return sizes + [_copy_into(g, *gs, False), _copy_into(x, xs, xst, False) if mask[1] and not sizes else 0,
                         _copy_into(w, ws, wst, False) if mask[0] else 0]
     x_cl = suggests_channels_last(xs, xst)
@@ -260,8 +313,8 @@ _SCRATCH = {
     aten._softmax_backward_data.default: ("softmax", _softmax_bwd_scratch),
     aten._log_softmax_backward_data.default: ("softmax", _log_softmax_bwd_scratch),
     aten.embedding_dense_backward.default: ("embedding", _embedding_bwd_scratch),
-    aten.convolution.default: ("conv_copy", _conv_scratch),
-    aten.convolution_backward.default: ("conv_copy", _conv_bwd_scratch),
+    aten.convolution.default: ("conv_scratch", _conv_scratch),
+    aten.convolution_backward.default: ("conv_scratch", _conv_bwd_scratch),
     aten.native_layer_norm.default: ("layer_norm", _layer_norm_scratch),
     aten.native_layer_norm_backward.default: ("layer_norm", _layer_norm_bwd_scratch),
 }
