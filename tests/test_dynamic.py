@@ -293,6 +293,12 @@ def test_bf16_autocast_runs_on_a_v100_as_pytorch_emulates_it(tmp_path):
     d = _vsbatch_dry_run(tmp_path, job)
     assert d["action"] == "submit" and d["partition"] == "v100"
     assert {"v100", "a100"} <= set(d["estimates"]) and not any("bfloat16" in w for w in d["warnings"])
+    # declared bf16 placed on the V100: the same placement, with a warning that it runs emulated there
+    declared = tmp_path / "declared.sbatch"
+    declared.write_text("#!/bin/bash\n#SBATCH --gres=gpu:1\n#VEST --model torchvision:resnet18 --batch-size 2 "
+                        "--input 3x64x64 --precision amp-bf16\nsrun python train.py\n")
+    d = _vsbatch_dry_run(tmp_path, declared)
+    assert d["partition"] == "v100" and any(w.startswith("v100: bf16 runs emulated") for w in d["warnings"])
 
 
 def _same_as_declared(dyn, declared):
