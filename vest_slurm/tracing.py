@@ -553,8 +553,33 @@ def cudnn_flags(spec: WorkloadSpec):
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = before
 
 
+@contextlib.contextmanager
+def _transformers_quiet(spec: WorkloadSpec):
+    """transformers' warnings while the estimator builds and steps a model from a config (an unset
+    ``loss_type``, ``use_cache`` turned off for checkpointing) are about the estimator's own calls,
+    not the user's job: only its errors show meanwhile (through transformers' own verbosity, which
+    it resets when it first configures its logger). A script run by dynamic analysis keeps its
+    own output."""
+    if not spec.model.startswith("hf:") and "transformers" not in sys.modules:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
     """Trace ``spec.steps`` training iterations. Raises EstimateError with the cause on failure."""
+    with _transformers_quiet(spec):
+        return _trace_training(spec, capability, total_memory_bytes)
+
+
+def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> AllocTrace:
     t0 = time.perf_counter()
     built = build_model(spec)
     tracer = Tracer(capability)
