@@ -152,3 +152,21 @@ def test_cudnn_answers_are_kept_for_the_next_process(tmp_path):
     second = subprocess.run([sys.executable, "-c", offline], env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout and int(first.stdout) > 0
+
+
+def test_cudnn_answers_keep_the_last_written(tmp_path, monkeypatch):
+    """The answers file is bounded: past MAX_ANSWERS the oldest entries go when it is written."""
+    import json
+
+    from vest_slurm import cudnn_ws
+
+    answers = cudnn_ws._Answers()
+    answers._path, answers._data = tmp_path / "cudnn" / "workspaces-test.json", {}
+    monkeypatch.setattr(cudnn_ws._Answers, "MAX_ANSWERS", 3)
+    for i in range(2):
+        answers.get(f"k{i}", lambda i=i: i)
+    answers.save()
+    for i in range(2, 5):
+        answers.get(f"k{i}", lambda i=i: i)
+    answers.save()
+    assert json.loads(answers._path.read_text()) == {"k2": 2, "k3": 3, "k4": 4}

@@ -184,8 +184,10 @@ class _Answers:
     per cuDNN library and frontend version: a plan's workspace is a pure function of the library,
     the board's properties and the convolution, and asking costs milliseconds each, seconds for a
     CNN's hundreds of convolutions on a site's GPU types. Read once per process, written back (the
-    file's entries merged with the new ones, atomically) when the process ends. Off with the cache
-    (``VEST_CACHE_DIR=off``)."""
+    file's entries merged with the new ones, atomically) when the process ends, keeping the
+    ``MAX_ANSWERS`` last written (about 150 bytes each). Off with the cache (``VEST_CACHE_DIR=off``)."""
+
+    MAX_ANSWERS = 100_000
 
     def __init__(self):
         self._path = None
@@ -225,6 +227,8 @@ class _Answers:
 
         try:
             merged = {**self._read(), **self._new}
+            if len(merged) > self.MAX_ANSWERS:   # the oldest go first (the file keeps insertion order)
+                merged = dict(list(merged.items())[-self.MAX_ANSWERS:])
             write_atomic(self._path, json.dumps(merged, separators=(",", ":")).encode())
             self._new = {}
         except OSError:
