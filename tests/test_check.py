@@ -121,9 +121,11 @@ def test_check_table_says_what_would_fit_and_no_empty_help_line(tmp_path, capsys
 
 def test_check_notes_where_bf16_runs_emulated(tmp_path, capsys):
     """bf16 autocast runs on the V100 (PyTorch emulates it: same memory), with a note that it is
-    slow there; the A100 has it natively: no note."""
+    slow there; the A100 has it natively: no note, and vsbatch would place it there."""
     job = _script(tmp_path, f"#VEST --model {SMALL} --batch-size 8 --input 3x32x32 --precision amp-bf16")
     assert run(["check", job, "--site-config", TESTBED, "--no-search", "--json"]) == 0
-    rows = {r["gpu"]: r for r in json.loads(capsys.readouterr().out)["gpus"]}
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["gpu"]: r for r in doc["gpus"]}
     assert rows["v100"]["fits"] and "emulated" in rows["v100"]["note"] and "amp-fp16" in rows["v100"]["note"]
     assert rows["a100"]["fits"] and rows["a100"]["note"] == ""
+    assert doc["placement"]["partition"] == "a100"   # where it runs at full speed

@@ -51,6 +51,19 @@ def test_smallest_fit():
     assert p.admin_line.startswith("vest: place ")
 
 
+def test_gpu_types_where_the_job_runs_slow_come_last():
+    """A bf16 job fits the V100 (16 GB), but bf16 runs emulated there: the A100 is chosen while it
+    fits; the V100 only when nothing else does, or when the user asked for it, with a warning."""
+    s, slow = site(), {"v100": "bf16 runs emulated on sm70"}
+    p = place(ests(4 * GiB), req(("gres", "gpu:1")), (), s, slow=slow)
+    assert p.gpu_type == "a100" and "at full speed" in p.reasons[0] and not p.warnings
+    p = place(ests(4 * GiB, {"v100": CAPS["v100"], "a100": 3 * GiB}), req(("gres", "gpu:1")), (), s, slow=slow)
+    assert p.gpu_type == "v100" and p.warnings == ("v100: bf16 runs emulated on sm70",)
+    p = place(ests(4 * GiB), req(("gres", "gpu:1")), ("v100",), s, slow=slow)
+    assert (p.gpu_type, p.changed) == ("v100", False) and p.warnings == ("v100: bf16 runs emulated on sm70",)
+    assert place(ests(4 * GiB), req(("gres", "gpu:1")), (), s).gpu_type == "v100"   # nothing slow: smallest
+
+
 def test_cost_selection():
     text = (ROOT / "site-config/testbed.toml").read_text()
     text = text.replace('profile = "a100-40gb"', 'profile = "a100-40gb"\ncost = 1').replace(

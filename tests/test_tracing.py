@@ -592,3 +592,17 @@ def test_transformers_warnings_about_the_built_config_stay_quiet():
     finally:
         root.removeHandler(seen)
     assert not any("loss_type" in m for m in seen.messages) and "after the trace" in seen.messages
+
+
+def test_the_trace_says_whether_the_run_computes_in_bf16():
+    """AMP bf16 and bf16 weights make bfloat16 tensors on the GPU: the trace notes it (placement takes
+    GPUs that emulate bf16 last); fp32 and fp16 AMP do not."""
+    from vest_slurm.trace import BF16_NOTE
+
+    def notes(precision):
+        return trace_training(parse_workload_args(["--model", 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]',
+                                                   "--input", "64", "--batch-size", "4",
+                                                   "--precision", precision])).notes
+
+    assert BF16_NOTE in notes("amp-bf16") and BF16_NOTE in notes("bf16")
+    assert BF16_NOTE not in notes("fp32") and BF16_NOTE not in notes("amp-fp16")

@@ -182,6 +182,7 @@ def run(ns) -> dict:
     result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
                         for e in trace.events]
     result["batch_hint"] = state.batch_hint
+    result["notes"] = list(trace.notes)
     return result
 
 

@@ -21,7 +21,6 @@ from tabulate import tabulate
 
 from . import __version__
 from .errors import EXIT_NO_FIT, JobScriptError, WorkloadError
-from .report import emulated_bf16
 from .units import MiB
 from .workload import WorkloadSpec, add_workload_arguments, parse_workload_args, spec_from_namespace
 
@@ -111,7 +110,8 @@ def cmd_check(ns) -> int:
             need0 = needed_bytes(estimate_need(estimates[t]), pol.headroom_percent, pol.headroom_bytes)
             searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
                                                prober.capacity(t), spec.batch_size, known={spec.batch_size: need0})
-    result = place(estimates, request, partitions, site)
+    slow = prober.slow_types(spec)
+    result = place(estimates, request, partitions, site, slow=slow)
     advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1)) if isinstance(result, NoFit) else ()
     rows = []
     for g in site.gpus:
@@ -131,7 +131,7 @@ def cmd_check(ns) -> int:
                          peak_bytes=e.peak_bytes, needed_bytes=need, headroom_bytes=cap - need, fits=need <= cap,
                          largest_batch=s.batch if s else None, largest_batch_exact=bool(s and s.exact),
                          largest_batch_text=s.text() if s else "(not searched)", partitions=parts,
-                         note=emulated_bf16(spec, prober.profiles[g.name])))
+                         note=slow.get(g.name, "")))
     seconds = time.perf_counter() - t0
     if ns.json:
         print(_json(spec, site, source, rows, result, advice, seconds, prober))

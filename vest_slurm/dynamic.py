@@ -149,7 +149,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         _raise_for_status(cmd, result, log_path)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
-        trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}",), tuple(result.get("step_ends", ())))
+        trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
+                           tuple(result.get("step_ends", ())))
         return DynamicRun(trace, result["steps"], result.get("batch_hint"), seconds, peak_rss,
                           tuple(result.get("redirected_writes", ())))
     finally:

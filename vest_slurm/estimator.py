@@ -27,7 +27,7 @@ from .allocator_config import parse_alloc_conf
 from .errors import EstimateError, WorkloadError
 from .estimate import MemoryEstimate
 from .profiles import DeviceProfile
-from .trace import AllocEvent, AllocTrace
+from .trace import BF16_NOTE, AllocEvent, AllocTrace
 from .units import MiB
 from .workload import WorkloadSpec
 
@@ -49,6 +49,10 @@ class TraceSummary:
     grad_bytes: int
     optimizer_state_bytes: int
     has_ddp_buckets: bool = False   # the trace itself holds DDP's buckets (dynamic analysis)
+
+    @property
+    def computes_bf16(self) -> bool:
+        return BF16_NOTE in self.trace.notes
 
 
 def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:

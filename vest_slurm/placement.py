@@ -14,7 +14,8 @@ The policy, stated once:
 - Rules run in order; the first refusal wins (``RULES``). Exempt users and accounts turn the
   refusals of exemptable rules into warnings.
 - Selection among fitting candidates: the smallest GPU (ties: cost, then config order), or with
-  ``selection = "cost"`` the cheapest (ties: smallest, then config order).
+  ``selection = "cost"`` the cheapest (ties: smallest, then config order); GPU types where the job
+  runs much slower (``slow``: bf16 emulated before sm80) only when no other fits, with a warning.
 - The user's own choice (``--partition`` and/or a typed GPU request) is kept, unchanged, when every
   candidate it allows fits; narrowed to the fitting ones when only some fit; when none fits the site's
   ``on_user_choice_too_small`` decides: reroute (select among all), warn (keep it, with a warning),
@@ -119,6 +120,7 @@ class _Ctx:
     user: str | None
     account: str | None
     candidates: tuple[Candidate, ...]
+    slow: Mapping[str, str]   # GPU type -> why the job runs much slower there
 
     @property
     def constrained(self) -> bool:
@@ -203,10 +205,12 @@ RULES: tuple[tuple[Callable[[_Ctx], _Refusal | None], bool], ...] = (
 
 def place(estimates: Mapping[str, MemoryEstimate], request: GpuRequest, partitions: Sequence[str],
           site: SiteConfig, user: str | None = None, account: str | None = None,
-          advise: Advise | None = None) -> Placement | NoFit:
+          advise: Advise | None = None, slow: Mapping[str, str] | None = None) -> Placement | NoFit:
     """Place a job: ``estimates`` maps a gres GPU type to its per-GPU estimate; ``partitions`` are the
-    ones the user asked for (empty: any). ``advise`` (optional) fills ``NoFit.advice``."""
-    ctx = _Ctx(site, estimates, request, tuple(partitions), user, account, _candidates(site, estimates, request))
+    ones the user asked for (empty: any). ``advise`` (optional) fills ``NoFit.advice``. ``slow`` maps
+    GPU types where the job runs much slower to why (chosen last among those that fit)."""
+    ctx = _Ctx(site, estimates, request, tuple(partitions), user, account, _candidates(site, estimates, request),
+               dict(slow or {}))
     exempt = site.policy.is_exempt(user, account)
     warnings: list[str] = []
     for rule, exemptable in RULES:
@@ -241,8 +245,10 @@ def _candidates(site: SiteConfig, estimates: Mapping[str, MemoryEstimate], reque
 def _best(ctx: _Ctx, pool: Iterable[Candidate]) -> Candidate:
     order = {c: i for i, c in enumerate(ctx.candidates)}
     if ctx.site.policy.selection == "cost":
-        return min(pool, key=lambda c: (c.cost if c.cost is not None else math.inf, c.capacity_bytes, order[c]))
-    return min(pool, key=lambda c: (c.capacity_bytes, c.cost if c.cost is not None else 0, order[c]))
+        return min(pool, key=lambda c: (c.gpu_type in ctx.slow, c.cost if c.cost is not None else math.inf,
+                                        c.capacity_bytes, order[c]))
+    return min(pool, key=lambda c: (c.gpu_type in ctx.slow, c.capacity_bytes, c.cost if c.cost is not None else 0,
+                                    order[c]))
 
 
 def _largest(pool: Iterable[Candidate]) -> Candidate:
@@ -280,11 +286,14 @@ def _select(ctx: _Ctx, warnings: list[str], exempt: bool) -> Placement:
         best = _best(ctx, fitting) if fitting else _largest(ctx.candidates)
         changed = True
         rule = "cheapest" if pol.selection == "cost" else "smallest"
-        reasons.append(f"{rule} GPU that fits: {best.gpu_type} in partition {best.partition}" if fitting
+        reasons.append(f"{rule} GPU that fits{' at full speed' if any(c.gpu_type in ctx.slow for c in fitting) else ''}: "
+                       f"{best.gpu_type} in partition {best.partition}" if fitting
                        else f"nothing fits; largest GPU {best.gpu_type} chosen for an exempt user")
     if not req.wants_gpu:
         changed = True
         reasons.append("the job asked for no GPU; asking for one")
+    if best.gpu_type in ctx.slow:
+        warnings.append(f"{best.gpu_type}: {ctx.slow[best.gpu_type]}")
     est = ctx.estimates[best.gpu_type]
     reasons.append(f"needs {fmt_mib(best.needed_bytes)} per GPU with headroom "
                    f"(estimated peak {fmt_mib(est.peak_bytes)}), {best.gpu_type} has {fmt_mib(best.capacity_bytes)}")

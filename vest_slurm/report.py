@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -32,16 +32,23 @@ def _mib(n: int) -> str:
     return f"{n / MiB:,.0f}"
 
 
-def emulated_bf16(spec: WorkloadSpec, profile) -> str:
-    """A note where the job's bf16 runs emulated: before sm80 PyTorch computes bf16 in fp32
-    arithmetic (no bf16 tensor cores; convolutions off cuDNN), with the same memory."""
-    if spec.precision in ("amp-bf16", "bf16") and profile.capability < (8, 0):
-        return (f"bf16 runs emulated on sm{profile.capability[0]}{profile.capability[1]} (no bf16 tensor cores): "
-                f"the same memory, much slower; amp-fp16 is the usual choice there")
-    return ""
+def emulated_bf16(profile) -> str:
+    """Why a job that computes in bfloat16 runs much slower on this GPU type ("" where it does not):
+    before sm80 PyTorch emulates bf16 in fp32 arithmetic (no bf16 tensor cores; convolutions off
+    cuDNN), with the same memory."""
+    if profile.capability >= (8, 0):
+        return ""
+    return (f"bf16 runs emulated on sm{profile.capability[0]}{profile.capability[1]} (no bf16 tensor cores): "
+            f"the same memory, much slower; amp-fp16 is the usual choice there")
 
 
-def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> str:
+def declares_bf16(spec: WorkloadSpec) -> bool:
+    return spec.precision in ("amp-bf16", "bf16")
+
+
+def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None) -> str:
+    """The estimate as a table; ``slow`` notes the GPU types where the job runs much slower (by
+    default: bf16 emulated, where the workload declares bf16)."""
     if spec.model.startswith("script:"):
         head = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the script ran with fake CUDA; "
                 f"batch {spec.batch_size} seen per GPU{f', {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''})")
@@ -57,10 +64,12 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate]) -> s
     brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
-    from .profiles import PROFILES
+    if slow is None:
+        from .profiles import PROFILES
 
-    notes = [f"note: {e.gpu}: {n}" for e in estimates
-             if e.gpu in PROFILES and (n := emulated_bf16(spec, PROFILES[e.gpu]))]
+        slow = {e.gpu: n for e in estimates
+                if declares_bf16(spec) and e.gpu in PROFILES and (n := emulated_bf16(PROFILES[e.gpu]))}
+    notes = [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
 

@@ -32,6 +32,11 @@ class AllocEvent:
     detail: str = ""   # what sizes a workspace per GPU type (cuDNN: the convolution, cudnn_ws.conv_key)
 
 
+# AllocTrace.notes says so when the traced run computed in bfloat16 (autocast or bf16 weights): it
+# runs emulated, much slower, on GPUs before sm80 (placement takes them last).
+BF16_NOTE = "computes in bfloat16"
+
+
 @dataclass(frozen=True)
 class AllocTrace:
     events: tuple[AllocEvent, ...]

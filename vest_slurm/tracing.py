@@ -31,7 +31,7 @@ from . import _fakecuda as fc
 from .scratch import kernel_scratch
 from .errors import EstimateError, WorkloadError
 from .models import BuiltModel, build_model
-from .trace import AllocEvent, AllocTrace
+from .trace import BF16_NOTE, AllocEvent, AllocTrace
 from .workload import OPTIMIZER_TABLE, WorkloadSpec
 
 _aten = torch.ops.aten
@@ -96,6 +96,7 @@ class _State:
     alias: dict = field(default_factory=dict)   # block -> the block whose storage it is on the GPU
     peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
+    bf16: bool = False   # an op made a bfloat16 tensor on the GPU (autocast or bf16 weights)
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
 
@@ -161,6 +162,8 @@ class Tracer:
             return
         s = self.s
         s.pending = None
+        if not s.bf16 and getattr(out, "dtype", None) is torch.bfloat16:
+            s.bf16 = True
         if func is _ADD or func in _ZEROS_FILLED_IN_PLACE:
             self._maybe_in_place(func, args, out)
         if func in fc.BLAS_OPS:
@@ -282,7 +285,8 @@ class Tracer:
                 out.append(AllocEvent("alloc", block, size, 0, phase, cat, module, detail[0] if detail else ""))
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
-        return AllocTrace(tuple(out), iterations, tuple(notes), tuple(s.step_ends))
+        notes = tuple(notes) + ((BF16_NOTE,) if s.bf16 else ())
+        return AllocTrace(tuple(out), iterations, notes, tuple(s.step_ends))
 
     def _lifetime_category(self, block: int, info: _Block) -> str:
         freed = self.s.freed_in.get(block)

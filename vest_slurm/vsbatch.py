@@ -56,7 +56,6 @@ from .jobscript import (VSBATCH_OPTIONS, JobScript, effective_options, gpu_reque
                         option_value, options_from_env, parse_job_script, parse_sbatch_argv,
                         partitions_of, read_job_script)
 from .placement import estimate_need, needed_bytes
-from .report import emulated_bf16
 from .units import MiB
 
 EXIT_INTERNAL = 70
@@ -369,7 +368,8 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
             advice_s[0] += time.perf_counter() - t
 
     account = option_value(effective, "account")
-    result = place(estimates, request, partitions, site, user=_user(), account=account, advise=timed_advice)
+    result = place(estimates, request, partitions, site, user=_user(), account=account, advise=timed_advice,
+                   slow=prober.slow_types(spec))
     clock.lap("place_s")
     if advice_s[0]:   # the advice's own estimates: estimate time, not placement's
         clock.phases["place_s"] -= advice_s[0]
@@ -391,8 +391,6 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     d.needed_bytes = needed_bytes(estimate_need(result.estimate), site.policy.headroom_percent, site.policy.headroom_bytes)
     d.changed, d.reasons = result.changed, list(result.reasons)
     d.warnings += list(result.warnings)
-    if result.gpu_type in prober.profiles and (slow := emulated_bf16(spec, prober.profiles[result.gpu_type])):
-        d.warnings.append(f"{result.gpu_type}: {slow}")
     where = f"partition {result.partition}, --gres={result.gres}" if result.changed else \
         f"partition {result.partition} ({result.gres}), as you asked"
     out.say(f"placing on {where}: " + "; ".join(result.reasons))
