@@ -59,6 +59,7 @@ def test_gpu_types_where_the_job_runs_slow_come_last():
     assert p.gpu_type == "a100" and "at full speed" in p.reasons[0] and not p.warnings
     p = place(ests(4 * GiB, {"v100": CAPS["v100"], "a100": 3 * GiB}), req(("gres", "gpu:1")), (), s, slow=slow)
     assert p.gpu_type == "v100" and p.warnings == ("v100: bf16 runs emulated on sm70",)
+    assert p.reasons[0] == "smallest GPU that fits: v100 in partition v100"
     p = place(ests(4 * GiB), req(("gres", "gpu:1")), ("v100",), s, slow=slow)
     assert (p.gpu_type, p.changed) == ("v100", False) and p.warnings == ("v100: bf16 runs emulated on sm70",)
     assert place(ests(4 * GiB), req(("gres", "gpu:1")), (), s).gpu_type == "v100"   # nothing slow: smallest

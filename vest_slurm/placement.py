@@ -286,7 +286,8 @@ def _select(ctx: _Ctx, warnings: list[str], exempt: bool) -> Placement:
         best = _best(ctx, fitting) if fitting else _largest(ctx.candidates)
         changed = True
         rule = "cheapest" if pol.selection == "cost" else "smallest"
-        reasons.append(f"{rule} GPU that fits{' at full speed' if any(c.gpu_type in ctx.slow for c in fitting) else ''}: "
+        passed_over = best.gpu_type not in ctx.slow and any(c.gpu_type in ctx.slow for c in fitting)
+        reasons.append(f"{rule} GPU that fits{' at full speed' if passed_over else ''}: "
                        f"{best.gpu_type} in partition {best.partition}" if fitting
                        else f"nothing fits; largest GPU {best.gpu_type} chosen for an exempt user")
     if not req.wants_gpu:

@@ -42,10 +42,6 @@ def emulated_bf16(profile) -> str:
             f"the same memory, much slower; amp-fp16 is the usual choice there")
 
 
-def declares_bf16(spec: WorkloadSpec) -> bool:
-    return spec.precision in ("amp-bf16", "bf16")
-
-
 def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None) -> str:
     """The estimate as a table; ``slow`` notes the GPU types where the job runs much slower (by
     default: bf16 emulated, where the workload declares bf16)."""
@@ -68,7 +64,7 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
         from .profiles import PROFILES
 
         slow = {e.gpu: n for e in estimates
-                if declares_bf16(spec) and e.gpu in PROFILES and (n := emulated_bf16(PROFILES[e.gpu]))}
+                if spec.precision in ("amp-bf16", "bf16") and e.gpu in PROFILES and (n := emulated_bf16(PROFILES[e.gpu]))}
     notes = [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
