@@ -182,3 +182,49 @@ def test_8bit_optimizer_advice_where_the_adam_state_is_what_does_not_fit():
     # a job without Adam's state gets no such advice
     sgd = spec.with_(optimizer="sgd", batch_size=32768)
     assert "optimizer" not in [a.kind for a in advise(sgd, site, prober, nofit)]
+
+
+SLOW_SITE = """
+[gpu.v100]
+profile = "v100-16gb"
+memory_mib = 650
+context_mib = 420
+[gpu.a100]
+profile = "a100-40gb"
+memory_mib = 700
+context_mib = 420
+[gpu.mig]
+profile = "a100-40gb"
+memory_mib = 100
+context_mib = 420
+[partition.v100]
+gpu_types = ["v100"]
+gpus_per_node = 4
+[partition.a100]
+gpu_types = ["a100"]
+gpus_per_node = 4
+[partition.mig]
+gpu_types = ["mig"]
+gpus_per_node = 4
+[policy]
+headroom_percent = 0
+on_user_choice_too_small = "refuse"
+exempt_users = []
+"""
+
+
+@pytest.mark.parametrize("precision,where", [("amp-bf16", "a100"), ("amp-fp16", "v100")])
+def test_advice_names_gpus_where_the_job_runs_slow_last(precision, where):
+    """A job too big for the partition the user chose: "as it is, the job fits ..." names the GPU
+    placement would choose, the smallest, except where its bf16 runs emulated (the V100), as
+    placement orders them."""
+    pytest.importorskip("torch")
+    site = parse_site_config(SLOW_SITE)
+    spec = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "64", "--precision", precision])
+    prober = Prober.for_site(site, budget_s=120)
+    estimates, failed = prober.estimates(spec)
+    assert not failed and all(e.fits for t, e in estimates.items() if t != "mig")
+    nofit = place(estimates, GpuRequest(None, None, 0, 0), ("mig",), site, slow=prober.slow_types(spec))
+    assert isinstance(nofit, NoFit) and nofit.reason == "user-choice-too-small"
+    (as_is,) = advise(spec, site, prober, nofit)
+    assert as_is.kind == "as-is" and as_is.gpu_type == where

@@ -40,7 +40,7 @@ import importlib.util
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from .errors import EstimateError, VestError
 from .estimate import MemoryEstimate
@@ -364,11 +364,18 @@ def _by_size(prober: Prober, types: Iterable[str]) -> list[str]:
     return sorted(types, key=lambda t: (prober.capacity(t), t))
 
 
-def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int
-                  ) -> tuple[str | None, str | None, int | None, bool]:
-    """(gpu type, partition, need, complete) of the smallest GPU type where ``spec`` fits."""
+def _fit_order(prober: Prober, site: SiteConfig, slow: Collection[str]) -> list[str]:
+    """The order in which advice tries the site's GPU types, as placement chooses: smallest first,
+    those where the job runs much slower (``slow``: Prober.slow_types) after all the others."""
+    return sorted(site.gpu_names, key=lambda t: (t in slow, prober.capacity(t), t))
+
+
+def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int,
+                  slow: Collection[str] = ()) -> tuple[str | None, str | None, int | None, bool]:
+    """(gpu type, partition, need, complete) of the smallest GPU type where ``spec`` fits (``slow``
+    types last)."""
     best_need, complete = None, True
-    for t in _by_size(prober, site.gpu_names):
+    for t in _fit_order(prober, site, slow):
         parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
         if not parts:
             continue
@@ -383,13 +390,14 @@ def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per
 
 
 def _first_fit(prober: Prober, site: SiteConfig, variant_on: Callable[[str], WorkloadSpec], gpus_per_node: int,
-               total_gpus: int, big: str) -> tuple[str | None, str | None, int | None]:
-    """A variant of the job (``variant_on(gpu type)``) on the site's GPU types, smallest first:
+               total_gpus: int, big: str, slow: Collection[str] = ()) -> tuple[str | None, str | None, int | None]:
+    """A variant of the job (``variant_on(gpu type)``) on the site's GPU types, smallest first
+    (``slow`` types last):
     (type, partition, need) of the first it fits; where none does, (type, None, need) on ``big``
     (the largest, or the last type probed if ``big`` could not be); (None, None, None) where
     nothing was probed."""
     tried: list[tuple[str, int]] = []
-    for t in _by_size(prober, site.gpu_names):
+    for t in _fit_order(prober, site, slow):
         parts = _partitions_for(site, t, gpus_per_node, total_gpus)
         if not parts:
             continue
@@ -407,11 +415,12 @@ def _first_fit(prober: Prober, site: SiteConfig, variant_on: Callable[[str], Wor
 
 def _variant_advice(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int, big: str,
                     kind: str, variant_on: Callable[[str], WorkloadSpec], what: Callable[[str], str],
-                    change: Callable[[str], str], **fields: Callable[[str], object]) -> Advice | None:
+                    change: Callable[[str], str], slow: Collection[str] = (),
+                    **fields: Callable[[str], object]) -> Advice | None:
     """Advice for one variant of the job (``variant_on(gpu type)``): the smallest GPU type it fits,
     or that it does not help (its need on the largest); None where nothing could be probed.
     ``what(t)`` names the variant, ``change(t)`` says how to make it, ``fields`` fill Advice's."""
-    t, part, n = _first_fit(prober, site, variant_on, gpus_per_node, spec.num_gpus, big)
+    t, part, n = _first_fit(prober, site, variant_on, gpus_per_node, spec.num_gpus, big, slow)
     if t is None:
         return None
     extra = {k: f(t) for k, f in fields.items()}
@@ -435,8 +444,9 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
     if nofit is not None and nofit.reason not in ("no-fit", "user-choice-too-small"):
         return ()
     out: list[Advice] = []
+    slow = prober.slow_types(spec)   # placement's order: where the job runs much slower, last
     if nofit is not None and nofit.reason == "user-choice-too-small":
-        t, part, n, _ = _smallest_fit(prober, site, spec, gpus_per_node)
+        t, part, n, _ = _smallest_fit(prober, site, spec, gpus_per_node, slow)
         if t is not None:
             out.append(Advice("as-is", f"as it is, the job fits {t} (partition {part}, needs {fmt_mib(n)} "
                                        f"per GPU with headroom): drop your --partition/--gres choice",
@@ -478,7 +488,7 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
         out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "checkpointing", lambda t: variant,
                                    lambda t: "activation checkpointing (--gradient-checkpointing on, the model's "
                                              "own switch)",
-                                   lambda t: "#VEST --gradient-checkpointing on (and turn it on in the script)"))
+                                   lambda t: "#VEST --gradient-checkpointing on (and turn it on in the script)", slow))
 
     # 3b. An 8-bit Adam/AdamW (bitsandbytes), where it is installed: a quarter of the state.
     eight = {"adam": "adam-8bit", "adamw": "adamw-8bit"}.get(spec.optimizer)
@@ -487,7 +497,7 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
         cls = "bnb.optim." + ("AdamW8bit" if eight == "adamw-8bit" else "Adam8bit")
         out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "optimizer", lambda t: variant,
                                    lambda t: f"an 8-bit optimizer state (--optimizer {eight}, bitsandbytes)",
-                                   lambda t: f"#VEST --optimizer {eight} (and {cls} in the script)"))
+                                   lambda t: f"#VEST --optimizer {eight} (and {cls} in the script)", slow))
     out = [a for a in out if a is not None]
 
     # 4. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
@@ -495,7 +505,7 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
     k, last = 2, None
     while spec.num_gpus * k <= most and k <= spec.batch_size:
         variant = spec.with_(num_gpus=spec.num_gpus * k, batch_size=math.ceil(spec.batch_size / k))
-        t, part, n, _ = _smallest_fit(prober, site, variant, variant.num_gpus)
+        t, part, n, _ = _smallest_fit(prober, site, variant, variant.num_gpus, slow)
         if t is not None:
             out.append(Advice("gpus", f"{variant.num_gpus} GPUs (data parallel) at batch {variant.batch_size} per GPU, "
                                       f"the same global batch: fits {t} (partition {part}, --gres=gpu:{t}:{variant.num_gpus}), "
