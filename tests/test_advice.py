@@ -184,36 +184,19 @@ def test_8bit_optimizer_advice_where_the_adam_state_is_what_does_not_fit():
     assert "optimizer" not in [a.kind for a in advise(sgd, site, prober, nofit)]
 
 
-SLOW_SITE = """
-[gpu.v100]
-profile = "v100-16gb"
-memory_mib = 650
-context_mib = 420
-[gpu.a100]
-profile = "a100-40gb"
-memory_mib = 700
-context_mib = 420
+# TINY_SITE with the V100 the smaller type, and a third, too small for anything, for the user to choose
+SLOW_SITE = TINY_SITE.replace("memory_mib = 700", "memory_mib = 640").replace(
+    "exempt_users = []", 'exempt_users = []\non_user_choice_too_small = "refuse"') + """
 [gpu.mig]
 profile = "a100-40gb"
 memory_mib = 100
-context_mib = 420
-[partition.v100]
-gpu_types = ["v100"]
-gpus_per_node = 4
-[partition.a100]
-gpu_types = ["a100"]
-gpus_per_node = 4
 [partition.mig]
 gpu_types = ["mig"]
 gpus_per_node = 4
-[policy]
-headroom_percent = 0
-on_user_choice_too_small = "refuse"
-exempt_users = []
 """
 
 
-@pytest.mark.parametrize("precision,where", [("amp-bf16", "a100"), ("amp-fp16", "v100")])
+@pytest.mark.parametrize("precision,where", [("amp-bf16", "small"), ("amp-fp16", "tiny")])
 def test_advice_names_gpus_where_the_job_runs_slow_last(precision, where):
     """A job too big for the partition the user chose: "as it is, the job fits ..." names the GPU
     placement would choose, the smallest, except where its bf16 runs emulated (the V100), as
