@@ -16,7 +16,7 @@ list) are cached. A user factory (``FILE.py:FACTORY``) can import files the key 
 training script (dynamic analysis) reads data and arguments; both are traced every time.
 
 What is stored is the trace alone (its allocation events, gzip'd JSON, about 50 KB for a 1B-parameter
-LLM), or the error tracing raised (a variant the model refuses, bf16 on a V100); GPU-type workspaces, the allocator replay and the context are applied after reading it, so a
+LLM), or the error tracing raised (a variant the model refuses, an input that does not match the model); GPU-type workspaces, the allocator replay and the context are applied after reading it, so a
 site's calibration or a new cuDNN takes effect at once. The place: ``$VEST_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/vest-slurm``, else ``~/.cache/vest-slurm``; ``VEST_CACHE_DIR=off`` turns it off. The 2,000 most recently used traces
 are kept (about 100 MB); older ones are deleted as new ones are stored.
@@ -95,7 +95,7 @@ _ERRORS = {"EstimateError": EstimateError, "WorkloadError": WorkloadError}
 def load(k: str | None) -> tuple[AllocTrace, float] | None:
     """The trace stored under ``k`` and the seconds it took to make; None if there is none (or it
     cannot be read: a damaged entry is a miss, and the next store replaces it). A workload whose
-    tracing failed raises the same error again (a variant the model refuses, bf16 before sm80)."""
+    tracing failed raises the same error again (a variant the model refuses, an input that does not match the model)."""
     path = _path(k) if k else None
     if path is None or not path.is_file():
         return None
