@@ -170,15 +170,10 @@ class Prober:
 
     def slow_types(self, spec: WorkloadSpec) -> dict[str, str]:
         """{GPU type: why} where ``spec`` runs much slower: its trace for that type's class computes
-        in bfloat16 (report.emulated_bf16), emulated before sm80. Only traces already made count."""
-        from .report import emulated_bf16
+        in bfloat16, emulated before sm80 (report.slow_types). Only traces already made count."""
+        from .report import slow_types
 
-        out = {}
-        for t, p in self.profiles.items():
-            summary = self._traces.get((_trace_key(spec), _trace_class(p)))
-            if (why := emulated_bf16(p)) and getattr(summary, "computes_bf16", False):
-                out[t] = why
-        return out
+        return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), _trace_class(p))))
 
     def estimates(self, spec: WorkloadSpec, types: Iterable[str] | None = None
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:

@@ -36,7 +36,7 @@ def _add_estimate(sub) -> None:
 def cmd_estimate(ns) -> int:
     from .estimator import estimate
     from .profiles import PROFILES, get_profile
-    from .report import emulated_bf16, estimate_json, estimate_table
+    from .report import estimate_json, estimate_table, slow_types
 
     if ns.command and ns.command[0] == "--":
         ns.command = ns.command[1:]
@@ -57,8 +57,7 @@ def cmd_estimate(ns) -> int:
         for key, failure in failed.items():
             print(f"vest: not estimated on {key}: {failure.what}", file=sys.stderr)
         # where the script computed in bf16 on a GPU that emulates it
-        slow = {p.key: why for p in profiles if (why := emulated_bf16(p))
-                and getattr(summaries.get(p.capability >= (8, 0)), "computes_bf16", False)}
+        slow = slow_types({p.key: p for p in profiles}, lambda p: summaries.get(p.capability >= (8, 0)))
     else:
         spec = spec_from_namespace(ns)
         estimates = estimate(spec, profiles, cache=True)

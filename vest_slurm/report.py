@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -40,6 +40,14 @@ def emulated_bf16(profile) -> str:
         return ""
     return (f"bf16 runs emulated on sm{profile.capability[0]}{profile.capability[1]} (no bf16 tensor cores): "
             f"the same memory, much slower; amp-fp16 is the usual choice there")
+
+
+def slow_types(profiles: Mapping[str, object], summary_for: Callable[[object], object]) -> dict[str, str]:
+    """{GPU type: why} for the types of ``profiles`` (type -> DeviceProfile) where the job runs much
+    slower: its trace for that GPU (``summary_for(profile)``, a TraceSummary or None) computes in
+    bfloat16, and the GPU emulates it (emulated_bf16)."""
+    return {t: why for t, p in profiles.items()
+            if (why := emulated_bf16(p)) and getattr(summary_for(p), "computes_bf16", False)}
 
 
 def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None) -> str:
