@@ -74,3 +74,61 @@ def test_bad_input_is_a_message_not_a_traceback(argv, what, fix):
     assert what in r.stderr, r.stderr
     assert fix in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+SITE = """
+[gpu.a100]
+profile = "a100-40gb"
+context_mib = {context}
+memory_mib = 39000
+
+[gpu.h100]
+profile = "h100-80gb"
+
+[partition.gpu]
+gpu_types = ["a100", "h100"]
+gpus_per_node = 4
+"""
+
+
+def _estimates(r):
+    assert r.returncode == 0, r.stderr
+    return {e["gpu"]: e for e in json.loads(r.stdout)["estimates"]}
+
+
+def test_site_types_are_estimated_as_the_site_describes_them(tmp_path):
+    """With a site config, `vest estimate` estimates the site's GPU types under their own names,
+    with the site's memory and the floor it measured (`vest calibrate`), as vsbatch places them;
+    a built-in profile can still be named beside them."""
+    site = tmp_path / "site.toml"
+    site.write_text(SITE.format(context=900))
+    args = ("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--input", "3x32x32", "--json")
+    builtin = _estimates(vest(*args, "--gpu", "a100-40gb"))["a100-40gb"]
+    doc = vest(*args, "--site-config", str(site))
+    est = _estimates(doc)
+    assert list(est) == ["a100", "h100"]          # the site's types, by default
+    assert json.loads(doc.stdout)["site_config"] == str(site)
+    a100 = est["a100"]
+    assert a100["profile"] == "a100-40gb" and a100["capacity_mib"] == 39000
+    assert a100["breakdown"]["cuda_context"] == 900
+    assert a100["peak_mib"] - builtin["peak_mib"] == 900 - builtin["breakdown"]["cuda_context"]
+    # the floor comes from the site: another calibration moves the estimate by the difference
+    site.write_text(SITE.format(context=1300))
+    assert _estimates(vest(*args, "--site-config", str(site), "--gpu", "a100"))["a100"]["peak_mib"] == a100["peak_mib"] + 400
+    mixed = _estimates(vest(*args, "--site-config", str(site), "--gpu", "h100", "--gpu", "l4-24gb"))
+    assert list(mixed) == ["h100", "l4-24gb"] and mixed["l4-24gb"]["profile"] == "l4-24gb"
+
+
+def test_site_config_from_the_environment_and_its_errors(tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text(SITE.format(context=900))
+    env_run = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--model", f"{USER}:small_cnn",
+                              "--batch-size", "8", "--input", "3x32x32"], capture_output=True, text=True, timeout=300,
+                             env={**__import__("os").environ, "VEST_SITE_CONFIG": str(site)})
+    assert env_run.returncode == 0, env_run.stderr
+    assert f"site config {site}" in env_run.stdout and "a100 (a100-40gb)" in env_run.stdout
+    assert "l4-24gb" not in env_run.stdout
+    r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--site-config", str(site), "--gpu", "k80")
+    assert r.returncode != 0 and "unknown GPU type 'k80'" in r.stderr and "site's types (a100, h100)" in r.stderr
+    r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--site-config", str(tmp_path / "none.toml"))
+    assert r.returncode != 0 and "file not found" in r.stderr and "Traceback" not in r.stderr

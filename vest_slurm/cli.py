@@ -27,23 +27,73 @@ def _add_estimate(sub) -> None:
                        description="Estimate a training job's peak GPU memory on the CPU, per GPU type.")
     add_workload_arguments(p, required=False)
     p.add_argument("--gpu", action="append", default=[], metavar="TYPE",
-                   help="GPU type (repeatable), e.g. a100-40gb, h100-80gb; default: every built-in type")
+                   help="GPU type (repeatable): one of the site config's, or a built-in profile such as a100-40gb; "
+                        "default: the site config's types where there is one, else every built-in type")
+    p.add_argument("--site-config", metavar="PATH",
+                   help="site configuration (else $VEST_SITE_CONFIG, else /etc/vest/site.toml where it exists): "
+                        "its GPU types, with the floors the site measured (`vest calibrate`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ... (dynamic analysis)")
     p.set_defaults(func=cmd_estimate)
 
 
-def cmd_estimate(ns) -> int:
-    from .estimator import estimate
+def _site_for_estimate(path: str | None):
+    """The site config `vest estimate` reads: one it was pointed to (an error if it cannot be read),
+    else the default file where it exists, else None (built-in profiles)."""
+    from .siteconfig import DEFAULT_PATH, ENV_VAR, load_site_config
+
+    if path or os.environ.get(ENV_VAR) or os.path.exists(DEFAULT_PATH):
+        return load_site_config(path)
+    return None
+
+
+def estimate_targets(gpus: list[str], site) -> dict:
+    """{label: DeviceProfile} to estimate on. With a site config, a site GPU type is estimated as
+    vsbatch places it (its profile, memory and calibrated floors) under its own name, and the
+    default is the site's types; a built-in profile can still be named."""
+    from .errors import WorkloadError
     from .profiles import PROFILES, get_profile
+
+    site_types = {}
+    if site is not None:
+        from .advice import site_profiles
+
+        site_types = site_profiles(site)
+        if not gpus:
+            return dict(site_types)
+    elif not gpus:
+        return dict(PROFILES)
+    out = {}
+    for g in gpus:
+        if g in site_types:
+            out[g] = site_types[g]
+            continue
+        try:
+            p = get_profile(g)
+        except WorkloadError as e:
+            if not site_types:
+                raise
+            raise WorkloadError(f"unknown GPU type {g!r}", f"use one of the site's types ({', '.join(site_types)}) "
+                                                           f"or a built-in profile: {', '.join(PROFILES)}") from e
+        out[p.key] = p
+    return out
+
+
+def cmd_estimate(ns) -> int:
+    from dataclasses import replace
+
+    from .errors import EstimateError
+    from .estimator import estimate_from_trace, trace_for
     from .report import estimate_json, estimate_table, slow_types
 
     if ns.command and ns.command[0] == "--":
         ns.command = ns.command[1:]
-    profiles = [get_profile(g) for g in ns.gpu] if ns.gpu else list(PROFILES.values())
+    site = _site_for_estimate(ns.site_config)
+    targets = estimate_targets(ns.gpu, site)
+    profiles = list(targets.values())
     t0 = time.perf_counter()
     if ns.command:
-        from .dynamic import Limits, estimates_from_summaries, trace_command
+        from .dynamic import Limits, trace_command
         from .launch import parse_train_command
 
         if ns.model:
@@ -53,17 +103,32 @@ def cmd_estimate(ns) -> int:
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
         spec, summaries, run = trace_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
-        estimates, failed = estimates_from_summaries(spec, summaries, profiles)
-        for key, failure in failed.items():
-            print(f"vest: not estimated on {key}: {failure.what}", file=sys.stderr)
-        # where the script computed in bf16 on a GPU that emulates it
-        slow = slow_types({p.key: p for p in profiles}, lambda p: summaries.get(p.capability >= (8, 0)))
     else:
         spec = spec_from_namespace(ns)
-        estimates = estimate(spec, profiles, cache=True)
-        slow = None   # from the declared precision
+        summaries = {}   # one trace per GPU class (estimator.estimate's sharing rule)
+        for p in profiles:
+            cls = p.capability >= (8, 0)
+            if cls not in summaries:
+                try:
+                    summaries[cls] = trace_for(spec, p, cache=True)
+                except EstimateError as e:
+                    summaries[cls] = e
+    estimates, failed = [], {}
+    for label, p in targets.items():
+        summary = summaries[p.capability >= (8, 0)]
+        if isinstance(summary, EstimateError):
+            failed[label] = summary
+        else:
+            estimates.append(replace(estimate_from_trace(summary, spec, p), gpu=label))
+    if not estimates:
+        raise next(iter(failed.values()))
+    for label, failure in failed.items():
+        print(f"vest: not estimated on {label}: {failure.what}", file=sys.stderr)
+    # where the trace computed in bf16 on a GPU that emulates it
+    slow = slow_types(targets, lambda p: summaries.get(p.capability >= (8, 0)))
     seconds = time.perf_counter() - t0
-    print(estimate_json(spec, estimates, seconds) if ns.json else estimate_table(spec, estimates, slow),
+    kw = dict(profiles={label: p.key for label, p in targets.items()}, site_config=site.path if site else None)
+    print(estimate_json(spec, estimates, seconds, **kw) if ns.json else estimate_table(spec, estimates, slow, **kw),
           end="" if not ns.json else "\n")
     return 0
 

@@ -50,9 +50,11 @@ def slow_types(profiles: Mapping[str, object], summary_for: Callable[[object], o
             if (why := emulated_bf16(p)) and getattr(summary_for(p), "computes_bf16", False)}
 
 
-def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None) -> str:
-    """The estimate as a table; ``slow`` notes the GPU types where the job runs much slower (by
-    default: bf16 emulated, where the workload declares bf16)."""
+def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None,
+                   profiles: Mapping[str, str] | None = None, site_config: str | None = None) -> str:
+    """The estimate as a table. ``slow``: {GPU type: why the job runs much slower there} (report.slow_types);
+    ``profiles``: {GPU type: its device profile} where they differ (a site's types); ``site_config``:
+    the file the types come from."""
     if spec.model.startswith("script:"):
         head = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the script ran with fake CUDA; "
                 f"batch {spec.batch_size} seen per GPU{f', {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''})")
@@ -60,7 +62,15 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
         head = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
                 f"{spec.precision}{'  channels_last' if spec.channels_last else ''}"
                 f"{f'  {spec.num_gpus} GPUs' if spec.num_gpus > 1 else ''}")
-    rows = [[e.gpu, _mib(e.capacity_bytes), _mib(e.required_bytes), _mib(e.peak_bytes),
+    if site_config:
+        head += f"\n(GPU types of the site config {site_config}: its memory and measured floors where it gives them)"
+    profiles = profiles or {}
+
+    def gpu(e):
+        p = profiles.get(e.gpu, e.gpu)
+        return e.gpu if p == e.gpu else f"{e.gpu} ({p})"
+
+    rows = [[gpu(e), _mib(e.capacity_bytes), _mib(e.required_bytes), _mib(e.peak_bytes),
              f"{100 * e.headroom_bytes() / e.capacity_bytes:+.0f}%", "yes" if e.fits else "NO"] for e in estimates]
     table = tabulate(rows, headers=["GPU", "usable MiB", "required MiB", "peak MiB (nvidia-smi)", "headroom", "fits"],
                      tablefmt="simple", disable_numparse=True, colalign=("left", "right", "right", "right", "right", "left"))
@@ -68,11 +78,7 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
     brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
-    if slow is None:
-        from .profiles import PROFILES
-
-        slow = {e.gpu: n for e in estimates
-                if spec.precision in ("amp-bf16", "bf16") and e.gpu in PROFILES and (n := emulated_bf16(PROFILES[e.gpu]))}
+    slow = slow or {}
     notes = [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
@@ -84,14 +90,18 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
     return f"{head}\n\n{table}\n\n{breakdown}\n{note}"
 
 
-def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None) -> str:
+def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None,
+                  profiles: Mapping[str, str] | None = None, site_config: str | None = None) -> str:
+    profiles = profiles or {}
     doc = {
         "tool": "vest-slurm",
         "version": __version__,
         "workload": spec.to_dict(),
+        "site_config": site_config,
         "estimates": [
             {
                 "gpu": e.gpu,
+                "profile": profiles.get(e.gpu, e.gpu),
                 "capacity_mib": round(e.capacity_bytes / MiB, 1),
                 "peak_mib": round(e.peak_bytes / MiB, 1),
                 "required_mib": round(e.required_bytes / MiB, 1),
