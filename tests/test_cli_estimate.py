@@ -132,3 +132,12 @@ def test_site_config_from_the_environment_and_its_errors(tmp_path):
     assert r.returncode != 0 and "unknown GPU type 'k80'" in r.stderr and "site's types (a100, h100)" in r.stderr
     r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--site-config", str(tmp_path / "none.toml"))
     assert r.returncode != 0 and "file not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_gpu_class_the_model_refuses_is_reported_and_the_others_estimated():
+    r = vest("estimate", "--model", f"{USER}:needs_sm80", "--batch-size", "8", "--input", "16",
+             "--gpu", "v100-16gb", "--gpu", "a100-40gb", "--json")
+    assert [e["gpu"] for e in _estimates(r).values()] == ["a100-40gb"]
+    assert "not estimated on v100-16gb" in r.stderr and "sm80+" in r.stderr
+    r = vest("estimate", "--model", f"{USER}:needs_sm80", "--batch-size", "8", "--input", "16", "--gpu", "v100-16gb")
+    assert r.returncode != 0 and "sm80+" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""

@@ -207,3 +207,22 @@ class _ConvOfChannelSlice(nn.Module):
 
 def conv_of_channel_slice(channels: int = 32, slice_: bool = True):
     return _ConvOfChannelSlice(channels, slice_)
+
+
+class _NeedsSm80(nn.Module):
+    """A model whose forward refuses GPUs before sm80 (as FlashAttention-2 kernels do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        import torch
+
+        if torch.cuda.get_device_capability() < (8, 0):
+            raise RuntimeError("this model needs an Ampere or newer GPU (sm80+)")
+        return self.fc(x)
+
+
+def needs_sm80():
+    return _NeedsSm80()
