@@ -80,3 +80,23 @@ def test_built_in_gpu_workloads_parse_and_settle():
     assert bench and all(s.with_(cudnn_benchmark="off") in specs for s in bench)
     assert {"hf:WhisperForAudioClassification", "hf:t5-small", "torchvision:convnext_large",
             "torchvision:resnet152"} <= {s.model for s in specs}
+
+
+def test_real_model_keeps_the_buffers_its_constructor_makes():
+    """A model measured on a device is built there: BERT's position ids and Llama's rotary
+    frequencies are the constructor's values, not the garbage of a meta model moved with to_empty
+    (BERT then indexed its position embeddings out of bounds)."""
+    from vest_slurm.tracing import build_real_model
+
+    bert, _ = build_real_model(parse_workload_args(["--model", "hf:BertForMaskedLM", "--model-arg", "hidden_size=64",
+                                                    "--model-arg", "num_hidden_layers=1", "--model-arg",
+                                                    "num_attention_heads=2", "--model-arg", "intermediate_size=128",
+                                                    "--input", "seq32", "--batch-size", "2"]), "cpu")
+    ids = bert.bert.embeddings.position_ids
+    assert torch.equal(ids, torch.arange(ids.shape[-1]).expand_as(ids))
+    assert not bert.bert.embeddings.token_type_ids.any()
+    llama, _ = build_real_model(parse_workload_args(["--model", "hf:tiny-llama", "--input", "seq16", "--batch-size", "2"]),
+                                "cpu")
+    inv_freq = [b for n, b in llama.named_buffers() if n.endswith("inv_freq")]
+    assert inv_freq and all(torch.isfinite(b).all() and (b > 0).all() and (b <= 1).all() for b in inv_freq)
+

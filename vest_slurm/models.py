@@ -141,10 +141,18 @@ class BuiltModel:
     num_classes: int | None = None
 
 
-def build_model(spec: WorkloadSpec) -> BuiltModel:
+def build_model(spec: WorkloadSpec, device: str = "meta") -> BuiltModel:
     """Build on the meta device. Constructors that compute with tensors and read the values back
     (torchvision's RegNet derives its widths that way) cannot run there: they are built again with
-    host tensors for their arithmetic and each parameter moved to meta as it is registered."""
+    host tensors for their arithmetic and each parameter moved to meta as it is registered.
+    ``device``: build for real there instead (a GPU measurement), the model's own constructor
+    initialising its parameters and buffers."""
+    if device != "meta":
+        with torch.device(device):
+            built = _build(spec)
+        if spec.gradient_checkpointing == "on":
+            _enable_checkpointing(built, spec.model)
+        return built
     try:
         with torch.device("meta"):
             built = _build(spec)

@@ -530,12 +530,11 @@ def run_training_loop(model: nn.Module, built: BuiltModel, spec: WorkloadSpec, d
 
 
 def build_real_model(spec: WorkloadSpec, device: str):
-    """The workload's model with real storage on ``device`` (for measuring on a GPU)."""
-    built = build_model(spec)
-    model = built.module.to_empty(device=device)
-    for m in model.modules():
-        if hasattr(m, "reset_parameters"):
-            m.reset_parameters()
+    """The workload's model built on ``device`` (for measuring on a GPU), as its constructor makes
+    it: parameters and buffers alike (BERT's position ids, rotary frequencies, batch-norm
+    statistics), which a meta-built model moved with ``to_empty`` would hold as garbage."""
+    built = build_model(spec, device=device)
+    model = built.module
     if spec.weight_dtype != "float32":
         model = model.to(_DTYPES[spec.weight_dtype])
     if spec.channels_last:
