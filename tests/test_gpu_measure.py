@@ -100,3 +100,28 @@ def test_real_model_keeps_the_buffers_its_constructor_makes():
     inv_freq = [b for n, b in llama.named_buffers() if n.endswith("inv_freq")]
     assert inv_freq and all(torch.isfinite(b).all() and (b > 0).all() and (b <= 1).all() for b in inv_freq)
 
+
+def test_calibration_floor_is_the_median_of_its_jobs():
+    from vest_slurm.calibrate import JOBS, JobResult, floor_mib, site_lines
+    from vest_slurm.errors import VestError
+
+    def result(name, mib):
+        return JobResult(name, mib, "NVIDIA H100 80GB HBM3", 81559.0, "2.6.0+cu126", "12.6", 3.0)
+
+    results = [result(name, mib) for (name, _), mib in zip(JOBS, (1180.0, 1342.0, 1398.0, 1510.0))]
+    assert floor_mib(results) == 1370
+    lines = site_lines(results, "h100", "h100-80gb")
+    assert lines.startswith('[gpu.h100]\nprofile = "h100-80gb"\ncontext_mib = 1370    # median of 4 jobs')
+    assert "gemm fp32 1180" in lines and "attention amp 1510" in lines and "torch 2.6.0+cu126" in lines
+    with pytest.raises(VestError, match="could not be read"):
+        floor_mib([*results[:3], result("attention amp", None)])
+
+
+def test_calibrate_dry_run_runs_every_job_on_the_cpu():
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "calibrate", "--gres-type", "a100", "--dry-run"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    from vest_slurm.calibrate import JOBS
+
+    assert f"the {len(JOBS)} calibration jobs ran on the CPU" in r.stdout
+    assert all(name in r.stdout for name, _ in JOBS)

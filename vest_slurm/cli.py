@@ -134,31 +134,42 @@ def cmd_estimate(ns) -> int:
 
 
 def _add_calibrate(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this GPU's CUDA context for the site config (run on a GPU node)",
-                       description="Measure the CUDA context + loaded kernels of a PyTorch process on this node's GPU "
-                                   "and print the [gpu.<type>] lines for the site config. Run it on each GPU type, "
-                                   "e.g. `srun -p a100 --gres=gpu:1 vest calibrate --gres-type a100`.")
+    p = sub.add_parser("calibrate", help="measure this GPU type's floor for the site config (run on a GPU node)",
+                       description="Measure what PyTorch training processes hold on this node's GPU outside the "
+                                   "caching allocator (CUDA context and loaded kernels): a few small jobs, each in "
+                                   "a fresh process, and their median. Prints the [gpu.<type>] lines for the site "
+                                   "config. Run it on each GPU type, e.g. "
+                                   "`srun -p a100 --gres=gpu:1 vest calibrate --gres-type a100`.")
     p.add_argument("--gres-type", required=True, help="the GPU's gres type name in Slurm (e.g. a100)")
     p.add_argument("--profile", default=None, help="device profile (default: from the device name)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run the calibration jobs on this machine's CPU instead (checks they build here; measures nothing)")
     p.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(ns) -> int:
-    import torch
-
-    from .gpu_measure import calibration_lines, measure
+    from .calibrate import JOBS, run_jobs, site_lines
     from .profiles import get_profile, profile_for_device_name
-    from .workload import parse_workload_args
+
+    if ns.dry_run:
+        results = run_jobs(device="cpu")
+        print(f"dry run: the {len(results)} calibration jobs ran on the CPU "
+              f"({', '.join(f'{r.name} {r.seconds:.1f} s' for r in results)}); nothing was measured. "
+              f"On a GPU node: vest calibrate --gres-type {ns.gres_type}")
+        return 0
+    import torch
 
     if not torch.cuda.is_available():
         raise VestError("no CUDA GPU is visible to this process",
-                        "run vest calibrate on a GPU node, e.g. srun --gres=gpu:1 vest calibrate --gres-type a100")
-    m = measure(parse_workload_args(["--model", 'mlp:[["Linear",256,256],["ReLU"],["Linear",256,10]]',
-                                     "--batch-size", "8", "--optimizer", "sgd"]), device="cuda", steps=2)
-    profile = get_profile(ns.profile) if ns.profile else profile_for_device_name(m.device_name, int(m.total_mib or 0))
+                        "run vest calibrate on a GPU node, e.g. srun --gres=gpu:1 vest calibrate --gres-type a100 "
+                        "(or --dry-run here to check that its jobs build)")
+    print(f"vest calibrate: {len(JOBS)} jobs on {torch.cuda.get_device_name(0)}, one process each ...", file=sys.stderr)
+    results = run_jobs(device="cuda")
+    first = results[0]
+    profile = get_profile(ns.profile) if ns.profile else profile_for_device_name(first.device_name, int(first.total_mib or 0))
     if profile is None:
-        raise VestError(f"no built-in profile matches {m.device_name!r}", "give --profile with the closest built-in type")
-    print(calibration_lines(m, ns.gres_type, profile.key), end="")
+        raise VestError(f"no built-in profile matches {first.device_name!r}", "give --profile with the closest built-in type")
+    print(site_lines(results, ns.gres_type, profile.key), end="")
     return 0
 
 

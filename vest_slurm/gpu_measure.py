@@ -4,7 +4,7 @@ Runs the training loop of vest_slurm/tracing.py (the same code, on real tensors)
 - torch.cuda.max_memory_allocated / max_memory_reserved (what the allocator replay models),
 - the device's used memory from NVML, polled by a thread (what nvidia-smi shows: context,
   libraries and the allocator's reserve), and its value before the model was built (the baseline).
-Used by scripts/measure_gpu.py and `vest calibrate`. Also runs on the CPU (``device="cpu"``) so the
+Used by scripts/measure_gpu.py and `vest calibrate` (calibrate.py). Also runs on the CPU (``device="cpu"``) so the
 loop itself is tested where there is no GPU; the CUDA numbers are then absent.
 """
 
@@ -92,6 +92,9 @@ class Measurement:
     max_allocated_mib: float | None
     max_reserved_mib: float | None
     device_peak_used_mib: float | None     # NVML max over the run, baseline subtracted
+    # after the run: the device's used memory (baseline subtracted) minus the caching allocator's
+    # reserved memory: the CUDA context and the kernels the run loaded (`vest calibrate`)
+    outside_allocator_mib: float | None
     nvml_samples: int
     seconds: float
     torch_version: str
@@ -130,8 +133,11 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None,
     with (poller if poller else _Null()), cudnn_flags(spec):
         model, built = build_real_model(spec, device)
         run_training_loop(model, built, spec.with_(steps=steps or spec.steps), torch.device(device))
+        outside = None
         if on_gpu:
             torch.cuda.synchronize()
+            if poller and poller.available and baseline is not None:
+                outside = poller.read() - baseline - torch.cuda.memory_reserved()
     allocations = None
     if history:
         from .allocdiff import aggregate, allocations_from_snapshot
@@ -149,6 +155,7 @@ def measure(spec: WorkloadSpec, device: str = "cuda", steps: int | None = None,
         max_allocated_mib=mib(torch.cuda.max_memory_allocated()) if on_gpu else None,
         max_reserved_mib=mib(torch.cuda.max_memory_reserved()) if on_gpu else None,
         device_peak_used_mib=mib(poller.max_used_bytes - (baseline or 0)) if poller and poller.available else None,
+        outside_allocator_mib=mib(outside),
         nvml_samples=poller.samples if poller else 0, seconds=round(seconds, 3),
         torch_version=torch.__version__, cuda_version=torch.version.cuda, allocations=allocations,
     )
@@ -160,16 +167,6 @@ class _Null:
 
     def __exit__(self, *a):
         return False
-
-
-def calibration_lines(m: Measurement, gres_type: str, profile_key: str) -> str:
-    """The site-config lines `vest calibrate` prints for a GPU type, from a tiny job's measurement."""
-    ctx = round(m.context_used_mib) if m.context_used_mib is not None else None
-    lines = [f"[gpu.{gres_type}]", f'profile = "{profile_key}"']
-    if ctx is not None:
-        lines.append(f"context_mib = {ctx}    # measured {time.strftime('%Y-%m-%d')} on {m.device_name}, "
-                     f"torch {m.torch_version}, CUDA {m.cuda_version}")
-    return "\n".join(lines) + "\n"
 
 
 def env_summary() -> dict:

@@ -5,8 +5,10 @@ Memory a training process holds on a GPU, as nvidia-smi reports it, is
 where the allocator's memory holds the tensors, cuBLAS workspaces and cuDNN workspaces (PyTorch
 allocates both through the caching allocator). The first two live outside the allocator and depend on
 the GPU (SM count, architecture) and the stack (driver, CUDA, lazy module loading, cuDNN version),
-not on the model. A site measures them once per GPU type with `vest calibrate` and overrides the
-defaults here in its site config.
+and, with lazy loading, on which kernels a job runs: more for one that convolves, computes in mixed
+precision and runs attention than for one that only multiplies matrices. A site measures them once per
+GPU type with `vest calibrate` (the median over small jobs of those kinds) and overrides the defaults
+here in its site config.
 
 Where the defaults come from (MiB; see README "Accuracy" for the measurement):
 - ``total_mib``: nvidia-smi's memory.total for the board (the ground-truth README lists A100-40GB
@@ -73,10 +75,11 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 
 
 # context_mib: the floor of each GPU type's software stack, outside the allocator. Where measured
-# runs exist (shared/groundtruth/, see README "Accuracy"), it is what `vest calibrate` does with one
-# tiny job, done on those runs: for each model and precision, the smallest-batch run's measured
-# device peak minus the rest of the estimate (the allocator's replayed peak reserved, cuDNN and
-# cuBLAS workspaces included); the median over them. scripts/bench_accuracy.py prints that table
+# runs exist (shared/groundtruth/, see README "Accuracy"), it is what `vest calibrate` does with its
+# small jobs (calibrate.py: the median over jobs of what each holds outside the allocator), done on
+# those runs: for each model and precision, the smallest-batch run's measured device peak minus the
+# rest of the estimate (the allocator's replayed peak reserved, cuDNN and cuBLAS workspaces
+# included); the median over them. scripts/bench_accuracy.py prints that table
 # ("Context floors"). Those stacks load cuDNN for conv nets and transformers alike (conv and
 # non-conv floors agree within their spread), so cudnn_mib is 0 there. Types without measured runs
 # keep a conservative floor (that of the older measured stack) until the site calibrates them.
