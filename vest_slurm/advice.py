@@ -44,6 +44,7 @@ from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from .errors import EstimateError, VestError
 from .estimate import MemoryEstimate
+from .estimator import gpu_class
 from .placement import NoFit, estimate_need, needed_bytes
 from .profiles import DeviceProfile, get_profile
 from .siteconfig import SiteConfig
@@ -68,10 +69,6 @@ def site_profiles(site: SiteConfig) -> dict[str, DeviceProfile]:
             p = replace(p, total_mib=g.memory_bytes // MiB, reserved_mib=0)
         out[g.name] = p.with_overrides(context_mib=g.context_mib, cudnn_mib=g.cudnn_mib)   # `vest calibrate`
     return out
-
-
-def _trace_class(p: DeviceProfile) -> bool:
-    return p.capability >= (8, 0)   # the estimator's sharing rule (estimator.estimate)
 
 
 def _trace_key(spec: WorkloadSpec) -> WorkloadSpec:
@@ -127,7 +124,7 @@ class Prober:
     def _trace(self, spec: WorkloadSpec, profile: DeviceProfile, bounded: bool):
         from .estimator import trace_for   # torch is imported only when a trace is made
 
-        key = (_trace_key(spec), _trace_class(profile))
+        key = (_trace_key(spec), gpu_class(profile))
         if key not in self._traces and spec.model.startswith(SCRIPT_PREFIX):
             if bounded:
                 self.stopped = True
@@ -173,7 +170,7 @@ class Prober:
         in bfloat16, emulated before sm80 (report.slow_types). Only traces already made count."""
         from .report import slow_types
 
-        return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), _trace_class(p))))
+        return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), gpu_class(p))))
 
     def estimates(self, spec: WorkloadSpec, types: Iterable[str] | None = None
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:

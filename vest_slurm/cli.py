@@ -80,17 +80,13 @@ def estimate_targets(gpus: list[str], site) -> dict:
 
 
 def cmd_estimate(ns) -> int:
-    from dataclasses import replace
-
-    from .errors import EstimateError
-    from .estimator import estimate_from_trace, trace_for
+    from .estimator import estimates_for, gpu_class, trace_classes
     from .report import estimate_json, estimate_table, slow_types
 
     if ns.command and ns.command[0] == "--":
         ns.command = ns.command[1:]
     site = _site_for_estimate(ns.site_config)
     targets = estimate_targets(ns.gpu, site)
-    profiles = list(targets.values())
     t0 = time.perf_counter()
     if ns.command:
         from .dynamic import Limits, trace_command
@@ -102,32 +98,20 @@ def cmd_estimate(ns) -> int:
         cmd = parse_train_command(ns.command)
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
-        spec, summaries, run = trace_command(cmd, profiles, gpus, Limits(steps=steps), alloc_conf=ns.alloc_conf)
+        spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),
+                                             alloc_conf=ns.alloc_conf)
     else:
         spec = spec_from_namespace(ns)
-        summaries = {}   # one trace per GPU class (estimator.estimate's sharing rule)
-        for p in profiles:
-            cls = p.capability >= (8, 0)
-            if cls not in summaries:
-                try:
-                    summaries[cls] = trace_for(spec, p, cache=True)
-                except EstimateError as e:
-                    summaries[cls] = e
-    estimates, failed = [], {}
-    for label, p in targets.items():
-        summary = summaries[p.capability >= (8, 0)]
-        if isinstance(summary, EstimateError):
-            failed[label] = summary
-        else:
-            estimates.append(replace(estimate_from_trace(summary, spec, p), gpu=label))
+        summaries = trace_classes(spec, targets.values(), cache=True)
+    estimates, failed = estimates_for(spec, summaries, targets)
     if not estimates:
         raise next(iter(failed.values()))
-    for label, failure in failed.items():
-        print(f"vest: not estimated on {label}: {failure.what}", file=sys.stderr)
+    for name, failure in failed.items():
+        print(f"vest: not estimated on {name}: {failure.what}", file=sys.stderr)
     # where the trace computed in bf16 on a GPU that emulates it
-    slow = slow_types(targets, lambda p: summaries.get(p.capability >= (8, 0)))
+    slow = slow_types(targets, lambda p: summaries.get(gpu_class(p)))
     seconds = time.perf_counter() - t0
-    kw = dict(profiles={label: p.key for label, p in targets.items()}, site_config=site.path if site else None)
+    kw = dict(profiles={name: p.key for name, p in targets.items()}, site_config=site.path if site else None)
     print(estimate_json(spec, estimates, seconds, **kw) if ns.json else estimate_table(spec, estimates, slow, **kw),
           end="" if not ns.json else "\n")
     return 0

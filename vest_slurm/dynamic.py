@@ -210,7 +210,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     """Run the script once per capability class of ``profiles``: (spec, {class: TraceSummary or
     EstimateError}, run). A script can fail on one class only (one that checks for native bf16 or a GPU of sm80+); it is an
     error only when it fails on every class."""
-    from .estimator import summarize
+    from .estimator import gpu_class, summarize
 
     gpus = num_gpus or (cmd.nproc if cmd.nproc > 0 else 1)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
@@ -218,7 +218,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     summaries, first = {}, None
     # newest GPU class first: a script that needs sm80+ is traced where it runs
     for p in sorted(profiles, key=lambda p: p.capability, reverse=True):
-        cls = p.capability >= (8, 0)
+        cls = gpu_class(p)
         if cls in summaries:
             continue
         try:
@@ -233,24 +233,11 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     return script_spec(cmd, first, gpus, conf), summaries, first
 
 
-def estimates_from_summaries(spec, summaries, profiles):
-    """(estimates for the profiles whose GPU class the script ran on, {profile key: EstimateError}
-    for the others)."""
-    from .estimator import estimate_from_trace
-
-    estimates, failed = [], {}
-    for p in profiles:
-        summary = summaries[p.capability >= (8, 0)]
-        if isinstance(summary, EstimateError):
-            failed[p.key] = summary
-        else:
-            estimates.append(estimate_from_trace(summary, spec, p))
-    return estimates, failed
-
-
 def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
                      cwd: str | None = None, alloc_conf: str | None = None):
     """MemoryEstimates of a training command for the profiles it runs on, and the run behind them.
     Raises EstimateError when it runs on none of them."""
+    from .estimator import estimates_for
+
     spec, summaries, run = trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
-    return estimates_from_summaries(spec, summaries, profiles)[0], run
+    return estimates_for(spec, summaries, {p.key: p for p in profiles})[0], run

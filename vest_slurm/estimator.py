@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from . import steady
 from .allocator import min_capacity_bytes, replay
@@ -189,14 +189,47 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     )
 
 
+def gpu_class(profile: DeviceProfile) -> bool:
+    """What a trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need
+    sm80+. GPU types of one class share a trace."""
+    return profile.capability >= (8, 0)
+
+
+def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
+                  cache: bool = False) -> dict[bool, TraceSummary | EstimateError]:
+    """One trace per GPU class of ``profiles``, or the EstimateError of a class whose trace failed
+    (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised."""
+    out: dict[bool, TraceSummary | EstimateError] = {}
+    for p in profiles:
+        if gpu_class(p) not in out:
+            try:
+                out[gpu_class(p)] = trace_for(spec, p, cache)
+            except EstimateError as e:
+                out[gpu_class(p)] = e
+    return out
+
+
+def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | EstimateError],
+                  targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
+    """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
+    EstimateError} for the others)."""
+    estimates, failed = [], {}
+    for name, p in targets.items():
+        summary = summaries[gpu_class(p)]
+        if isinstance(summary, EstimateError):
+            failed[name] = summary
+        else:
+            estimates.append(replace(estimate_from_trace(summary, spec, p), gpu=name))
+    return estimates, failed
+
+
 def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile], cache: bool = False) -> list[MemoryEstimate]:
-    """One MemoryEstimate per profile. The trace is shared between GPU types of the same class
-    (what the trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need sm80+)."""
+    """One MemoryEstimate per profile, the trace shared within a GPU class; raises the first
+    EstimateError (estimates_for reports a class that does not trace and goes on)."""
     traces: dict[bool, TraceSummary] = {}
     out = []
     for p in profiles:
-        cls = p.capability >= (8, 0)
-        if cls not in traces:
-            traces[cls] = trace_for(spec, p, cache)
-        out.append(estimate_from_trace(traces[cls], spec, p))
+        if gpu_class(p) not in traces:
+            traces[gpu_class(p)] = trace_for(spec, p, cache)
+        out.append(estimate_from_trace(traces[gpu_class(p)], spec, p))
     return out
