@@ -211,11 +211,16 @@ def conv_on_cudnn(x, w, xs, ws, stride, dilation) -> tuple[bool, bool]:
     return depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last), channels_last
 
 
+def conv_groups(xs, ws) -> int:
+    """A convolution's groups from its input and weight shapes (weight: C_out x C_in/groups x ...)."""
+    return xs[1] // ws[1] if ws[1] else 1
+
+
 def is_depthwise(xs, ws) -> bool:
     """ConvParams::is_depthwise (Convolution.cpp): groups == input channels > 1, each group's output
     channels a multiple of them. Such a convolution off cuDNN runs ATen's depthwise kernel; any
     other one there runs im2col + GEMM (slow_conv2d)."""
-    groups = xs[1] // ws[1] if ws[1] else 1
+    groups = conv_groups(xs, ws)
     return groups > 1 and groups == xs[1] and ws[0] % xs[1] == 0
 
 

@@ -74,7 +74,8 @@ from __future__ import annotations
 
 import torch
 
-from ._fakecuda import conv_geometry, conv_on_cudnn, elementwise_output_strides, is_depthwise, suggests_channels_last
+from ._fakecuda import (conv_geometry, conv_groups, conv_on_cudnn, elementwise_output_strides, is_depthwise,
+                        suggests_channels_last)
 
 aten = torch.ops.aten
 
@@ -182,45 +183,47 @@ def _conv_layouts(x, w):
     return _view4d(x), _view4d(w)
 
 
-def _on_cudnn(x, w, stride, dilation) -> bool:
-    xs, ws, stride, _, dilation = conv_geometry(x, w, stride, [0], dilation)
-    return conv_on_cudnn(x, w, xs, ws, stride, dilation)[0]
+def _route(x, w, stride, padding, dilation):
+    """(conv_geometry's 2-d geometry of the convolution, whether cuDNN runs it), worked out once per op."""
+    geo = conv_geometry(x, w, stride, padding, dilation)
+    xs, ws, stride, _, dilation = geo
+    return geo, conv_on_cudnn(x, w, xs, ws, stride, dilation)[0]
 
 
-def _columns(x, w, stride, padding, dilation) -> tuple[int, int, int, int]:
+def _columns(x, geo) -> tuple[int, int, int, int]:
     """(groups, bytes of one group's im2col buffer, bytes of one group's input slice, bytes of the
     output) of the convolution as ATen's im2col + GEMM kernel runs it (ConvolutionMM2d.cu
     slow_conv2d: ``columns = empty({C_in/groups * kH * kW, H_out * W_out})``, one sample at a
     time; the dilated kernel's is the same size). A group's slice is a copy (Convolution.cpp
     ``subtensor``: ``narrow(...).contiguous()``) unless the batch is 1."""
-    xs, ws, stride, padding, dilation = conv_geometry(x, w, stride, padding, dilation)
+    xs, ws, stride, padding, dilation = geo
     h_out, w_out = (max((xs[d] + 2 * padding[i] - dilation[i] * (ws[d] - 1) - 1) // stride[i] + 1, 0)
                     for i, d in ((0, 2), (1, 3)))
-    groups = xs[1] // ws[1] if ws[1] else 1
+    groups = conv_groups(xs, ws)
     elem = x.element_size()
     slice_ = xs[0] * ws[1] * xs[2] * xs[3] * elem if groups > 1 and xs[0] > 1 else 0
     return groups, ws[1] * ws[2] * ws[3] * h_out * w_out * elem, slice_, xs[0] * ws[0] * h_out * w_out * elem
 
 
-def _slow_conv_scratch(x, w, stride, padding, dilation, one_d) -> list[int]:
+def _slow_conv_scratch(x, w, geo, one_d) -> list[int]:
     """Forward of a convolution off cuDNN that is not depthwise (Convolution.cpp Slow2d /
     SlowDilated2d, which bfloat16 takes before sm80): ``input.contiguous()``; per group the input
     slice, its weight (``expect_contiguous``) and the im2col buffer; with groups, every group's
     output is kept until ``at::cat`` makes the op's output from them."""
-    groups, columns, slice_, out = _columns(x, w, stride, padding, dilation)
+    groups, columns, slice_, out = _columns(x, geo)
     sizes = one_d or [_contiguous_copy(x)]
     if groups > 1:
         return sizes + [out, slice_, columns]
     return sizes + [_contiguous_copy(w), columns]
 
 
-def _slow_conv_bwd_scratch(g, x, w, stride, padding, dilation, mask, one_d) -> list[int]:
+def _slow_conv_bwd_scratch(g, x, w, geo, mask, one_d) -> list[int]:
     """Backward of the same (Convolution.cpp convolution_backward, ConvolutionMM2d.cu
     slow_conv2d_backward): input and weight made contiguous, ``grad_output.expect_contiguous()``,
     one im2col buffer for the input gradient and the weight gradient; with groups, each group's
     gradient-output and input slices, and every group's input and weight gradients until
     ``at::cat``."""
-    groups, columns, slice_, _ = _columns(x, w, stride, padding, dilation)
+    groups, columns, slice_, _ = _columns(x, geo)
     sizes = (one_d or [_contiguous_copy(x)]) + [_contiguous_copy(w)]
     if groups == 1:
         return sizes + [_contiguous_copy(g), columns]
@@ -236,10 +239,10 @@ def _conv_scratch(args) -> list[int]:
     if transposed or x.dim() not in (3, 4):
         return []
     one_d = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
-    if not _on_cudnn(x, w, stride, dilation):
-        xs, ws = conv_geometry(x, w, stride, padding, dilation)[:2]
-        if not is_depthwise(xs, ws):                              # im2col + GEMM
-            return _slow_conv_scratch(x, w, stride, padding, dilation, one_d)
+    geo, on_cudnn = _route(x, w, stride, padding, dilation)
+    if not on_cudnn:
+        if not is_depthwise(*geo[:2]):                            # im2col + GEMM
+            return _slow_conv_scratch(x, w, geo, one_d)
         # ATen's depthwise kernel: NCHW
         return one_d + ([] if one_d else [_contiguous_copy(x)]) + [_contiguous_copy(w)]
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
@@ -257,9 +260,9 @@ def _conv_bwd_scratch(args) -> list[int]:
     sizes = [_contiguous_copy(x)] if x.dim() == 3 else []       # input.contiguous() before view4d
     (xs, xst), (ws, wst) = _conv_layouts(x, w)
     gs = _view4d(g)
-    on_cudnn = _on_cudnn(x, w, stride, dilation)
+    geo, on_cudnn = _route(x, w, stride, padding, dilation)
     if not on_cudnn and not is_depthwise(xs, ws):                 # im2col + GEMM
-        return _slow_conv_bwd_scratch(g, x, w, stride, padding, dilation, mask, sizes)
+        return _slow_conv_bwd_scratch(g, x, w, geo, mask, sizes)
     if not on_cudnn:                                              # ATen's depthwise kernel: NCHW
         return sizes + [_copy_into(g, *gs, False), _copy_into(x, xs, xst, False) if mask[1] and not sizes else 0,
                         _copy_into(w, ws, wst, False) if mask[0] else 0]
