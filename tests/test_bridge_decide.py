@@ -158,10 +158,12 @@ def test_directives_only_when_allowed_and_in_budget():
 
     def est(argv, n, profiles):
         calls.append(argv)
-        return {"a100": MemoryEstimate("a100-40gb", 40 * GiB, 20 * GiB, 20 * GiB)}
+        return {"a100-40gb": (20 * GiB, 20 * GiB)}
 
     d = decide(req(script=text), site(allow_vest_directives=True), users=NAMES, directives=est)
-    assert d.action == "modify" and "source=directives" in d.log and calls
+    assert d.action == "modify" and "source=directives" in d.log and dict(d.set)["partition"] == "a100"
+    # the worker is sent the allow-listed spec's own options, not the script's words
+    assert calls == [("--model", "torchvision:resnet50", "--batch-size", "64", "--input", "default")]
     over = decide(req(script=text), site(allow_vest_directives=True, unknown_jobs="refuse"), users=NAMES,
                   directives=lambda *a: None)
     assert over.reason == "directives-over-budget" and over.action == "refuse"
@@ -169,6 +171,25 @@ def test_directives_only_when_allowed_and_in_budget():
     assert off.reason == "no-estimate"
     here = decide(req(script=text), site(allow_vest_directives=True), users=NAMES)
     assert here.reason == "directives-not-here"
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("--model /home/me/evil.py:build --batch-size 1", "directives-refused-model-code"),
+    ("--model subprocess:getoutput --model-args '{\"cmd\": \"id\"}' --batch-size 1", "directives-refused-model-code"),
+    ("--model torchvision:resnet18 --batch-size 1 --optimizer evil:Opt", "directives-refused-bad-value"),
+    ("--model hf:/home/me/llama-3-8b --batch-size 1", "directives-refused-model-path"),
+    ("--model timm:resnet50 --batch-size 1 --model-arg checkpoint_path=x.pth", "directives-refused-model-arg-loads"),
+])
+def test_directives_outside_the_allow_list_never_reach_the_estimator(line, reason):
+    text = f"#!/bin/bash\n#SBATCH --gres=gpu:v100:1\n#VEST {line}\ntrue\n"
+    calls = []
+    d = decide(req(script=text), site(allow_vest_directives=True, unknown_jobs="refuse"), users=NAMES,
+               directives=lambda *a: calls.append(a))
+    assert d.action == "refuse" and d.reason == reason and calls == []
+    assert "unknown_jobs=refuse" in d.log and "detail=" in d.log
+    assert "no usable memory estimate" in d.msg and "never" in d.msg   # the user is told why
+    # the per-call program (no estimator) logs the same refusal
+    assert decide(req(script=text), site(allow_vest_directives=True), users=NAMES).reason == reason
 
 
 def test_kv_cannot_forge_fields():

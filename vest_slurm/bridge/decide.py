@@ -10,13 +10,16 @@ Order (the first that applies wins):
    of the site whose device profile matches the one the estimate was made for are used, and the
    capacity always comes from the site, never from the estimate. An estimate made for another GPU
    count than the job asks for is not this job's estimate.
-5. Without a usable estimate: ``#VEST`` directives when ``bridge.allow_vest_directives`` and a
-   directive estimator is given (the resident server's, bounded by a time budget; the per-call
-   program has none), else ``bridge.unknown_jobs``: allow, warn, refuse.
+5. Without a usable estimate: ``#VEST`` directives when ``bridge.allow_vest_directives``, read by
+   the allow-list (allowlist.py: models named from installed libraries, built-in optimizers; a
+   line naming code, a file or a path is refused and logged) and traced by the resident server's
+   confined worker within a time budget (the per-call program traces nothing); else
+   ``bridge.unknown_jobs``: allow, warn, refuse.
 6. placement.place on those estimates: a Placement that changes the job becomes ``modify`` (the
    job_desc fields to set), a NoFit becomes ``refuse`` with placement's message.
 
-Nothing here runs a model or a shell; the cost is one SHA-256 of the script plus placement.
+Nothing here runs a model, a shell or code a job names; the cost is one SHA-256 of the script plus
+placement (and the allow-list's reading of a #VEST line).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import time
 from typing import Callable, Mapping, Sequence
 
+from ..allowlist import DirectiveRefused, parse_untrusted
 from ..attach import AttachError, AttachedEstimate, detach
 from ..errors import VestError
 from ..estimate import MemoryEstimate
@@ -33,11 +37,13 @@ from ..jobscript import GpuRequest, gpu_request, parse_job_script
 from ..placement import NoFit, place
 from ..profiles import get_profile
 from ..siteconfig import SiteConfig
+from .directives import DirectiveFailed
 from .protocol import (ESLURM_ACCESS_DENIED, ESLURM_INVALID_GRES, SAFE_VALUE, Decision, JobRequest,
                        ProtocolError, kv, parse_request)
 
-# (vest argv, num_gpus, {gres type: profile key}) -> {gres type: MemoryEstimate} or None (no time).
-DirectiveEstimator = Callable[[tuple[str, ...], int, Mapping[str, str]], "Mapping[str, MemoryEstimate] | None"]
+# (allow-listed vest argv, num_gpus, {gres type: profile key}) -> {profile: (required, peak)}, or None
+# when the trace did not finish in time; raises DirectiveFailed (directives.py).
+DirectiveEstimator = Callable[[tuple[str, ...], int, Mapping[str, str]], "Mapping[str, tuple[int, int]] | None"]
 UserLookup = Callable[[int], "str | None"]
 
 
@@ -124,17 +130,26 @@ def _fields_for(overrides: Sequence[tuple[str, str | None]], req: JobRequest) ->
     return tuple(out.items())
 
 
+def _capacity(g) -> int:
+    """A site GPU type's capacity: its memory_mib, else its profile's usable memory."""
+    return g.memory_bytes if g.memory_bytes is not None else get_profile(g.profile).usable_bytes
+
+
 def site_estimates(att: AttachedEstimate, site: SiteConfig) -> dict[str, MemoryEstimate]:
     """The attached per-type needs, on the site's GPU types whose profile matches; capacities are
     the site's (memory_mib, else the profile's usable memory)."""
     out = {}
     for g in site.gpus:
         entry = att.gpu(g.name)
-        if entry is None or entry.profile != g.profile:
-            continue
-        capacity = g.memory_bytes if g.memory_bytes is not None else get_profile(g.profile).usable_bytes
-        out[g.name] = MemoryEstimate(g.profile, capacity, entry.required_bytes, entry.peak_bytes)
+        if entry is not None and entry.profile == g.profile:
+            out[g.name] = MemoryEstimate(g.profile, _capacity(g), entry.required_bytes, entry.peak_bytes)
     return out
+
+
+def _directive_estimates(per_profile: Mapping[str, tuple[int, int]], site: SiteConfig) -> dict[str, MemoryEstimate]:
+    """A directive trace's (required, peak) per device profile, on the site's GPU types."""
+    return {g.name: MemoryEstimate(g.profile, _capacity(g), *per_profile[g.profile])
+            for g in site.gpus if g.profile in per_profile}
 
 
 class _Log:
@@ -153,20 +168,23 @@ def decide(req: JobRequest, site: SiteConfig, *, users: UserLookup = passwd_user
     t0 = time.perf_counter()
     d = _decide(req, site, users, directives)
     ms = (time.perf_counter() - t0) * 1000
-    return Decision(d.action, d.reason, f"{d.log} ms={ms:.1f}", d.set, d.msg, d.errno, ms)
+    return Decision(d.action, d.reason, f"{d.log} ms={ms:.1f}", d.set, d.msg, d.errno, ms, d.detail)
 
 
-def _unknown(site: SiteConfig, user: str | None, log: _Log, reason: str, note: str = "") -> Decision:
+def _unknown(site: SiteConfig, user: str | None, log: _Log, reason: str, note: str = "", detail: str = "") -> Decision:
+    """The site's policy for a job without a usable estimate. ``detail`` (a refused directive, a
+    failed trace) goes into the log line and, where the user is told anything, to the user."""
     pol, policy = site.policy, site.bridge.unknown_jobs
     text = pol.messages.render("unknown_job", help_url=pol.help_url, user=user or "")
-    why = f"This GPU job has no usable memory estimate ({note or reason})."
+    why = f"This GPU job has no usable memory estimate ({note or detail or reason})."
+    more = {"detail": detail[:300]} if detail else {}
     if policy == "refuse":
-        return Decision("refuse", reason, log.line("refuse", reason, unknown_jobs="refuse"),
-                        msg=f"{why} It was not submitted. {text}", errno=ESLURM_ACCESS_DENIED)
+        return Decision("refuse", reason, log.line("refuse", reason, unknown_jobs="refuse", **more),
+                        msg=f"{why} It was not submitted. {text}", errno=ESLURM_ACCESS_DENIED, detail=detail)
     if policy == "warn":
-        return Decision("allow", reason, log.line("allow", reason, unknown_jobs="warn"),
-                        msg=f"{why} {text}")
-    return Decision("allow", reason, log.line("allow", reason, unknown_jobs="allow"))
+        return Decision("allow", reason, log.line("allow", reason, unknown_jobs="warn", **more),
+                        msg=f"{why} {text}", detail=detail)
+    return Decision("allow", reason, log.line("allow", reason, unknown_jobs="allow", **more), detail=detail)
 
 
 def _decide(req: JobRequest, site: SiteConfig, users: UserLookup,
@@ -203,10 +221,10 @@ def _decide(req: JobRequest, site: SiteConfig, users: UserLookup,
             return _unknown(site, user, log, "estimate-no-site-gpu",
                             "the estimate names none of this site's GPU types and profiles")
     else:
-        estimates, why = _from_directives(script, request, site, directives)
+        estimates, why, detail = _from_directives(script, request, site, directives)
         source = "directives"
         if estimates is None:
-            return _unknown(site, user, log, why)
+            return _unknown(site, user, log, why, detail=detail)
     result = place(estimates, request, [p for p in (req.partition or "").split(",") if p], site,
                    user=user, account=req.account)
     if isinstance(result, NoFit):
@@ -227,23 +245,36 @@ def _decide(req: JobRequest, site: SiteConfig, users: UserLookup,
 
 
 def _from_directives(script: str | None, request: GpuRequest, site: SiteConfig,
-                     directives: DirectiveEstimator | None) -> tuple[Mapping[str, MemoryEstimate] | None, str]:
+                     directives: DirectiveEstimator | None) -> tuple[Mapping[str, MemoryEstimate] | None, str, str]:
+    """(estimates or None, the reason for the log, a note for the user). The directives are read by
+    the allow-list (allowlist.py) before anything else sees them: code a job names is never run."""
     if script is None:
-        return None, "no-script"
+        return None, "no-script", ""
     if not site.bridge.allow_vest_directives:
-        return None, "no-estimate"
+        return None, "no-estimate", ""
     try:
         argv = parse_job_script(script, "<job>").vest_argv
     except VestError:
-        return None, "no-estimate"
+        return None, "no-estimate", ""
     if not argv:
-        return None, "no-estimate"
+        return None, "no-estimate", ""
+    try:
+        spec = parse_untrusted(argv)
+    except DirectiveRefused as e:
+        return None, f"directives-refused-{e.reason}", f"{e.what}; {e.fix}"
+    except VestError as e:
+        return None, "directives-invalid", e.what
     if directives is None:
-        return None, "directives-not-here"     # the per-call program has no time for a trace
-    estimates = directives(argv, max(request.total_gpus, 1), {g.name: g.profile for g in site.gpus})
-    if estimates is None:
-        return None, "directives-over-budget"
-    return estimates, "directives"
+        return None, "directives-not-here", ""    # the per-call program has no time for a trace
+    try:
+        per_profile = directives(tuple(spec.to_argv()), max(request.total_gpus, 1),
+                                 {g.name: g.profile for g in site.gpus})
+    except DirectiveFailed as e:
+        return None, e.reason, e.what
+    if per_profile is None:
+        return None, "directives-over-budget", ""
+    estimates = _directive_estimates(per_profile, site)
+    return (estimates, "directives", "") if estimates else (None, "directives-no-site-gpu", "")
 
 
 def error_decision(reason: str, what: str) -> Decision:

@@ -80,6 +80,7 @@ class Decision:
     msg: str = ""
     errno: int = 0
     elapsed_ms: float = field(default=0.0, compare=False)
+    detail: str = field(default="", compare=False)   # why, in plain words, for `vest bridge test` (not on the wire)
 
     def wire(self) -> bytes:
         obj = {"v": WIRE_VERSION, "action": self.action, "reason": self.reason, "set": dict(self.set),
