@@ -124,6 +124,11 @@ class Bridge:
     allow_vest_directives: bool = False
     socket_path: str = "/run/vest/bridge.sock"
     log_path: str = "/var/log/vest/bridge.log"
+    # The confined worker that traces allow-listed #VEST directives (bridge/sandbox.py): its user and
+    # limits. CPU seconds per directive; memory (its data segment) for the whole process.
+    directive_user: str = "nobody"
+    directive_cpu_s: float = 60.0
+    directive_memory_mib: int = 4096
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,8 @@ DYNAMIC_KEYS = ("timeout_s", "memory_mib", "steps")
 PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost")
 POLICY_KEYS = ("headroom_percent", "headroom_mib", "selection", "on_user_choice_too_small",
                "exempt_users", "exempt_accounts", "help_url", "messages")
-BRIDGE_KEYS = ("timeout_s", "fail", "unknown_jobs", "allow_vest_directives", "socket_path", "log_path")
+BRIDGE_KEYS = ("timeout_s", "fail", "unknown_jobs", "allow_vest_directives", "socket_path", "log_path",
+               "directive_user", "directive_cpu_s", "directive_memory_mib")
 
 
 def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> SiteConfig:
@@ -326,7 +332,14 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         allow_vest_directives=c.get(b, "bridge", "allow_vest_directives", "bool", False),
         socket_path=_abs(c, b, "socket_path", Bridge.socket_path),
         log_path=_abs(c, b, "log_path", Bridge.log_path),
+        directive_user=c.get(b, "bridge", "directive_user", "str", Bridge.directive_user),
+        directive_cpu_s=float(c.get(b, "bridge", "directive_cpu_s", "number", Bridge.directive_cpu_s, above=0)),
+        directive_memory_mib=c.get(b, "bridge", "directive_memory_mib", "int", Bridge.directive_memory_mib,
+                                   minimum=1024),
     )
+    if bridge.directive_user in ("root", "0", ""):
+        c.problems.append("bridge.directive_user must be an unprivileged user (the worker that traces #VEST "
+                          "directives runs as it), e.g. \"nobody\"")
     d = c.keys(top.get("dynamic", {}), "dynamic", DYNAMIC_KEYS)
     dynamic = Dynamic(
         timeout_s=float(c.get(d, "dynamic", "timeout_s", "number", Dynamic.timeout_s, above=0)),

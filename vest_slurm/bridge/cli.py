@@ -71,8 +71,8 @@ def cmd_test(ns) -> int:
     from ..jobscript import option_value, read_job_script
     from ..siteconfig import load_site_config
     from .decide import decide
+    from .directives import DirectiveEstimator
     from .protocol import JobRequest
-    from .server import DirectiveEstimator
 
     site = load_site_config(ns.site_config)
     if ns.user.isdigit():
@@ -94,11 +94,12 @@ def cmd_test(ns) -> int:
                      comment=option_value(opts, "comment"), work_dir=os.getcwd(), script=job.text)
     directives = None
     if site.bridge.allow_vest_directives and job.vest_argv:
-        directives = DirectiveEstimator(lambda: site)
         from dataclasses import replace
-        # A test may take its time: give the trace a minute, not the controller's budget.
-        slow = replace(site, bridge=replace(site.bridge, timeout_s=120.0))
-        directives._site_of = lambda: slow
+
+        # As the server does it: the allow-list first (in decide), then the confined worker, as
+        # bridge.directive_user. A test may take its time: two minutes, not the controller's budget.
+        slow = replace(site, bridge=replace(site.bridge, timeout_s=240.0))
+        directives = DirectiveEstimator(lambda: slow, lambda line: print(line, file=sys.stderr))
     try:
         d = decide(req, site, users=lambda u: name if name is not None else _user_of(u), directives=directives)
     finally:
@@ -108,6 +109,8 @@ def cmd_test(ns) -> int:
         sys.stdout.write(d.wire().decode())
         return 0
     print(f"decision: {d.action} ({d.reason})")
+    if d.detail:
+        print(f"why: {d.detail}")
     for k, v in d.set:
         print(f"  set {k} = {v}")
     if d.msg:

@@ -8,9 +8,11 @@
 - Reload: SIGHUP, or the config file's mtime changing (checked every second). A config that fails
   to load is logged and the last good one stays; with none loaded at all, every answer is "error".
   SIGHUP also reopens the log file (logrotate).
-- ``#VEST`` directives (``bridge.allow_vest_directives``): traced in one worker process, never in
+- ``#VEST`` directives (``bridge.allow_vest_directives``): read by the allow-list in the request
+  thread; those allowed are traced in one confined worker process (directives.py, sandbox.py: its
+  own unprivileged user, no network, no writes but a private tmpfs, CPU and memory limits), never in
   the server's threads, with half the timeout as budget; a trace past its budget finishes in the
-  background and is cached, so the job's next submission is decided from it.
+  background and is kept, so the job's next submission is decided from it.
 
 Known limitations:
 - The directive worker is one process: a burst of distinct directive jobs waits in its queue (each
@@ -19,7 +21,6 @@ Known limitations:
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import signal
@@ -28,73 +29,15 @@ import socketserver
 import threading
 import time
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import VestError
-from ..estimate import MemoryEstimate
-from ..profiles import get_profile
 from ..siteconfig import SiteConfig, load_site_config
 from .decide import decide_bytes, error_decision
+from .directives import DirectiveEstimator
 from .luaconf import write_lua_conf
 from .protocol import MAX_REQUEST_BYTES
 
 WATCH_INTERVAL_S = 1.0
-DIRECTIVE_CACHE_ENTRIES = 512
-
-
-def _trace_worker(argv: tuple[str, ...], num_gpus: int, profiles: tuple[str, ...]) -> dict:
-    from ..estimator import estimate
-    from ..workload import parse_workload_args
-
-    spec = parse_workload_args(list(argv))
-    spec = spec.with_(num_gpus=num_gpus)
-    return {e.gpu: (e.required_bytes, e.peak_bytes) for e in estimate(spec, [get_profile(p) for p in profiles])}
-
-
-def _warm() -> bool:
-    import vest_slurm.estimator  # noqa: F401  (torch import: seconds, paid once at start)
-    return True
-
-
-class DirectiveEstimator:
-    """Estimates from #VEST directives within a time budget; results cached by directive text."""
-
-    def __init__(self, site_of):
-        import multiprocessing
-
-        self._site_of = site_of
-        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self._pool.submit(_warm)
-        self._lock = threading.Lock()
-        self._futures: dict[tuple, concurrent.futures.Future] = {}
-
-    def __call__(self, argv: tuple[str, ...], num_gpus: int, profiles: Mapping[str, str]):
-        key = (argv, num_gpus, tuple(sorted(set(profiles.values()))))
-        with self._lock:
-            fut = self._futures.get(key)
-            if fut is None:
-                if len(self._futures) >= DIRECTIVE_CACHE_ENTRIES:
-                    self._futures.pop(next(iter(self._futures)))
-                fut = self._futures[key] = self._pool.submit(_trace_worker, *key)
-        site: SiteConfig = self._site_of()
-        try:
-            per_profile = fut.result(timeout=site.bridge.timeout_s / 2)
-        except concurrent.futures.TimeoutError:
-            return None
-        except Exception:
-            with self._lock:
-                self._futures.pop(key, None)   # a bad directive line: not cached, not estimated
-            return None
-        out = {}
-        for g in site.gpus:
-            if g.profile in per_profile:
-                req, peak = per_profile[g.profile]
-                cap = g.memory_bytes if g.memory_bytes is not None else get_profile(g.profile).usable_bytes
-                out[g.name] = MemoryEstimate(g.profile, cap, req, peak)
-        return out or None
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -127,7 +70,7 @@ class BridgeServer:
         if not self.socket_path:
             raise VestError(f"no socket path: the site config did not load ({self.problem})",
                             "give --socket or fix the site config")
-        self._directives = DirectiveEstimator(lambda: self.site) if (
+        self._directives = DirectiveEstimator(lambda: self.site, self.log) if (
             directives and self.site is not None and self.site.bridge.allow_vest_directives) else None
         self._server: _UnixServer | None = None
 
