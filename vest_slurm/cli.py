@@ -91,11 +91,13 @@ def cmd_estimate(ns) -> int:
     if ns.command:
         from .dynamic import Limits, trace_command
         from .launch import parse_train_command
+        from .trust import check_train_command
 
         if ns.model:
             raise VestError("give either --model ... or a training command after --, not both",
                             "drop --model to estimate the command, or drop the command")
         cmd = parse_train_command(ns.command)
+        check_train_command(cmd, os.getcwd(), None, site)
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
         spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),

@@ -294,7 +294,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
             return _pass_through(cmd, js, script_path, env, out, clock, d)
 
     from .siteconfig import load_site_config
-    from .workload import parse_workload_args
+    from .trust import check_train_command, parse_directives
 
     site = load_site_config(own.get("site-config"), env)
     effective = effective_options(js.options, options_from_env(env), cmd.options)
@@ -304,10 +304,12 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     if train is None:
         lines = ", ".join(str(v.lineno) for v in js.vest_directives)
         try:
-            spec = parse_workload_args(list(js.vest_argv))
+            spec = parse_directives(js.vest_argv, script_path, site)
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
         spec, request = _reconcile_gpus(spec, request, js, d)
+    else:
+        check_train_command(train, option_value(effective, "chdir") or cwd, script_path, site)
         d.workload = spec.to_dict()
     clock.lap("parse_s")
 
