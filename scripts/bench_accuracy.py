@@ -5,7 +5,7 @@
         --out results.csv [--confidence high,medium] [--plot pred_vs_meas.png] [--limit N] [--filter REGEX] [--workers N]
 
 Each row of a ground-truth CSV (schema: shared/groundtruth/README.md) is rebuilt as a WorkloadSpec
-(vest_slurm.groundtruth.row_to_spec) and estimated for the row's GPU (profiles.profile_for_device_name).
+(scripts/groundtruth.py, row_to_spec) and estimated for the row's GPU (profiles.profile_for_device_name).
 Rows that differ only in GPU share one trace (per spec and capability class, as estimator.estimate
 does); a process pool runs the traces, one task per distinct trace, so each trace runs once.
 
@@ -45,10 +45,10 @@ os.environ["VEST_CACHE_DIR"] = "off"
 
 from tabulate import tabulate  # noqa: E402
 
-from vest_slurm.groundtruth import RowSkip, is_amd, row_to_spec  # noqa: E402
-from vest_slurm.placement import needed_bytes  # noqa: E402
-from vest_slurm.siteconfig import Policy  # noqa: E402
-from vest_slurm.workload import OPTIMIZER_TABLE  # noqa: E402
+from groundtruth import RowSkip, is_amd, row_to_spec  # noqa: E402
+from vest_slurm.site.placement import needed_bytes  # noqa: E402
+from vest_slurm.site.config import Policy  # noqa: E402
+from vest_slurm.estimate.workload import OPTIMIZER_TABLE  # noqa: E402
 
 MiB = 1 << 20
 POLICY = Policy()   # the site's default headroom (siteconfig.Policy defaults)
@@ -69,7 +69,7 @@ def request_bytes(need_bytes: float) -> int:
 
 def row_profile(row: dict):
     """(profile, vendor) for the row's device; AMD gets a stand-in, see the module docstring."""
-    from vest_slurm.profiles import PROFILES, profile_for_device_name
+    from vest_slurm.estimate.profiles import PROFILES, profile_for_device_name
 
     total = _float(row.get("gpu_total_mib"))
     if is_amd(row):
@@ -90,15 +90,15 @@ def _init_worker() -> None:
     import torch
 
     torch.set_num_threads(1)   # fake tensors compute nothing; keep the two workers on two cores
-    import vest_slurm.estimator  # noqa: F401  (import torch, torchvision, timm once per worker)
-    import vest_slurm.tracing  # noqa: F401
+    import vest_slurm.estimate.estimator  # noqa: F401  (import torch, torchvision, timm once per worker)
+    import vest_slurm.estimate.tracing  # noqa: F401
 
 
 def run_group(spec, profiles: list) -> dict:
     """Trace ``spec`` once and estimate it for each profile (one task of the pool).
     Returns {"trace_seconds", "error", "results": [per profile dict or None]}."""
     from vest_slurm.errors import VestError
-    from vest_slurm.estimator import estimate_from_trace, trace_for
+    from vest_slurm.estimate.estimator import estimate_from_trace, trace_for
 
     t0 = time.perf_counter()
     try:
@@ -342,7 +342,7 @@ def floor_table(rows: list[Row], title: str) -> str:
     """The CUDA-context floor each GPU type's rows imply, taken as `vest calibrate` takes it: per
     model and precision, its smallest-batch row's measured peak minus the estimate without the floor;
     the median over them is what profiles.py's context_mib is set to (README "Accuracy")."""
-    from vest_slurm.profiles import PROFILES
+    from vest_slurm.estimate.profiles import PROFILES
 
     per: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}   # profile -> (model, precision) -> (batch, floor)
     for r in rows:

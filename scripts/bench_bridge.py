@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sbatch latency with and without the job_submit.lua bridge, on the real test cluster, in one run.
 
-Three modes, three testbeds (vest_slurm.testbed) running at once, submissions round-robin across
+Three modes, three testbeds (vest_slurm.slurm.testbed) running at once, submissions round-robin across
 them, N each (default 500), as a non-root user (root is exempt and would skip the bridge), script on stdin, ``--hold`` so no job runs:
 
   plain     no JobSubmitPlugins
@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vest_slurm.attach import attach, make_payload  # noqa: E402
+from vest_slurm.slurm.attach import attach, make_payload  # noqa: E402
 from vest_slurm.bridge.testbed import BridgeTestbed  # noqa: E402
-from vest_slurm.estimate import MemoryEstimate  # noqa: E402
-from vest_slurm.testbed import SlurmTestbed  # noqa: E402
+from vest_slurm.estimate.record import MemoryEstimate  # noqa: E402
+from vest_slurm.slurm.testbed import SlurmTestbed  # noqa: E402
 
 USER = "vestbr-bench"
 GiB = 1 << 30

@@ -137,7 +137,7 @@ def _init_worker() -> None:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils import _pytree as pytree
 
-    from vest_slurm import _fakecuda as fc
+    from vest_slurm.estimate.record import _fakecuda as fc
 
     torch.set_num_threads(1)
     dispatch = fc.FakeCudaMode.__torch_dispatch__
@@ -157,9 +157,9 @@ def _init_worker() -> None:
 
 def run_one(args: str, gpu: str) -> dict:
     from vest_slurm.errors import VestError
-    from vest_slurm.estimator import estimate
-    from vest_slurm.profiles import get_profile
-    from vest_slurm.workload import parse_workload_args
+    from vest_slurm.estimate.estimator import estimate
+    from vest_slurm.estimate.profiles import get_profile
+    from vest_slurm.estimate.workload import parse_workload_args
 
     _HOST_OPS.clear()
     t0 = time.perf_counter()

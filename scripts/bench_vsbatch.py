@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time `vsbatch` from start to job id for a resnet50 workload, split into estimate and everything else.
 
-Starts its own Slurm testbed (vest_slurm.testbed; needs root and the Debian Slurm packages), then runs
+Starts its own Slurm testbed (vest_slurm.slurm.testbed; needs root and the Debian Slurm packages), then runs
 `vsbatch --json` as a fresh process N times on scripts/examples/resnet50-amp.sbatch (or --script) and
 reads the phase timings vsbatch reports:
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 # The benchmarks time the work itself: no trace cache and no stored cuDNN answers (tracecache.py).
 os.environ["VEST_CACHE_DIR"] = "off"
 
-from vest_slurm.testbed import SlurmTestbed, missing_binaries  # noqa: E402
+from vest_slurm.slurm.testbed import SlurmTestbed, missing_binaries  # noqa: E402
 
 TARGET_OTHER_S = 0.3
 PHASES = ("parse_s", "cluster_s", "place_s", "sbatch_s")

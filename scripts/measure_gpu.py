@@ -5,7 +5,7 @@
         [--workload "--model torchvision:resnet50 --batch-size 64" ...]
 
 For each workload (the same options as `vest estimate`): runs the estimator's training loop on the
-GPU (vest_slurm/tracing.py run_training_loop, real tensors), records torch.cuda.max_memory_allocated,
+GPU (vest_slurm/estimate/tracing.py run_training_loop, real tensors), records torch.cuda.max_memory_allocated,
 max_memory_reserved, the device's used memory from NVML (a polling thread) and the CUDA context
 measured before the model; then estimates the same workload on the CPU and prints both side by
 side. `--device cpu` runs the loop on the CPU (no CUDA figures): the check where there is no GPU.
@@ -24,7 +24,7 @@ import sys
 
 from tabulate import tabulate
 
-# 8 steps: the estimate replays the run until the allocator settles (vest_slurm/steady.py), so the
+# 8 steps: the estimate replays the run until the allocator settles (vest_slurm/estimate/steady.py), so the
 # GPU run, whose max_memory_reserved is compared with it, runs long enough to settle too; the CPU
 # trace of the allocation diff runs the same 8.
 DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
@@ -62,8 +62,8 @@ DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
 
 _CHILD = r"""
 import json, sys
-from vest_slurm.gpu_measure import measure
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.gpu.measure import measure
+from vest_slurm.estimate.workload import parse_workload_args
 spec = parse_workload_args(json.loads(sys.argv[1]))
 m = measure(spec, device=sys.argv[2], alloc_history=sys.argv[3] == "1")
 print("VEST-RESULT " + json.dumps(m.to_dict()))
@@ -81,9 +81,9 @@ def main() -> int:
                    help="record the GPU run's allocations and write their difference from the CPU trace here")
     args = p.parse_args()
 
-    from vest_slurm.estimator import estimate
-    from vest_slurm.profiles import get_profile, profile_for_device_name
-    from vest_slurm.workload import parse_workload_args
+    from vest_slurm.estimate.estimator import estimate
+    from vest_slurm.estimate.profiles import get_profile, profile_for_device_name
+    from vest_slurm.estimate.workload import parse_workload_args
 
     rows = []
     for n, w in enumerate(args.workload or DEFAULT_WORKLOADS):
@@ -133,8 +133,8 @@ def main() -> int:
 
 def _alloc_diff(out_dir: str, n: int, workload: str, spec, profile, allocations) -> dict:
     """Pair the GPU run's allocations with the CPU trace of the same loop; write the leftovers."""
-    from vest_slurm.allocdiff import diff_allocations, expand
-    from vest_slurm.tracing import trace_training
+    from vest_slurm.gpu.allocdiff import diff_allocations, expand
+    from vest_slurm.estimate.tracing import trace_training
 
     trace = trace_training(spec, capability=profile.capability)
     sizes = [e.size_bytes for e in trace.events if e.action == "alloc"]

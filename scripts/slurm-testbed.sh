@@ -6,7 +6,7 @@
 #   scripts/slurm-testbed.sh status DIR
 #   scripts/slurm-testbed.sh stop DIR
 #
-# The same Python code (vest_slurm/testbed.py) backs the test fixture; `start` leaves a detached
+# The same Python code (vest_slurm/slurm/testbed.py, vest_slurm/testbed.py) backs the test fixture; `start` leaves a detached
 # supervisor process (pid in DIR/testbed.pid) that owns the daemons; `stop` ends it and them.
 # Needs root and: apt-get install -y --no-install-recommends slurmctld slurmd slurm-client
 #   slurm-wlm-basic-plugins munge lua-cjson lua-socket

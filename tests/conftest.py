@@ -1,4 +1,4 @@
-"""Shared fixtures. ``slurm``: one real Slurm on loopback for the whole session (vest_slurm.testbed).
+"""Shared fixtures. ``slurm``: one real Slurm on loopback for the whole session (vest_slurm.slurm.testbed).
 
 The Slurm tests skip only when the Debian packages are missing (slurmctld slurmd slurm-client
 slurm-wlm-basic-plugins munge); CI installs them, so there they run.
@@ -7,15 +7,19 @@ slurm-wlm-basic-plugins munge); CI installs them, so there they run.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
 
-# The trace cache (vest_slurm/tracecache.py): the tests' own, empty at the start of each run, never
+# The accuracy benchmark's ground-truth mapping lives with the benchmark (scripts/groundtruth.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+# The trace cache (vest_slurm/estimate/tracecache.py): the tests' own, empty at the start of each run, never
 # the user's ~/.cache (commands the tests run in subprocesses inherit it).
 os.environ["VEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="vest-test-cache-")
 
-from vest_slurm.testbed import SlurmTestbed, missing_binaries
+from vest_slurm.slurm.testbed import SlurmTestbed, missing_binaries
 
 
 @pytest.fixture(scope="session")

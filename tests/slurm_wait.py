@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from vest_slurm.cluster import SlurmCLI
+from vest_slurm.slurm.cluster import SlurmCLI
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 

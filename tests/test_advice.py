@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from vest_slurm.advice import Prober, advise, amp_precision, resolution, search_largest_batch, site_profiles
-from vest_slurm.jobscript import GpuRequest
-from vest_slurm.placement import NoFit, place
-from vest_slurm.profiles import get_profile
-from vest_slurm.siteconfig import parse_site_config
+from vest_slurm.site.advice import Prober, advise, amp_precision, resolution, search_largest_batch, site_profiles
+from vest_slurm.slurm.jobscript import GpuRequest
+from vest_slurm.site.placement import NoFit, place
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.site.config import parse_site_config
 from vest_slurm.units import MiB
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.workload import parse_workload_args
 
 
 def _truth(need, cap, max_batch):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from vest_slurm.allocator import (
+from vest_slurm.estimate.allocator import (
     AllocatorConfig, CachingAllocator, OutOfMemory, get_allocation_size, min_capacity_bytes,
     parse_alloc_conf, replay, round_size,
 )
 from vest_slurm.errors import WorkloadError
-from vest_slurm.trace import AllocEvent
+from vest_slurm.estimate.trace import AllocEvent
 from vest_slurm.units import KiB, MiB
 
 A = lambda block, size, stream=0: AllocEvent("alloc", block, size, stream)  # noqa: E731

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vest_slurm.allocator import (
+from vest_slurm.estimate.allocator import (
     AllocatorConfig, CachingAllocator, OutOfMemory, min_capacity_bytes, replay, round_size,
 )
-from vest_slurm.trace import AllocEvent
+from vest_slurm.estimate.trace import AllocEvent
 from vest_slurm.units import KiB, MiB
 
 SIZES = st.one_of(

@@ -5,9 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vest_slurm.allocdiff import aggregate, allocations_from_snapshot, diff_allocations, expand, RealAlloc
-from vest_slurm.tracing import trace_training
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.gpu.allocdiff import aggregate, allocations_from_snapshot, diff_allocations, expand, RealAlloc
+from vest_slurm.estimate.tracing import trace_training
+from vest_slurm.estimate.workload import parse_workload_args
 
 CONV = {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/conv.py", "line": 548, "name": "_conv_forward"}
 USER = {"filename": "/home/u/train.py", "line": 42, "name": "step"}

@@ -1,4 +1,4 @@
-"""The allow-list that reads #VEST lines on the controller's side (vest_slurm/allowlist.py).
+"""The allow-list that reads #VEST lines on the controller's side (vest_slurm/estimate/allowlist.py).
 
 The hostile lines name a module and a model file that leave a marker behind when imported; the
 user's own path (parse_workload_args + build_model) does import them, which shows the marker works,
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vest_slurm.allowlist import ALLOWED_OPTIONS, DirectiveRefused, parse_untrusted
+from vest_slurm.estimate.allowlist import ALLOWED_OPTIONS, DirectiveRefused, parse_untrusted
 from vest_slurm.errors import VestError
-from vest_slurm.jobscript import parse_job_script
-from vest_slurm.models import build_model
-from vest_slurm.presets import MLP_LAYERS
-from vest_slurm.workload import OPTIMIZERS, parse_workload_args
+from vest_slurm.slurm.jobscript import parse_job_script
+from vest_slurm.estimate.models import build_model
+from vest_slurm.estimate.presets import MLP_LAYERS
+from vest_slurm.estimate.workload import OPTIMIZERS, parse_workload_args
 
 HOSTILE_MODULE = "vest_hostile_marker_mod"
 

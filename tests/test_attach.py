@@ -4,10 +4,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from vest_slurm.attach import (MAX_LINE_CHARS, PREFIX, AttachError, attach, decode, detach, encode,
+from vest_slurm.slurm.attach import (MAX_LINE_CHARS, PREFIX, AttachError, attach, decode, detach, encode,
                                make_payload, script_sha256)
-from vest_slurm.estimate import MemoryEstimate
-from vest_slurm.jobscript import parse_job_script
+from vest_slurm.estimate.record import MemoryEstimate
+from vest_slurm.slurm.jobscript import parse_job_script
 
 GiB = 1 << 30
 SCRIPT = "#!/bin/bash\n#SBATCH -p a100 --comment='mine'\n#VEST --model torchvision:resnet50 --batch-size 8\npython t.py\n"

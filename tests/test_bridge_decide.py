@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from vest_slurm.attach import attach, make_payload
+from vest_slurm.slurm.attach import attach, make_payload
 from vest_slurm.bridge.decide import decide, decide_bytes, request_options
 from vest_slurm.bridge.luaconf import facts
 from vest_slurm.bridge.protocol import MAX_REQUEST_BYTES, JobRequest, kv, parse_request
-from vest_slurm.estimate import MemoryEstimate
-from vest_slurm.siteconfig import load_site_config
+from vest_slurm.estimate.record import MemoryEstimate
+from vest_slurm.site.config import load_site_config
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30

@@ -27,7 +27,7 @@ import pytest
 
 from test_bridge_slurm import USER, ctld_log, queued, sbatch
 from vest_slurm.bridge.directives import DirectiveEstimator, DirectiveFailed
-from vest_slurm.siteconfig import load_site_config
+from vest_slurm.site.config import load_site_config
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -181,7 +181,7 @@ def test_worker_over_its_cpu_limit_is_stopped_and_replaced(worker_user):
     if os.geteuid() != 0:
         pytest.skip("the directive worker drops privileges: needs root")
     est = DirectiveEstimator(lambda: _site(directive_user=worker_user, directive_cpu_s=1.0, timeout_s=9.0))
-    from vest_slurm.allowlist import parse_untrusted
+    from vest_slurm.estimate.allowlist import parse_untrusted
 
     heavy = parse_untrusted(["--model", "hf:llama-3-8b", "--batch-size", "1", "--input", "seq2048"])
     small = parse_untrusted(["--model", 'mlp:[["Linear",8,4]]', "--batch-size", "2", "--input", "8"])

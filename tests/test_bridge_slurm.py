@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from vest_slurm.attach import attach, make_payload
-from vest_slurm.estimate import MemoryEstimate
+from vest_slurm.slurm.attach import attach, make_payload
+from vest_slurm.estimate.record import MemoryEstimate
 
 pytestmark = pytest.mark.slurm
 GiB = 1 << 30
@@ -344,7 +344,7 @@ def test_testbed_script_start_bridge(tmp_path):
     from pathlib import Path
 
     from vest_slurm.bridge.server import query_status
-    from vest_slurm.testbed import missing_binaries
+    from vest_slurm.slurm.testbed import missing_binaries
 
     if missing_binaries() or os.geteuid() != 0:
         pytest.skip("needs the Slurm packages and root")

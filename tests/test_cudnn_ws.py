@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vest_slurm import cudnn_ws
-from vest_slurm.estimator import _events_for, _without_cudnn_workspaces, estimate_from_trace, trace_for
-from vest_slurm.profiles import PROFILES, get_profile
-from vest_slurm.tracing import trace_training
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.record import cudnn_ws
+from vest_slurm.estimate.estimator import _events_for, _without_cudnn_workspaces, estimate_from_trace, trace_for
+from vest_slurm.estimate.profiles import PROFILES, get_profile
+from vest_slurm.estimate.tracing import trace_training
+from vest_slurm.estimate.workload import parse_workload_args
 
 USER = "tests/data/user_models.py"
 A100 = get_profile("a100-40gb")
@@ -56,7 +56,7 @@ def test_amp_channels_last_keys():
 def _fake_conv_keys(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
     from torch._subclasses import FakeTensorMode
 
-    from vest_slurm import _fakecuda as fc
+    from vest_slurm.estimate.record import _fakecuda as fc
 
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         xs = mode.from_tensor(x, static_shapes=True)
@@ -121,7 +121,7 @@ def test_without_the_frontend_workspaces_are_zero(monkeypatch):
 
 
 def test_the_table_says_when_cudnn_cannot_be_asked(monkeypatch):
-    from vest_slurm.report import estimate_table
+    from vest_slurm.estimate.report import estimate_table
 
     s = spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32", "--optimizer", "sgd")
     est = estimate_from_trace(trace_for(s, A100), s, A100)

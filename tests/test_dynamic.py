@@ -14,13 +14,13 @@ import pytest
 pytest.importorskip("torch")
 
 from bnb_state import adam_8bit_state_bytes
-from vest_slurm import steady
-from vest_slurm.dynamic import Limits, estimate_command
+from vest_slurm.estimate.record import steady
+from vest_slurm.dynamic.runner import Limits, estimate_command
 from vest_slurm.errors import EstimateError
-from vest_slurm.estimator import estimate
-from vest_slurm.launch import parse_train_command
-from vest_slurm.profiles import get_profile
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.estimator import estimate
+from vest_slurm.dynamic.launch import parse_train_command
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.estimate.workload import parse_workload_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "scripts", "examples")
@@ -210,7 +210,7 @@ def test_vsbatch_places_a_script_by_its_training_command(slurm, tmp_path):
     V100's 16 GB goes to the A100 partition (held, so the test node never runs it)."""
     import json
 
-    from vest_slurm.cluster import SlurmCLI
+    from vest_slurm.slurm.cluster import SlurmCLI
 
     job = _job(tmp_path, "lm.sbatch", "python train_lm.py --n-layer 12 --n-embd 768 --n-head 12 --seq-len 1024 "
                "--batch-size 8 --steps 10", "--gres=gpu:1", "--hold", "--time=5")

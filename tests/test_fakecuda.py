@@ -1,4 +1,4 @@
-"""Fake CUDA keeps on the GPU what a GPU run keeps there, and records it (vest_slurm/_fakecuda.py).
+"""Fake CUDA keeps on the GPU what a GPU run keeps there, and records it (vest_slurm/estimate/_fakecuda.py).
 
 The fake device answers ``cpu`` to C++'s device query (the autograd engine needs that), so C++
 code that builds a tensor from another's ``options()`` would put it on the CPU, out of the
@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vest_slurm import _fakecuda as fc
-from vest_slurm.tracing import trace_training
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.record import _fakecuda as fc
+from vest_slurm.estimate.tracing import trace_training
+from vest_slurm.estimate.workload import parse_workload_args
 
 DATA = __import__("pathlib").Path(__file__).parent / "data"
 
@@ -268,10 +268,10 @@ def test_a_padded_mask_answers_whether_it_has_global_attention():
 
 
 def test_known_values_only_ever_widen():
-    # each rule keeps every value an element could hold (vest_slurm/_known.py)
+    # each rule keeps every value an element could hold (vest_slurm/estimate/_known.py)
     import operator
 
-    from vest_slurm import _known as kn
+    from vest_slurm.estimate.record import _known as kn
 
     assert kn.cast(kn.Span(1, 5), torch.bool) == {True}
     assert kn.cast(kn.Span(-1, 1), torch.bool) == {False, True}
@@ -355,7 +355,7 @@ class _PaddingWarning(torch.nn.Module):
 def test_hf_padding_warning_reads_no_values():
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    from vest_slurm.models import _skip_value_checks
+    from vest_slurm.estimate.models import _skip_value_checks
 
     model = torch.nn.Sequential(_PaddingWarning())
     with fake_gpu():
@@ -480,7 +480,7 @@ def test_depthwise_convolution_of_a_channels_last_slice_runs_on_cudnn():
 def test_grouped_query_attention_takes_flash_attention_with_its_expanded_gradients():
     """enable_gqa with fewer key/value heads: the GPU runs flash attention on them as they are
     (torch >= 2.5), whose backward sums the per-query-head key/value gradients from two buffers."""
-    from vest_slurm.scratch import kernel_scratch
+    from vest_slurm.estimate.scratch import kernel_scratch
 
     b, hq, hkv, n, d = 2, 8, 2, 128, 64
     with fake_gpu():
@@ -590,7 +590,7 @@ def test_bfloat16_convolution_before_sm80_runs_im2col_off_cudnn():
     """cuDNN takes bf16 convolutions from sm80 only (use_cudnn: supportsBFloat16ConvolutionWithCuDNNv8);
     on a V100 ATen's im2col + GEMM runs them with no cuDNN workspace and an im2col buffer of one
     sample, C_in x kH x kW x H_out x W_out; fp16 there, and bf16 on an A100, go to cuDNN."""
-    from vest_slurm.scratch import kernel_scratch
+    from vest_slurm.estimate.scratch import kernel_scratch
 
     conv, conv_bwd = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
     columns = 64 * 3 * 3 * 28 * 28 * 2
@@ -612,7 +612,7 @@ def test_grouped_im2col_convolution_keeps_every_groups_result_until_cat():
     """With groups, Convolution.cpp runs im2col + GEMM per group on a copied slice of the input and
     joins the groups' outputs (forward) and input gradients (backward) with ``at::cat``: a second
     output-sized buffer while the op runs. At batch 1 a group's slice is contiguous: no copy."""
-    from vest_slurm.scratch import kernel_scratch
+    from vest_slurm.estimate.scratch import kernel_scratch
 
     conv, conv_bwd = torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default
     n, c, hw, groups = 4, 64, 28, 8

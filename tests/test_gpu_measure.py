@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vest_slurm.gpu_measure import DevicePoller, measure
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.gpu.measure import DevicePoller, measure
+from vest_slurm.estimate.workload import parse_workload_args
 
 
 def test_loop_runs_for_real_on_cpu():
@@ -48,7 +48,7 @@ def test_calibrate_without_gpu_says_where_to_run():
 
 
 def test_the_jobs_cudnn_settings_hold_while_its_loop_runs_and_are_restored():
-    from vest_slurm.tracing import cudnn_flags
+    from vest_slurm.estimate.tracing import cudnn_flags
 
     before = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
     spec = parse_workload_args(["--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
@@ -86,7 +86,7 @@ def test_real_model_keeps_the_buffers_its_constructor_makes():
     """A model measured on a device is built there: BERT's position ids and Llama's rotary
     frequencies are the constructor's values, not the garbage of a meta model moved with to_empty
     (BERT then indexed its position embeddings out of bounds)."""
-    from vest_slurm.tracing import build_real_model
+    from vest_slurm.estimate.tracing import build_real_model
 
     bert, _ = build_real_model(parse_workload_args(["--model", "hf:BertForMaskedLM", "--model-arg", "hidden_size=64",
                                                     "--model-arg", "num_hidden_layers=1", "--model-arg",
@@ -102,7 +102,7 @@ def test_real_model_keeps_the_buffers_its_constructor_makes():
 
 
 def test_calibration_floor_is_the_median_of_its_jobs():
-    from vest_slurm.calibrate import JOBS, JobResult, floor_mib, site_lines
+    from vest_slurm.gpu.calibrate import JOBS, JobResult, floor_mib, site_lines
     from vest_slurm.errors import VestError
 
     def result(name, mib):
@@ -121,7 +121,7 @@ def test_calibrate_dry_run_runs_every_job_on_the_cpu():
     r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "calibrate", "--gres-type", "a100", "--dry-run"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    from vest_slurm.calibrate import JOBS
+    from vest_slurm.gpu.calibrate import JOBS
 
     assert f"the {len(JOBS)} calibration jobs ran on the CPU" in r.stdout
     assert all(name in r.stdout for name, _ in JOBS)

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from vest_slurm.groundtruth import RowSkip, is_amd, row_to_argv, row_to_spec
-from vest_slurm.workload import InputSpec, parse_workload_args
+from groundtruth import RowSkip, is_amd, row_to_argv, row_to_spec
+from vest_slurm.estimate.workload import InputSpec, parse_workload_args
 
 # Verbatim rows of both files (columns the mapping reads; notes kept: DataParallel / DDP / global
 # batch are stated there).
@@ -137,7 +137,7 @@ def test_dataparallel_global_batch_is_split_per_replica_only_when_global():
 
 def test_smp_unet_maps_to_user_factory():
     s = spec("carma-unet-8")
-    assert s.model == "vest_slurm.groundtruth:smp_model"
+    assert s.model == "groundtruth:smp_model"
     assert s.model_kwargs == {"arch": "Unet", "encoder_name": "resnet34", "in_channels": 3, "classes": 21}
     assert s.loss == "mse" and s.input == InputSpec("image", (3, 512, 512))
 
@@ -194,7 +194,7 @@ def test_every_nvidia_high_medium_row_of_the_files_maps(name):
 
 
 def test_lightning_precisions_and_float_target_losses_map():
-    from vest_slurm.groundtruth import _loss, _precision
+    from groundtruth import _loss, _precision
 
     assert [_precision(p) for p in ("bf16-mixed", "16-mixed", "bf16-true", "32-true", "amp_bf16 (Lightning)")] == [
         "amp-bf16", "amp-fp16", "bf16", "fp32", "amp-bf16"]
@@ -205,7 +205,7 @@ def test_lightning_precisions_and_float_target_losses_map():
 
 
 def test_fused_and_for_loop_rows_map_to_the_optimizer_impl():
-    from vest_slurm.groundtruth import _optimizer_impl
+    from groundtruth import _optimizer_impl
 
     assert _optimizer_impl("adamw_torch_fused", "") == "fused"
     assert _optimizer_impl("torch.optim.AdamW", '{"fused": true}') == "fused"
@@ -216,7 +216,7 @@ def test_fused_and_for_loop_rows_map_to_the_optimizer_impl():
 
 
 def test_optimizer_names_and_settings_map_to_options():
-    from vest_slurm.groundtruth import _optimizer
+    from groundtruth import _optimizer
 
     assert _optimizer("torch.optim.Adam", '{"amsgrad": true}') == "adam-amsgrad"
     assert _optimizer("AdamW (HF Trainer default optim)", "{}") == "adamw"

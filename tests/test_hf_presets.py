@@ -4,9 +4,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from vest_slurm.groundtruth import RowSkip, row_to_spec
-from vest_slurm.models import HF_PRESETS, build_model, hf_preset
-from vest_slurm.workload import parse_workload_args
+from groundtruth import RowSkip, row_to_spec
+from vest_slurm.estimate.models import HF_PRESETS, build_model, hf_preset
+from vest_slurm.estimate.workload import parse_workload_args
 
 # Published parameter counts (millions): model cards and papers. The tolerance (4%) absorbs how a
 # card rounds and which head it counts (OpenAI's Whisper sizes, ALBERT's "11M"); a wrong width,

@@ -1,7 +1,7 @@
 import pytest
 
 from vest_slurm.errors import JobScriptError
-from vest_slurm.jobscript import (effective_options, gpu_request, options_from_env, parse_gres,
+from vest_slurm.slurm.jobscript import (effective_options, gpu_request, options_from_env, parse_gres,
                                   parse_job_script, parse_sbatch_argv, read_job_script)
 
 HOSTILE = ["with space", "it's", 'say "hi"', "$(rm -rf ~)", "`id`", "ünïcødé ✓", "semi;colon && x",

@@ -3,7 +3,7 @@
 import pytest
 
 from vest_slurm.errors import WorkloadError
-from vest_slurm.launch import find_train_command, parse_train_command
+from vest_slurm.dynamic.launch import find_train_command, parse_train_command
 
 
 @pytest.mark.parametrize("line,script,module,args,nproc,launcher", [

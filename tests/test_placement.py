@@ -4,10 +4,10 @@ import pathlib
 import pytest
 import toml
 
-from vest_slurm.estimate import MemoryEstimate
-from vest_slurm.jobscript import gpu_request
-from vest_slurm.placement import NoFit, Placement, needed_bytes, place
-from vest_slurm.siteconfig import parse_site_config, site_config_from_dict
+from vest_slurm.estimate.record import MemoryEstimate
+from vest_slurm.slurm.jobscript import gpu_request
+from vest_slurm.site.placement import NoFit, Placement, needed_bytes, place
+from vest_slurm.site.config import parse_site_config, site_config_from_dict
 from vest_slurm.units import GiB, MiB
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

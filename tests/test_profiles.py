@@ -3,8 +3,8 @@
 import pytest
 
 from vest_slurm.errors import WorkloadError
-from vest_slurm.profiles import PROFILES, get_profile, profile_for_device_name
-from vest_slurm.siteconfig import parse_site_config
+from vest_slurm.estimate.profiles import PROFILES, get_profile, profile_for_device_name
+from vest_slurm.site.config import parse_site_config
 
 # (nvidia-smi name, memory.total MiB, expected profile)
 NAMES = [

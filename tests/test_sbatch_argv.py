@@ -1,8 +1,8 @@
 import pytest
 
 from vest_slurm.errors import SlurmError, VestError
-from vest_slurm.jobscript import parse_job_script, parse_sbatch_argv
-from vest_slurm.sbatch import REMOVE, build_sbatch_argv, format_command, parse_sbatch_output, parse_test_only
+from vest_slurm.slurm.jobscript import parse_job_script, parse_sbatch_argv
+from vest_slurm.slurm.sbatch import REMOVE, build_sbatch_argv, format_command, parse_sbatch_output, parse_test_only
 
 # Hostile paths and values, as submitit's tests use: each must arrive as exactly one argv element.
 HOSTILE = ["with space", "it's", 'say "hi"', "$(rm -rf ~)", "`id`", "a\nb", "ünïcødé ✓", "semi;colon && x",

@@ -3,7 +3,7 @@ import pathlib
 import pytest
 
 from vest_slurm.errors import SiteConfigError
-from vest_slurm.siteconfig import load_site_config, parse_site_config
+from vest_slurm.site.config import load_site_config, parse_site_config
 from vest_slurm.units import MiB
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def test_shipped_configs_load():
 
 
 def test_example_documents_every_key():
-    from vest_slurm import siteconfig as sc
+    from vest_slurm.site import config as sc
     text = (ROOT / "site-config/example-site.toml").read_text()
     for key in sc.GPU_KEYS + sc.PARTITION_KEYS + sc.POLICY_KEYS + sc.BRIDGE_KEYS + tuple(sc.MESSAGE_FIELDS):
         assert f"#   {key}" in text or f"#   {key} " in text or f"# {key}" in text, key

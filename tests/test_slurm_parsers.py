@@ -1,5 +1,5 @@
 """Parsers of Slurm's output, over output recorded from the real 22.05 testbed (tests/data/slurm,
-captured with vest_slurm.testbed) and over hostile values."""
+captured with vest_slurm.slurm.testbed) and over hostile values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vest_slurm.cluster import (
+from vest_slurm.slurm.cluster import (
     JOB_KEY_ORDER,
     ClusterInfo,
     JobRecord,

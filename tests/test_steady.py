@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from vest_slurm import steady
-from vest_slurm.allocator import replay
-from vest_slurm.trace import AllocEvent
+from vest_slurm.estimate.record import steady
+from vest_slurm.estimate.allocator import replay
+from vest_slurm.estimate.trace import AllocEvent
 from vest_slurm.units import MiB
 
 
@@ -104,10 +104,10 @@ def test_left_as_is_with_one_step():
 def test_estimator_repeats_the_last_step(argv):
     """The estimator's events get the rest of the run, also where it adds DDP's buckets before
     the first step (the step ends move with them)."""
-    from vest_slurm.allocator_config import AllocatorConfig
-    from vest_slurm.estimator import _events_for, _with_rest_of_run, trace_for
-    from vest_slurm.profiles import get_profile
-    from vest_slurm.workload import parse_workload_args
+    from vest_slurm.estimate.allocator_config import AllocatorConfig
+    from vest_slurm.estimate.estimator import _events_for, _with_rest_of_run, trace_for
+    from vest_slurm.estimate.profiles import get_profile
+    from vest_slurm.estimate.workload import parse_workload_args
 
     spec = parse_workload_args(["--model", 'mlp:[["Linear",256,512],["ReLU"],["Linear",512,10]]',
                                 "--batch-size", "32", "--input", "256", *argv])

@@ -7,9 +7,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from vest_slurm import estimator, tracecache, tracing
-from vest_slurm.profiles import get_profile
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.record import estimator
+
+from vest_slurm.estimate.record import tracecache
+
+from vest_slurm.estimate.record import tracing
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.estimate.workload import parse_workload_args
 
 MLP = 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]'
 A100 = get_profile("a100-40gb")
@@ -136,11 +140,11 @@ def test_cudnn_answers_are_kept_for_the_next_process(tmp_path):
     import subprocess
     import sys
 
-    from vest_slurm import cudnn_ws
+    from vest_slurm.estimate.record import cudnn_ws
 
     if not cudnn_ws.available():
         pytest.skip("cuDNN's frontend is not installed")
-    ask = ("from vest_slurm import cudnn_ws; from vest_slurm.profiles import get_profile; "
+    ask = ("from vest_slurm.estimate import cudnn_ws; from vest_slurm.estimate.profiles import get_profile; "
            "k = cudnn_ws.conv_key('fprop', (8, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), 'float32', False); ")
     env = dict(os.environ, VEST_CACHE_DIR=str(tmp_path))
     first = subprocess.run([sys.executable, "-c", ask + "print(cudnn_ws.workspace_for(get_profile('a100'), k))"],
@@ -158,7 +162,7 @@ def test_cudnn_answers_keep_the_last_written(tmp_path, monkeypatch):
     """The answers file is bounded: past MAX_ANSWERS the oldest entries go when it is written."""
     import json
 
-    from vest_slurm import cudnn_ws
+    from vest_slurm.estimate.record import cudnn_ws
 
     answers = cudnn_ws._Answers()
     answers._path, answers._data = tmp_path / "cudnn" / "workspaces-test.json", {}

@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bnb_state import adam_8bit_state_bytes
-from vest_slurm import steady
-from vest_slurm.models import build_model
-from vest_slurm.tracing import trace_training
-from vest_slurm.workload import parse_workload_args
+from vest_slurm.estimate.record import steady
+from vest_slurm.estimate.models import build_model
+from vest_slurm.estimate.tracing import trace_training
+from vest_slurm.estimate.workload import parse_workload_args
 
 USER = "tests/data/user_models.py"
 
@@ -115,7 +115,7 @@ def test_a_library_optimizer_takes_no_impl_setting():
 
 def test_a_library_optimizer_that_is_not_installed_says_what_to_install():
     from vest_slurm.errors import WorkloadError
-    from vest_slurm.tracing import _library_optimizer
+    from vest_slurm.estimate.tracing import _library_optimizer
 
     s = spec("--model", MLP, "--batch-size", "2", "--input", "784", "--optimizer", "adamw-8bit")
     with pytest.raises(WorkloadError, match="needs no_such_library, which is not installed") as e:
@@ -291,7 +291,7 @@ def test_layer_norm_copies_an_input_that_is_not_contiguous(transpose):
 def test_live_tensor_peak_leaves_out_kernel_scratch():
     """The live-tensor peak is the FakeTensor / MemTracker count the accuracy benchmark compares
     against: tensors only, not the scratch the tracer adds for what CUDA kernels allocate."""
-    from vest_slurm.trace import AllocEvent, AllocTrace
+    from vest_slurm.estimate.trace import AllocEvent, AllocTrace
 
     events = (AllocEvent("alloc", 1, 100, category="activation"),
               AllocEvent("alloc", -1, 50, category="workspace", module="layer_norm"),
@@ -597,7 +597,7 @@ def test_transformers_warnings_about_the_built_config_stay_quiet():
 def test_the_trace_says_whether_the_run_computes_in_bf16():
     """AMP bf16 and bf16 weights make bfloat16 tensors on the GPU: the trace notes it (placement takes
     GPUs that emulate bf16 last); fp32 and fp16 AMP do not."""
-    from vest_slurm.trace import BF16_NOTE
+    from vest_slurm.estimate.trace import BF16_NOTE
 
     def notes(precision):
         return trace_training(parse_workload_args(["--model", 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]',

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from vest_slurm import vsbatch
-from vest_slurm.attach import detach
+from vest_slurm.site import vsbatch
+from vest_slurm.slurm.attach import detach
 from slurm_wait import wait_done
-from vest_slurm.cluster import SlurmCLI
+from vest_slurm.slurm.cluster import SlurmCLI
 
 pytestmark = pytest.mark.slurm
 pytest.importorskip("torch")

@@ -11,12 +11,15 @@ When neither gives an answer in time, the site's ``bridge.fail`` (open or closed
 Modules:
 - ``protocol``: the request and answer records, their limits and the wire format (JSON lines).
 - ``decide``: the decision, a pure function of (request, site config, user lookup) that reuses
-  ``placement.place`` on the estimate vsbatch attached (``attach``); it never runs a model, except
-  through the optional, time-budgeted directive estimator the server may hand it.
+  ``site.placement.place`` on the estimate vsbatch attached (``slurm.attach``); it never runs a
+  model, except through the optional, time-budgeted directive estimator the server may hand it.
+- ``directives``, ``worker``, ``sandbox``: allow-listed ``#VEST`` directives traced by one confined
+  worker process (its own unprivileged user, no network, no writes, limits).
 - ``server``: the resident threaded UNIX-socket server, config reload on SIGHUP or mtime.
 - ``luaconf``: the site facts the Lua needs before any answer (socket, timeout, fail mode, exempt
   uids), written as JSON beside job_submit.lua.
-- ``cli``: ``vest bridge serve|decide|test|lua-config``.
+- ``cli``: ``vest bridge serve|decide|test|lua-config|status``.
+- ``testbed``: the test cluster with job_submit.lua and the decision server.
 
 See site-config/README-bridge.md for the admin's view (install, reload, logs, trust model).
 """

@@ -68,8 +68,8 @@ def cmd_test(ns) -> int:
     import pwd
 
     from ..errors import VestError
-    from ..jobscript import option_value, read_job_script
-    from ..siteconfig import load_site_config
+    from ..slurm.jobscript import option_value, read_job_script
+    from ..site.config import load_site_config
     from .decide import decide
     from .directives import DirectiveEstimator
     from .protocol import JobRequest
@@ -131,7 +131,7 @@ def _user_of(uid: int):
 
 
 def cmd_lua_config(ns) -> int:
-    from ..siteconfig import load_site_config
+    from ..site.config import load_site_config
     from .luaconf import write_lua_conf
 
     path = write_lua_conf(load_site_config(ns.site_config), ns.output, python=ns.python)
@@ -140,7 +140,7 @@ def cmd_lua_config(ns) -> int:
 
 
 def cmd_status(ns) -> int:
-    from ..siteconfig import load_site_config
+    from ..site.config import load_site_config
     from .server import query_status
 
     sock = ns.socket or load_site_config(ns.site_config).bridge.socket_path
@@ -155,16 +155,6 @@ def cmd_status(ns) -> int:
 
 
 def _config_path(path: str | None) -> str:
-    from ..siteconfig import resolve_path
+    from ..site.config import resolve_path
 
     return resolve_path(path)
-
-
-def main(argv=None) -> int:
-    """``python -m vest_slurm.bridge ...`` (the same commands without ``vest``)."""
-    from ..cli import _ArgParser, run
-
-    p = _ArgParser(prog="vest")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_ArgParser)
-    add_bridge_commands(sub)
-    return run(["bridge", *(sys.argv[1:] if argv is None else argv)], parser=p)

@@ -29,15 +29,13 @@ import sys
 import time
 from typing import Callable, Mapping, Sequence
 
-from ..allowlist import DirectiveRefused, parse_untrusted
-from ..attach import AttachError, AttachedEstimate, detach
+from ..slurm.attach import AttachError, AttachedEstimate, detach
 from ..errors import VestError
-from ..estimate import MemoryEstimate
-from ..jobscript import GpuRequest, gpu_request, parse_job_script
-from ..placement import NoFit, place
-from ..profiles import get_profile
-from ..siteconfig import SiteConfig
-from .directives import DirectiveFailed
+from ..estimate.record import MemoryEstimate
+from ..slurm.jobscript import GpuRequest, gpu_request, parse_job_script
+from ..site.placement import NoFit, place
+from ..estimate.profiles import get_profile
+from ..site.config import SiteConfig
 from .protocol import (ESLURM_ACCESS_DENIED, ESLURM_INVALID_GRES, SAFE_VALUE, Decision, JobRequest,
                        ProtocolError, kv, parse_request)
 
@@ -258,6 +256,10 @@ def _from_directives(script: str | None, request: GpuRequest, site: SiteConfig,
         return None, "no-estimate", ""
     if not argv:
         return None, "no-estimate", ""
+    # Only jobs with #VEST lines and no attached estimate pay for these imports.
+    from ..estimate.allowlist import DirectiveRefused, parse_untrusted
+    from .directives import DirectiveFailed
+
     try:
         spec = parse_untrusted(argv)
     except DirectiveRefused as e:
@@ -301,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Always prints one answer line and exits 0 (job_submit.lua reads the answer, not the code)."""
     import argparse
 
-    from ..siteconfig import load_site_config
+    from ..site.config import load_site_config
     from .protocol import MAX_REQUEST_BYTES
 
     ap = argparse.ArgumentParser(prog="vest-bridge-decide")

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..siteconfig import SiteConfig
+from ..site.config import SiteConfig
 
 FILE_NAME = "vest-bridge.json"
 

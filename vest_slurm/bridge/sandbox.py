@@ -160,6 +160,12 @@ def needed_paths() -> list[str]:
     return sorted(p for p in paths if os.path.exists(p))
 
 
+def _readonly(libc, point: str, keep: int) -> None:
+    rc = libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep, None)
+    if rc != 0 and ctypes.get_errno() not in (errno.EACCES, errno.ENOENT, errno.EINVAL):
+        _check(rc, f"remounting {point} read-only")
+
+
 def confine(user: str, memory_bytes: int, fsize_bytes: int = TMP_SIZE_MIB << 20) -> Confinement:
     """Steps 1-4 of the module docstring, in this process. Raises SandboxError if any fails."""
     try:
@@ -172,13 +178,26 @@ def confine(user: str, memory_bytes: int, fsize_bytes: int = TMP_SIZE_MIB << 20)
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET),
            "unshare(mount, network) (needs root or CAP_SYS_ADMIN; see the systemd unit)")
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
-    _expose(libc, needed_paths(), pw.pw_uid, pw.pw_gid)
+    needed = needed_paths()
+    _expose(libc, needed, pw.pw_uid, pw.pw_gid)
+    # What the worker needs from under the host's /tmp (a checkout there, say) goes back on top of
+    # the private tmpfs, read-only; nothing else of the host's /tmp stays visible.
+    under_tmp = {p: os.open(p, os.O_PATH) for p in {os.path.realpath(q) for q in needed}
+                 if p.startswith(TMP_DIR + "/")}
     for point, keep in _mounts():
-        rc = libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep, None)
-        if rc != 0 and ctypes.get_errno() not in (errno.EACCES, errno.ENOENT, errno.EINVAL):
-            _check(rc, f"remounting {point} read-only")
+        _readonly(libc, point, keep)
     opts = f"size={fsize_bytes},mode=0700,uid={pw.pw_uid},gid={pw.pw_gid}".encode()
     _check(libc.mount(b"tmpfs", TMP_DIR.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"a private tmpfs on {TMP_DIR}")
+    for path, fd in sorted(under_tmp.items()):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        _check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None),
+               f"keeping {path} visible")
+        _readonly(libc, path, MS_NOSUID | MS_NODEV)
+        os.close(fd)
     os.setgroups([])
     os.setgid(pw.pw_gid)
     os.setuid(pw.pw_uid)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from ..errors import VestError
-from ..siteconfig import SiteConfig, load_site_config
+from ..site.config import SiteConfig, load_site_config
 from .decide import decide_bytes, error_decision
 from .directives import DirectiveEstimator
 from .luaconf import write_lua_conf

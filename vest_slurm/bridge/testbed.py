@@ -1,4 +1,4 @@
-"""The test cluster with the bridge: vest_slurm.testbed's Slurm plus JobSubmitPlugins=lua, this
+"""The test cluster with the bridge: vest_slurm.slurm.testbed's Slurm plus JobSubmitPlugins=lua, this
 repository's job_submit.lua and a decision server, configured from site-config/testbed.toml.
 
 Everything lives in the testbed's workdir: ``etc/vest-site.toml`` (testbed.toml with the bridge's
@@ -21,7 +21,7 @@ from pathlib import Path
 import toml
 
 from ..errors import SlurmError
-from ..testbed import SlurmTestbed
+from ..slurm.testbed import SlurmTestbed
 from .luaconf import FILE_NAME, write_lua_conf
 from .server import query_status
 
@@ -68,7 +68,7 @@ class BridgeTestbed:
         os.replace(tmp, self.config_path)
         if text is not None:
             from ..errors import VestError
-            from ..siteconfig import load_site_config
+            from ..site.config import load_site_config
             try:
                 write_lua_conf(load_site_config(str(self.config_path)), self.lua_conf,
                                pythonpath=str(REPO))

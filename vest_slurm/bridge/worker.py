@@ -65,10 +65,10 @@ def _probe(write_paths: list[str]) -> dict:
 
 
 def _trace(req: dict) -> dict:
-    from ..allowlist import parse_untrusted
+    from ..estimate.allowlist import parse_untrusted
     from ..errors import VestError
-    from ..estimator import estimate
-    from ..profiles import get_profile
+    from ..estimate.estimator import estimate
+    from ..estimate.profiles import get_profile
 
     try:
         spec = parse_untrusted(req["argv"]).with_(num_gpus=int(req["num_gpus"]))
@@ -81,9 +81,9 @@ def _trace(req: dict) -> dict:
 def _warm() -> None:
     """Load what tracing loads (torch, the model libraries, cuDNN's frontend) before the seccomp
     filter is in force: a library that starts a helper program while loading does it now."""
-    from ..estimator import estimate
-    from ..profiles import get_profile
-    from ..workload import parse_workload_args
+    from ..estimate.estimator import estimate
+    from ..estimate.profiles import get_profile
+    from ..estimate.workload import parse_workload_args
 
     estimate(parse_workload_args(["--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32",
                                   "--steps", "1"]), [get_profile("a100-40gb")])
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     os.dup2(2, 1)          # whatever a library prints goes to stderr, never into the answers
     try:
         conf = confine(ns.user, ns.memory_mib << 20)
-        from ..models import forbid_user_code
+        from ..estimate.models import forbid_user_code
 
         forbid_user_code()
         _warm()

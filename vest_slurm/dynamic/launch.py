@@ -1,0 +1,161 @@
+"""Read a training command line: what to run, and on how many GPUs. Pure, no torch.
+
+Forms understood (each optionally behind ``srun [srun options]``):
+    python [-u] train.py ARGS          python -m pkg.train ARGS
+    torchrun [--nproc_per_node N | --nproc-per-node N] [--nnodes M] [...] train.py ARGS
+    python -m torch.distributed.run / torch.distributed.launch  (same options as torchrun)
+    accelerate launch [--num_processes N] [--mixed_precision X] [...] train.py ARGS
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..errors import WorkloadError
+
+_SRUN_FLAGS_WITH_VALUE = {
+    "-n", "--ntasks", "-N", "--nodes", "-c", "--cpus-per-task", "-G", "--gpus", "--gres", "-p", "--partition",
+    "-t", "--time", "--mem", "-J", "--job-name", "-o", "--output", "-e", "--error", "--ntasks-per-node",
+    "--gpus-per-task", "--gpus-per-node", "--cpu-bind", "--mpi", "--export", "-w", "--nodelist", "-A", "--account",
+}
+_TORCHRUN_FLAGS_WITH_VALUE = {
+    "--nproc_per_node", "--nproc-per-node", "--nnodes", "--node_rank", "--node-rank", "--master_addr",
+    "--master-addr", "--master_port", "--master-port", "--rdzv_backend", "--rdzv-backend", "--rdzv_endpoint",
+    "--rdzv-endpoint", "--rdzv_id", "--rdzv-id", "--rdzv_conf", "--rdzv-conf", "--max_restarts",
+    "--max-restarts", "--monitor_interval", "--monitor-interval", "--start_method", "--start-method",
+    "--role", "--log_dir", "--log-dir", "-r", "--redirects", "-t", "--tee", "--local_addr", "--local-addr",
+    "--logs_specs", "--logs-specs",
+}
+_ACCELERATE_FLAGS_WITH_VALUE = {
+    "--num_processes", "--num-processes", "--num_machines", "--num-machines", "--mixed_precision",
+    "--mixed-precision", "--config_file", "--config-file", "--gpu_ids", "--gpu-ids", "--main_process_port",
+    "--main-process-port", "--machine_rank", "--machine-rank", "--main_process_ip", "--main-process-ip",
+    "--dynamo_backend", "--dynamo-backend",
+}
+_PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-b", "-bb", "-q", "-v"}
+
+
+@dataclass(frozen=True)
+class TrainCommand:
+    """What to run: a script path or a module, its argv, and the GPUs of the launch."""
+
+    script: str | None         # path of the .py file, or None for a module
+    module: str | None         # for python -m
+    args: tuple[str, ...]
+    nproc: int = 1             # processes (GPUs) per node the launcher starts
+    launcher: str = "python"   # python, torchrun, accelerate
+    env: tuple[tuple[str, str], ...] = ()    # VAR=value prefixes of the command
+    mixed_precision: str | None = None       # accelerate's --mixed_precision
+
+    @property
+    def display(self) -> str:
+        target = self.script if self.script else f"-m {self.module}"
+        return f"{self.launcher} {target} {' '.join(shlex.quote(a) for a in self.args)}".strip()
+
+
+def _is_python(word: str) -> bool:
+    return bool(re.fullmatch(r"(.*/)?python(\d(\.\d+)?)?", word))
+
+
+def _skip_options(words: list[str], i: int, with_value: set[str]) -> tuple[int, dict]:
+    seen: dict[str, str] = {}
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        w = words[i]
+        if "=" in w:
+            k, v = w.split("=", 1)
+            seen[k] = v
+            i += 1
+        elif w in with_value and i + 1 < len(words):
+            seen[w] = words[i + 1]
+            i += 2
+        else:
+            seen[w] = ""
+            i += 1
+    if i < len(words) and words[i] == "--":
+        i += 1
+    return i, seen
+
+
+def _int(value: str, what: str) -> int:
+    if value in ("gpu", "auto"):
+        return -1   # "one per GPU": decided by the job's GPUs
+    try:
+        return int(value)
+    except ValueError:
+        raise WorkloadError(f"{what} {value!r} is not a number", f"give {what} a whole number") from None
+
+
+def parse_train_command(command: str | list[str]) -> TrainCommand:
+    """Parse one command line (a string as in a job script, or an argv list)."""
+    if isinstance(command, str):
+        try:
+            words = shlex.split(command, comments=True)
+        except ValueError as e:
+            raise WorkloadError(f"cannot split the command {command!r}: {e}", "check its quotes") from None
+    else:
+        words = list(command)
+    env = []
+    i = 0
+    while i < len(words) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[i]):
+        k, v = words[i].split("=", 1)
+        env.append((k, v))
+        i += 1
+    if i < len(words) and words[i] in ("exec", "time", "env"):
+        i += 1
+    if i < len(words) and os.path.basename(words[i]) == "srun":
+        i, _ = _skip_options(words, i + 1, _SRUN_FLAGS_WITH_VALUE)
+    if i >= len(words):
+        raise WorkloadError(f"no training command in {command!r}", "give e.g. `python train.py ...`")
+    head = words[i]
+    base = os.path.basename(head)
+    launcher, nproc, mixed = "python", 1, None
+    if base == "torchrun" or (_is_python(base) and words[i + 1:i + 3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])):
+        start = i + 1 if base == "torchrun" else i + 3
+        i, seen = _skip_options(words, start, _TORCHRUN_FLAGS_WITH_VALUE)
+        nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
+        launcher = "torchrun"
+        if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
+            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env))
+        if "--no_python" in seen or "--no-python" in seen:
+            raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
+    elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
+        i, seen = _skip_options(words, i + 2, _ACCELERATE_FLAGS_WITH_VALUE)
+        nproc = _int(seen.get("--num_processes", seen.get("--num-processes", "1")), "--num_processes")
+        mixed = seen.get("--mixed_precision", seen.get("--mixed-precision"))
+        launcher = "accelerate"
+    elif _is_python(base):
+        i += 1
+        while i < len(words) and words[i] in _PYTHON_FLAGS:
+            i += 1
+        if i < len(words) and words[i] == "-m":
+            if i + 1 >= len(words):
+                raise WorkloadError(f"`{command}`: -m without a module", "give the module, e.g. python -m pkg.train")
+            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), 1, "python", tuple(env))
+        if i < len(words) and words[i] == "-c":
+            raise WorkloadError("`python -c` code cannot be estimated", "put the training code in a file and run that")
+    elif head.endswith(".py"):
+        pass
+    else:
+        raise WorkloadError(f"`{' '.join(words)}` is not a Python training command",
+                            "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ... or accelerate launch ...")
+    if i >= len(words):
+        raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
+    return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed)
+
+
+def find_train_command(command_lines: list[str]) -> TrainCommand | None:
+    """The first command line of a job script that runs Python training (None if there is none)."""
+    for line in command_lines:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            cmd = parse_train_command(text)
+        except WorkloadError:
+            continue
+        if cmd.module or (cmd.script and cmd.script.endswith(".py")):
+            return cmd
+    return None

@@ -1,0 +1,235 @@
+"""From a WorkloadSpec to a MemoryEstimate per GPU type: trace, replay, add what lives outside.
+
+    trace_training(spec)                       (tracing.py: fake CUDA on the CPU)
+      -> workspace sizes of this GPU type     (cuBLAS per profile; cuDNN per convolution, cudnn_ws.py)
+      -> the last step repeated               (steady.py: until the allocator's layout settles)
+      -> replay(...)                          (allocator.py: the caching allocator)
+      -> + CUDA context, cuDNN, NCCL          (profiles.py)
+      = peak     what nvidia-smi shows on this GPU type (cuDNN takes the workspace of its
+                 heuristics' first plan, as on a GPU with room for it)
+      = required the smallest device memory at which the job runs (the allocator's
+                 flush-and-retry applied; cuDNN falls back to plans without a workspace)
+
+Multi-GPU data parallel jobs are estimated per GPU: the batch is per GPU; DDP adds its gradient
+buckets (one flat copy of the gradients, torch DistributedDataParallel's default
+gradient_as_bucket_view=False) and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Sequence
+
+from . import steady
+from .allocator import min_capacity_bytes, replay
+from .allocator_config import parse_alloc_conf
+from ..errors import EstimateError, WorkloadError
+from .record import MemoryEstimate
+from .profiles import DeviceProfile
+from .trace import BF16_NOTE, AllocEvent, AllocTrace
+from ..units import MiB
+from .workload import WorkloadSpec
+
+# NCCL's buffers per communicator for a ring all-reduce: per channel, a send and a receive buffer
+# for each protocol (SIMPLE NCCL_BUFFSIZE 4 MiB, LL128 ~4.6 MiB, LL 256 KiB), ~9 MiB per peer
+# direction; NCCL opens 16 channels or more on NVLink/NVSwitch nodes: 2 x 16 x 9 MiB ~ 288 MiB.
+NCCL_BYTES = 288 * MiB
+DDP_BUCKET_BLOCK = -10_000_000   # block id of the DDP buckets the estimator adds (not from the trace)
+_CUDNN_WORKSPACES = ("cudnn", "cudnn_find")   # per convolution run; benchmark mode's timing one per shape
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    trace: AllocTrace
+    seconds: float
+    uses_cudnn: bool
+    live_peak_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    has_ddp_buckets: bool = False   # the trace itself holds DDP's buckets (dynamic analysis)
+
+    @property
+    def computes_bf16(self) -> bool:
+        return BF16_NOTE in self.trace.notes
+
+
+def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
+    # parameter / optimizer-state bytes: alive at the end; gradient: the largest set alive at once.
+    live: dict[int, AllocEvent] = {}
+    grad_live = grad_max = 0
+    for e in trace.events:
+        if e.action == "alloc":
+            live[e.block] = e
+            if e.category == "gradient":
+                grad_live += e.size_bytes
+                grad_max = max(grad_max, grad_live)
+        else:
+            a = live.pop(e.block, None)
+            if a is not None and a.category == "gradient":
+                grad_live -= a.size_bytes
+    params = sum(e.size_bytes for e in live.values() if e.category == "parameter")
+    states = sum(e.size_bytes for e in live.values() if e.category == "optimizer_state")
+    uses_cudnn = any(e.module == "cudnn" for e in trace.events if e.category == "workspace")
+    ddp = any(e.module == "ddp_buckets" for e in trace.events if e.action == "alloc")
+    return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
+
+
+def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: WorkloadSpec,
+                summary: TraceSummary) -> list[AllocEvent]:
+    """The trace with this GPU type's workspaces, and DDP's buckets for multi-GPU jobs.
+
+    cuBLAS: PyTorch's default workspace per handle (profiles.py). cuDNN: the workspace of the plan
+    PyTorch runs on a GPU with room for it (cudnn_ws.py, cuDNN's own heuristics)."""
+    from . import cudnn_ws
+
+    ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
+    last_param = max((i for i, e in enumerate(events) if e.category == "parameter"), default=-1) if ddp else -1
+    out: list[AllocEvent] = []
+    for i, e in enumerate(events):
+        if e.category == "workspace" and e.action == "alloc":
+            if e.module == "cublas":
+                e = replace(e, size_bytes=profile.cublas_workspace_bytes)
+            elif e.module in _CUDNN_WORKSPACES and e.detail:
+                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail, benchmark=e.module == "cudnn_find"))
+        out.append(e)
+        if i == last_param:
+            # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
+            out.append(AllocEvent("alloc", DDP_BUCKET_BLOCK, summary.param_bytes, 0, "setup", "gradient", "ddp_buckets"))
+    return out
+
+
+def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config) -> tuple[list[AllocEvent], int]:
+    """The steps after the traced ones, until the allocator's layout settles (steady.py), and how
+    many were added. Step ends after an event _events_for inserted (DDP's buckets) move by one."""
+    added = [i for i, e in enumerate(events) if e.module == "ddp_buckets" and e.block == DDP_BUCKET_BLOCK]
+    ends = [i + sum(1 for a in added if a <= i) for i in summary.trace.step_ends]
+    return steady.extend(events, ends, config)
+
+
+def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
+    """The events at capacity: PyTorch falls back to cuDNN plans that fit when a workspace
+    allocation fails (Conv_v8.cpp try_plans), down to ones that need none, and benchmark mode
+    halves its timing workspace until it fits; ``required`` counts none."""
+    return [replace(e, size_bytes=0) if e.module in _CUDNN_WORKSPACES and e.action == "alloc" else e for e in events]
+
+
+def _largest(events: Sequence[AllocEvent], module: str, default):
+    """The largest allocation of this workspace kind (default where there is none)."""
+    return max((e.size_bytes for e in events if e.module == module and e.action == "alloc"), default=default)
+
+
+def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
+    """The peak as this GPU shows it. The replay's peak has no ceiling; where it is above what the
+    GPU has but the job runs (required fits), the allocator empties its cache and retries and cuDNN
+    takes smaller workspaces instead of failing, so the device fills up to what it has."""
+    if required <= profile.usable_bytes < peak:
+        return profile.usable_bytes
+    return peak
+
+
+def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -> TraceSummary:
+    """The CPU trace of ``spec`` on a GPU like ``profile``. ``cache``: read it from the trace cache
+    (tracecache.py) where the same workload was traced by the same code before, and keep it there;
+    the CLI commands use it, the benchmarks (which time the tracing) do not."""
+    from . import tracecache
+
+    k = tracecache.key(spec, profile.capability, profile.total_bytes) if cache else None
+    hit = tracecache.load(k)
+    if hit is not None:
+        trace, seconds = hit
+        return summarize(replace(trace, notes=trace.notes + ("read from the trace cache",)), seconds)
+    from .tracing import trace_training   # torch is imported only when an estimate is made
+
+    t0 = time.perf_counter()
+    try:
+        trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
+    except (EstimateError, WorkloadError) as e:
+        tracecache.store(k, e, time.perf_counter() - t0)
+        raise
+    seconds = time.perf_counter() - t0
+    tracecache.store(k, trace, seconds)
+    return summarize(trace, seconds)
+
+
+def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+    config = parse_alloc_conf(spec.alloc_conf)
+    events, _ = _with_rest_of_run(_events_for(summary.trace.events, profile, spec, summary), summary, config)
+    result = replay(events, config)
+    need = min_capacity_bytes(_without_cudnn_workspaces(events), config)
+    cudnn_ws_max = _largest(events, "cudnn", default=0)
+    cudnn_find_max = _largest(events, "cudnn_find", default=None)
+    outside = profile.context_mib * MiB
+    parts = [("cuda_context", outside)]
+    if summary.uses_cudnn:
+        parts.append(("cudnn", profile.cudnn_mib * MiB))
+    if spec.num_gpus > 1 and spec.parallelism in ("ddp", "dp"):
+        parts.append(("nccl", NCCL_BYTES))
+    fixed = sum(v for _, v in parts)
+    breakdown = tuple(parts) + (
+        ("parameters", summary.param_bytes),
+        ("gradients", summary.grad_bytes),
+        ("optimizer_state", summary.optimizer_state_bytes),
+        ("live_tensor_peak", summary.live_peak_bytes),
+        ("allocator_peak_allocated", result.peak_allocated_bytes),
+        ("allocator_peak_reserved", result.peak_reserved_bytes),
+        ("allocator_required", need),
+    )
+    if summary.uses_cudnn:
+        breakdown += (("cudnn_workspace_max", cudnn_ws_max),)
+    if cudnn_find_max is not None:
+        breakdown += (("cudnn_benchmark_workspace_max", cudnn_find_max),)
+    return MemoryEstimate(
+        gpu=profile.key,
+        capacity_bytes=profile.usable_bytes,
+        required_bytes=fixed + need,
+        peak_bytes=_peak_on(profile, fixed + result.peak_reserved_bytes, fixed + need),
+        breakdown=breakdown,
+    )
+
+
+def gpu_class(profile: DeviceProfile) -> bool:
+    """What a trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need
+    sm80+. GPU types of one class share a trace."""
+    return profile.capability >= (8, 0)
+
+
+def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
+                  cache: bool = False) -> dict[bool, TraceSummary | EstimateError]:
+    """One trace per GPU class of ``profiles``, or the EstimateError of a class whose trace failed
+    (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised."""
+    out: dict[bool, TraceSummary | EstimateError] = {}
+    for p in profiles:
+        if gpu_class(p) not in out:
+            try:
+                out[gpu_class(p)] = trace_for(spec, p, cache)
+            except EstimateError as e:
+                out[gpu_class(p)] = e
+    return out
+
+
+def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | EstimateError],
+                  targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
+    """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
+    EstimateError} for the others)."""
+    estimates, failed = [], {}
+    for name, p in targets.items():
+        summary = summaries[gpu_class(p)]
+        if isinstance(summary, EstimateError):
+            failed[name] = summary
+        else:
+            estimates.append(replace(estimate_from_trace(summary, spec, p), gpu=name))
+    return estimates, failed
+
+
+def estimate(spec: WorkloadSpec, profiles: Sequence[DeviceProfile], cache: bool = False) -> list[MemoryEstimate]:
+    """One MemoryEstimate per profile, the trace shared within a GPU class; raises the first
+    EstimateError (estimates_for reports a class that does not trace and goes on)."""
+    traces: dict[bool, TraceSummary] = {}
+    out = []
+    for p in profiles:
+        if gpu_class(p) not in traces:
+            traces[gpu_class(p)] = trace_for(spec, p, cache)
+        out.append(estimate_from_trace(traces[gpu_class(p)], spec, p))
+    return out

@@ -1,0 +1,363 @@
+"""WorkloadSpec: what a training job trains, as one frozen record.
+
+Parsed from command-line options (``vest estimate --model ...``) and from ``#VEST`` job-script
+directives, which carry exactly the same options (``#VEST --model torchvision:resnet50 --batch-size
+128``). Nothing here imports torch: the spec is checked for form here, and for meaning (does the
+model exist, does the input fit it) when the model is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, replace
+
+from ..errors import WorkloadError
+
+# Optimizers: name -> (torch.optim class or "module:Class", the memory-relevant arguments, states
+# per parameter element in fp32 equivalents, as the optimizer keeps them). Learning rates are the
+# classes' defaults: they move no memory.
+OPTIMIZER_TABLE: dict[str, tuple[str, dict, float]] = {
+    "sgd": ("SGD", {}, 0),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}, 1),                 # momentum_buffer
+    "adam": ("Adam", {}, 2),                                      # exp_avg, exp_avg_sq
+    "adamw": ("AdamW", {}, 2),
+    "adam-amsgrad": ("Adam", {"amsgrad": True}, 3),               # + max_exp_avg_sq
+    "adamw-amsgrad": ("AdamW", {"amsgrad": True}, 3),
+    "rmsprop": ("RMSprop", {}, 1),                                # square_avg
+    "rmsprop-momentum": ("RMSprop", {"momentum": 0.9}, 2),        # + momentum_buffer
+    "rmsprop-centered": ("RMSprop", {"centered": True}, 2),       # + grad_avg
+    "adagrad": ("Adagrad", {}, 1),                                # sum
+    "adamax": ("Adamax", {}, 2),                                  # exp_avg, exp_inf
+    "nadam": ("NAdam", {}, 2),                                    # exp_avg, exp_avg_sq
+    "radam": ("RAdam", {}, 2),
+    "adadelta": ("Adadelta", {}, 2),                              # square_avg, acc_delta
+    "asgd": ("ASGD", {}, 1),                                      # ax (eta, mu: scalars)
+    "rprop": ("Rprop", {}, 2),                                    # prev, step_size
+    # factored second moments: a row and a column vector per matrix (row_var, col_var), the full
+    # size only for 1-D parameters (variance); the count is that of the matrices
+    "adafactor": ("Adafactor", {}, 0),
+    # bitsandbytes' 8-bit optimizers (installed separately: pip install bitsandbytes): two uint8
+    # states per element (a quarter of fp32's each) plus an fp32 absmax per block of 256; tensors
+    # under 4,096 elements keep fp32 states. Their kernels have fake-tensor implementations.
+    "adam-8bit": ("bitsandbytes.optim:Adam8bit", {}, 0.5),
+    "adamw-8bit": ("bitsandbytes.optim:AdamW8bit", {}, 0.5),
+}
+OPTIMIZERS = tuple(OPTIMIZER_TABLE)
+OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
+PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
+LOSSES = ("auto", "cross-entropy", "mse", "model")
+PARALLELISMS = ("ddp", "dp", "none")
+PRE_FORWARDS = ("none", "grad", "no-grad")
+CUDNN_TF32 = ("on", "off")
+CUDNN_BENCHMARK = ("off", "on")
+ZERO_GRADS = ("after-step", "before-backward", "never")
+GRADIENT_CHECKPOINTING = ("off", "on")
+MODEL_PREFIXES = ("torchvision:", "timm:", "hf:", "mlp:")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Per-sample input. ``kind`` is image (C, H, W), tokens (length,), tensor (any shape), or
+    default (the model's own default input size, e.g. timm's pretrained_cfg)."""
+
+    kind: str
+    shape: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind == "default":
+            return "default"
+        if self.kind == "tokens":
+            return f"seq{self.shape[0]}"
+        prefix = "tensor:" if self.kind == "tensor" else ""
+        return prefix + "x".join(str(d) for d in self.shape)
+
+
+def parse_input(text: str) -> InputSpec:
+    """``3x224x224`` image, ``seq512`` tokens, ``tensor:16x80`` any float tensor, ``784`` features,
+    ``default`` the model's default."""
+    t = text.strip().lower()
+    if t in ("default", "timm_default", ""):
+        return InputSpec("default")
+    m = re.fullmatch(r"seq(?:uence)?[:=]?(\d+)", t)
+    if m:
+        n = int(m.group(1))
+        if n <= 0:
+            raise WorkloadError(f"input {text!r}: sequence length must be positive", "use e.g. --input seq512")
+        return InputSpec("tokens", (n,))
+    kind = "tensor"
+    if t.startswith("tensor:"):
+        t = t[len("tensor:"):]
+    dims = t.split("x")
+    if not all(re.fullmatch(r"\d+", d) for d in dims):
+        raise WorkloadError(
+            f"malformed input shape {text!r}",
+            "use CxHxW for images (3x224x224), seqN for tokens (seq512), N for features (784), "
+            "or tensor:AxB for any other per-sample shape",
+        )
+    shape = tuple(int(d) for d in dims)
+    if any(d <= 0 for d in shape):
+        raise WorkloadError(f"input {text!r}: every dimension must be positive", "e.g. --input 3x224x224")
+    if len(shape) == 3 and not text.strip().lower().startswith("tensor:"):
+        kind = "image"
+    return InputSpec(kind, shape)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One training job's memory-relevant settings. ``batch_size`` is per GPU."""
+
+    model: str
+    batch_size: int
+    input: InputSpec = InputSpec("default")
+    model_args: tuple[tuple[str, object], ...] = ()
+    loss: str = "auto"
+    optimizer: str = "adam"
+    optimizer_impl: str = "auto"
+    precision: str = "fp32"
+    channels_last: bool = False
+    grad_accum: int = 1
+    num_gpus: int = 1
+    parallelism: str = "ddp"
+    alloc_conf: str = ""
+    steps: int = 2
+    weight_decay: float | None = None   # None: the optimizer's torch default (AdamW 0.01, others 0)
+    pre_forward: str = "none"   # one full-batch fp32 forward before training (a sanity check, a summary,
+                                # targets built from the model's output): with autograd ("grad") or not
+    cudnn_tf32: str = "on"      # torch.backends.cudnn.allow_tf32 (PyTorch's default: on); it decides which
+                                # cuDNN engines fp32 convolutions may use, and so their workspaces
+    cudnn_benchmark: str = "off"   # torch.backends.cudnn.benchmark (PyTorch's default: off); on, the first
+                                   # run of each convolution shape times every engine in one workspace
+                                   # as large as the largest engine's (timm's train.py sets it)
+    zero_grad: str = "after-step"   # where the loop calls optimizer.zero_grad() (set_to_none): after the
+                                    # step or before the forward ("after-step": the gradients are gone
+                                    # while the next forward runs), between the forward and backward
+                                    # ("before-backward": timm's train.py, Lightning; last step's
+                                    # gradients live through the forward), or "never" (accumulated)
+    gradient_checkpointing: str = "off"   # activation checkpointing through the model's own switch (HF
+                                          # activation/gradient_checkpointing_enable, timm set_grad_checkpointing):
+                                          # each block keeps its input and recomputes the rest in backward
+
+    @property
+    def model_kwargs(self) -> dict:
+        return {k: _thaw(v) for k, v in self.model_args}
+
+    @property
+    def amp_dtype(self) -> str | None:
+        return {"amp-fp16": "float16", "amp-bf16": "bfloat16"}.get(self.precision)
+
+    @property
+    def weight_dtype(self) -> str:
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "float32")
+
+    def with_(self, **changes) -> "WorkloadSpec":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["input"] = str(self.input)
+        d["model_args"] = self.model_kwargs
+        return d
+
+    def to_argv(self) -> list[str]:
+        """The options that parse back into this spec (used to attach and to re-run)."""
+        argv = ["--model", self.model, "--batch-size", str(self.batch_size), "--input", str(self.input)]
+        if self.model_args:
+            argv += ["--model-args", json.dumps(self.model_kwargs, sort_keys=True)]
+        defaults = WorkloadSpec(model="x", batch_size=1)
+        for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
+                     "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32",
+                     "cudnn_benchmark", "zero_grad", "gradient_checkpointing"):
+            v = getattr(self, name)
+            if v != getattr(defaults, name):
+                argv += ["--" + name.replace("_", "-"), str(v)]
+        if self.channels_last:
+            argv.append("--channels-last")
+        return argv
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return ("__list__",) + tuple(_freeze(x) for x in v)
+    return v
+
+
+def _thaw(v):
+    if isinstance(v, tuple):
+        if v and v[0] == "__list__":
+            return [_thaw(x) for x in v[1:]]
+        return {k: _thaw(x) for k, x in v}
+    return v
+
+
+def _parse_scalar(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises WorkloadError instead of printing usage and exiting."""
+
+    def error(self, message):  # noqa: D401 - argparse's hook
+        raise WorkloadError(f"workload options: {message}", "see `vest estimate --help` for the options")
+
+
+def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The workload options, shared by `vest estimate`, `vest check` and #VEST directives."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--model", required=required,
+                   help="torchvision:NAME, timm:NAME, hf:CLASS_OR_PRESET, mlp:JSON_LAYERS, FILE.py:FACTORY or pkg.mod:FACTORY")
+    g.add_argument("--model-args", default=None, help="JSON object of constructor / config arguments")
+    g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="one constructor / config argument (repeatable; VALUE parsed as JSON when it can be)")
+    g.add_argument("--batch-size", type=str, default=None, help="per-GPU batch size")
+    g.add_argument("--input", default=None, help="3x224x224 (image), seq512 (tokens), 784 (features), tensor:AxB, default")
+    g.add_argument("--loss", default=None, help="auto, cross-entropy, mse (on an HF model: on its logits, no labels), model (the model's own loss; auto for HF models)")
+    g.add_argument("--optimizer", default=None, help=", ".join(OPTIMIZERS))
+    g.add_argument("--optimizer-impl", default=None, help=", ".join(OPTIMIZER_IMPLS) + " (auto: as PyTorch picks on a GPU)")
+    g.add_argument("--precision", default=None, help=", ".join(PRECISIONS))
+    g.add_argument("--channels-last", action="store_true", default=None)
+    g.add_argument("--grad-accum", type=str, default=None, help="gradient accumulation steps")
+    g.add_argument("--num-gpus", type=str, default=None, help="GPUs of the job (data parallel; batch size is per GPU)")
+    g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS))
+    g.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the job")
+    g.add_argument("--steps", type=str, default=None, help="training iterations to trace (default 2)")
+    g.add_argument("--pre-forward", default=None,
+                   help="one fp32 forward of a full batch before training, as scripts that check the model or "
+                        "build targets from its output do: grad (autograd on, its activations held until it "
+                        "ends), no-grad, none (default)")
+    g.add_argument("--cudnn-tf32", default=None,
+                   help="on (PyTorch's default) or off: torch.backends.cudnn.allow_tf32 of the job, which decides "
+                        "the cuDNN engines, and so the workspaces, of fp32 convolutions")
+    g.add_argument("--cudnn-benchmark", default=None,
+                   help="off (PyTorch's default) or on: torch.backends.cudnn.benchmark of the job; on, the first "
+                        "run of each convolution shape allocates the largest workspace of all cuDNN engines "
+                        "to time them (timm's train.py sets it)")
+    g.add_argument("--zero-grad", default=None,
+                   help="where the loop zeroes the gradients (set to None): after-step (default; also "
+                        "zero_grad() at the top of the loop), before-backward (after the forward: timm's "
+                        "train.py, Lightning; the previous gradients live through the forward), never")
+    g.add_argument("--gradient-checkpointing", default=None,
+                   help="off (default) or on: the model's own activation checkpointing switch (transformers "
+                        "models, timm models that have one); each block keeps its input and recomputes the "
+                        "rest in the backward")
+    g.add_argument("--weight-decay", type=str, default=None,
+                   help="optimizer weight decay (default: torch's, 0.01 for AdamW, 0 otherwise); "
+                        "SGD and Adam with weight decay take a temporary copy of the gradients")
+
+
+def _positive_int(name: str, text, minimum: int = 1) -> int:
+    try:
+        v = int(str(text))
+    except ValueError:
+        raise WorkloadError(f"--{name} {text!r} is not an integer", f"give --{name} a whole number, e.g. --{name} 32") from None
+    if v < minimum:
+        raise WorkloadError(f"--{name} {v} must be at least {minimum}", f"give --{name} a value of {minimum} or more")
+    return v
+
+
+def _weight_decay(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        raise WorkloadError(f"--weight-decay {value!r} is not a number", "e.g. --weight-decay 0.01") from None
+    if v < 0:
+        raise WorkloadError(f"--weight-decay {v} is negative", "give 0 or a positive number")
+    return v
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    v = value.strip().lower().replace("_", "-")
+    aliases = {"amp_fp16": "amp-fp16", "amp": "amp-fp16", "fp16-amp": "amp-fp16", "bf16-amp": "amp-bf16",
+               "ce": "cross-entropy", "crossentropy": "cross-entropy", "foreach": "foreach", "loop": "for-loop"}
+    v = aliases.get(v, v)
+    if v not in choices:
+        raise WorkloadError(f"unknown {name} {value!r}", f"use one of: {', '.join(choices)}")
+    return v
+
+
+def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None) -> WorkloadSpec:
+    """Build a spec from parsed options; options not given keep ``base``'s values (CLI over #VEST)."""
+    model = ns.model or (base.model if base else None)
+    if not model:
+        raise WorkloadError("no model given", "add --model, e.g. --model torchvision:resnet50")
+    if not (model.startswith(MODEL_PREFIXES) or re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", model)):
+        raise WorkloadError(
+            f"model {model!r} has no known form",
+            "use torchvision:NAME, timm:NAME, hf:CLASS_OR_PRESET, mlp:JSON_LAYERS, path/to/file.py:factory or pkg.module:factory",
+        )
+    kwargs = dict(base.model_kwargs) if base and model == base.model else {}
+    if ns.model_args:
+        try:
+            extra = json.loads(ns.model_args)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"--model-args is not valid JSON: {e}", 'write it as a JSON object, e.g. \'{"num_classes": 100}\'') from None
+        if not isinstance(extra, dict):
+            raise WorkloadError("--model-args must be a JSON object", 'e.g. --model-args \'{"num_classes": 100}\'')
+        kwargs.update(extra)
+    for item in ns.model_arg or []:
+        if "=" not in item:
+            raise WorkloadError(f"--model-arg {item!r} is not KEY=VALUE", "e.g. --model-arg num_classes=100")
+        k, v = item.split("=", 1)
+        kwargs[k.strip()] = _parse_scalar(v)
+
+    def pick(name, default):
+        v = getattr(ns, name, None)
+        if v is not None:
+            return v
+        return getattr(base, name) if base is not None else default
+
+    batch = pick("batch_size", None)
+    if batch is None:
+        raise WorkloadError("no batch size given", "add --batch-size N (per GPU)")
+    spec = WorkloadSpec(
+        model=model,
+        batch_size=_positive_int("batch-size", batch),
+        input=parse_input(ns.input) if ns.input is not None else (base.input if base else InputSpec("default")),
+        model_args=_freeze(kwargs) if kwargs else (),
+        loss=_choice("loss", pick("loss", "auto"), LOSSES),
+        optimizer=_choice("optimizer", pick("optimizer", "adam"), OPTIMIZERS),
+        optimizer_impl=_choice("optimizer implementation", pick("optimizer_impl", "auto"), OPTIMIZER_IMPLS),
+        precision=_choice("precision", pick("precision", "fp32"), PRECISIONS),
+        channels_last=bool(pick("channels_last", False)),
+        grad_accum=_positive_int("grad-accum", pick("grad_accum", 1)),
+        num_gpus=_positive_int("num-gpus", pick("num_gpus", 1)),
+        parallelism=_choice("parallelism", pick("parallelism", "ddp"), PARALLELISMS),
+        alloc_conf=str(pick("alloc_conf", "")),
+        steps=_positive_int("steps", pick("steps", 2), minimum=1),
+        weight_decay=_weight_decay(pick("weight_decay", None)),
+        pre_forward=_choice("pre-forward", pick("pre_forward", "none"), PRE_FORWARDS),
+        cudnn_tf32=_choice("cudnn-tf32", pick("cudnn_tf32", "on"), CUDNN_TF32),
+        cudnn_benchmark=_choice("cudnn-benchmark", pick("cudnn_benchmark", "off"), CUDNN_BENCHMARK),
+        zero_grad=_choice("zero-grad", pick("zero_grad", "after-step"), ZERO_GRADS),
+        gradient_checkpointing=_choice("gradient-checkpointing", pick("gradient_checkpointing", "off"),
+                                       GRADIENT_CHECKPOINTING),
+    )
+    return spec
+
+
+def parse_workload_args(argv: list[str], base: WorkloadSpec | None = None) -> WorkloadSpec:
+    """Parse workload options from an argv list (a #VEST line, or tests)."""
+    p = _Parser(prog="#VEST", add_help=False)
+    add_workload_arguments(p, required=False)
+    ns, rest = p.parse_known_args(argv)
+    if rest:
+        raise WorkloadError(f"unknown workload option(s): {' '.join(rest)}", "see `vest estimate --help` for the options")
+    return spec_from_namespace(ns, base)
+
+
+def parse_vest_line(text: str, base: WorkloadSpec | None = None) -> WorkloadSpec:
+    """Parse the text after ``#VEST`` (shell-quoted options)."""
+    try:
+        argv = shlex.split(text, comments=False)
+    except ValueError as e:
+        raise WorkloadError(f"#VEST line cannot be split into options: {e}", "check its quotes") from None
+    return parse_workload_args(argv, base)

@@ -1,0 +1,538 @@
+"""What would fit: the largest batch, AMP, checkpointing, an 8-bit optimizer, more GPUs; and the
+estimates of one workload's variants.
+
+``Prober`` estimates a workload and its variants (other batch sizes, precisions, GPU counts) on the
+site's GPU types. Each trace is made once and shared:
+
+- by every GPU type of the same capability class (the estimator's rule: what a trace can depend on
+  is flash attention / native bf16, sm80+), and
+- by every GPU count: the trace is per GPU (``num_gpus``, ``parallelism`` and ``alloc_conf`` only
+  change the replay: DDP buckets, NCCL, allocator settings), so "4 GPUs at batch 32 per GPU" reuses
+  the trace the batch search made at batch 32.
+
+It stops starting new traces past its time budget or trace count; a probe it did not make answers
+None and the advice says the search stopped.
+
+``search_largest_batch`` finds the largest batch whose need fits a capacity. From a batch that fits:
+exponential steps up (doubling, or jumping to just past where the line through the last two fitting
+batches meets the capacity, when that is further) until one does not fit. From a batch that does not:
+batch 1 says whether anything fits. Then binary search over the bracket, each midpoint guessed by
+linear interpolation of the need (training memory grows about linearly with the batch, so this
+usually closes the bracket in two or three estimates), falling back to plain bisection whenever a
+guess does not halve the bracket, so the worst case stays logarithmic.
+
+``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
+the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
+models, through their own switch); an 8-bit Adam/AdamW state (bitsandbytes, where it is installed);
+more GPUs (data parallel, the per-GPU batch divided so the global batch stays).
+
+Known limitations:
+- The search assumes the need does not shrink as the batch grows (true of training memory; a
+  model whose kernels change with the batch could make the answer off by the width of that step).
+- Data-parallel advice replicates the model on each GPU (DDP): it never helps a job whose
+  parameters, gradients and optimizer state alone exceed the GPU; sharding (FSDP/ZeRO) is not
+  estimated yet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Collection, Iterable, Mapping, Sequence
+
+from ..errors import EstimateError, VestError
+from ..estimate.record import MemoryEstimate
+from ..estimate.estimator import gpu_class
+from .placement import NoFit, estimate_need, needed_bytes
+from ..estimate.profiles import DeviceProfile, get_profile
+from .config import SiteConfig
+from ..units import MiB, fmt_mib
+from ..estimate.workload import WorkloadSpec
+
+SCRIPT_PREFIX = "script:"   # WorkloadSpec.model of a training script estimated by dynamic analysis
+MAX_BATCH = 1 << 16          # the search never proposes a larger per-GPU batch
+ADVICE_BUDGET_S = 20.0       # vsbatch: the user waits for the refusal; advice stops starting traces after this
+ADVICE_MAX_TRACES = 16
+
+
+# ---------------------------------------------------------------- site GPU types as profiles
+
+def site_profiles(site: SiteConfig) -> dict[str, DeviceProfile]:
+    """{gres type: device profile}, with the site's ``memory_mib`` as the usable capacity."""
+    out = {}
+    for g in site.gpus:
+        p = get_profile(g.profile)
+        if g.memory_bytes is not None:
+            # memory_mib is what a process can use: no further driver reservation on top.
+            p = replace(p, total_mib=g.memory_bytes // MiB, reserved_mib=0)
+        out[g.name] = p.with_overrides(context_mib=g.context_mib, cudnn_mib=g.cudnn_mib)   # `vest calibrate`
+    return out
+
+
+def _trace_key(spec: WorkloadSpec) -> WorkloadSpec:
+    # What the trace does not depend on (estimator.py: DDP buckets, NCCL, alloc conf are replay-side).
+    return replace(spec, num_gpus=1, parallelism="ddp", alloc_conf="")
+
+
+class Prober:
+    """Estimates of a workload and its variants on the site's GPU types, traces shared and cached."""
+
+    def __init__(self, profiles: Mapping[str, DeviceProfile], headroom_percent: float = 0.0,
+                 headroom_bytes: int = 0, budget_s: float | None = None, max_traces: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, cache: bool = False):
+        self.profiles = dict(profiles)
+        self.cache = cache   # read and keep traces in the trace cache (tracecache.py)
+        self.headroom_percent = headroom_percent
+        self.headroom_bytes = headroom_bytes
+        self.budget_s = budget_s
+        self.max_traces = max_traces
+        self._clock = clock
+        self._start = clock()
+        self._traces: dict = {}        # (trace key, class) -> TraceSummary | EstimateError
+        self._estimates: dict = {}     # (spec, gres type) -> MemoryEstimate
+        self.traces_made = 0
+        self.trace_seconds = 0.0
+        self.stopped = False           # a probe was refused for the budget
+
+    @classmethod
+    def for_site(cls, site: SiteConfig, **kw) -> "Prober":
+        return cls(site_profiles(site), site.policy.headroom_percent, site.policy.headroom_bytes, **kw)
+
+    def restart_budget(self, budget_s: float | None, max_traces: int | None = None) -> None:
+        """Give the next searches a fresh budget (the first estimate is not advice)."""
+        self._start, self.budget_s = self._clock(), budget_s
+        self.max_traces = None if max_traces is None else self.traces_made + max_traces
+        self.stopped = False
+
+    def capacity(self, gres_type: str) -> int:
+        return self.profiles[gres_type].usable_bytes
+
+    def _over_budget(self) -> bool:
+        if self.budget_s is not None and self._clock() - self._start >= self.budget_s:
+            return True
+        return self.max_traces is not None and self.traces_made >= self.max_traces
+
+    def add_script_traces(self, spec: WorkloadSpec, summaries: Mapping[bool, object]) -> None:
+        """Traces of a training script (dynamic analysis), per capability class. The script fixes
+        its own batch and precision: variants of it cannot be traced, so advice about them is not
+        offered (probes of variants answer None)."""
+        for cls, summary in summaries.items():
+            self._traces[(_trace_key(spec), cls)] = summary
+
+    def _trace(self, spec: WorkloadSpec, profile: DeviceProfile, bounded: bool):
+        from ..estimate.estimator import trace_for   # torch is imported only when a trace is made
+
+        key = (_trace_key(spec), gpu_class(profile))
+        if key not in self._traces and spec.model.startswith(SCRIPT_PREFIX):
+            if bounded:
+                self.stopped = True
+                return None
+            raise EstimateError(f"{spec.model[len(SCRIPT_PREFIX):].strip()} was not run for this GPU class",
+                                "add #VEST --model ... lines to describe the workload")
+        if key not in self._traces:
+            if bounded and self._over_budget():
+                self.stopped = True
+                return None
+            t0 = time.perf_counter()
+            try:
+                self._traces[key] = trace_for(key[0], profile, self.cache)
+            except VestError as e:   # EstimateError; WorkloadError for a variant the model refuses
+                self._traces[key] = e
+            finally:
+                self.traces_made += 1
+                self.trace_seconds += time.perf_counter() - t0
+        return self._traces[key]
+
+    def estimate(self, spec: WorkloadSpec, gres_type: str, bounded: bool = True) -> MemoryEstimate | None:
+        """The estimate of ``spec`` on ``gres_type``; None when the budget stopped it (bounded) or
+        the variant cannot be traced (e.g. batch 1 with BatchNorm1d). Unbounded: raises EstimateError."""
+        k = (spec, gres_type)
+        if k in self._estimates:
+            return self._estimates[k]
+        from ..estimate.estimator import estimate_from_trace
+
+        profile = self.profiles[gres_type]
+        summary = self._trace(spec, profile, bounded)
+        if summary is None:
+            return None
+        if isinstance(summary, VestError):
+            if bounded:
+                return None
+            raise summary
+        est = estimate_from_trace(summary, spec, profile)
+        self._estimates[k] = est
+        return est
+
+    def slow_types(self, spec: WorkloadSpec) -> dict[str, str]:
+        """{GPU type: why} where ``spec`` runs much slower: its trace for that type's class computes
+        in bfloat16, emulated before sm80 (report.slow_types). Only traces already made count."""
+        from ..estimate.report import slow_types
+
+        return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), gpu_class(p))))
+
+    def estimates(self, spec: WorkloadSpec, types: Iterable[str] | None = None
+                  ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:
+        """The job's own estimate on every GPU type (or ``types``), unbounded: (estimates, errors).
+        A workload can fail on one class only (a script that needs sm80+); the caller decides."""
+        ok, failed = {}, {}
+        for t in (types or self.profiles):
+            try:
+                ok[t] = self.estimate(spec, t, bounded=False)
+            except EstimateError as e:
+                failed[t] = e
+        return ok, failed
+
+    def needed(self, spec: WorkloadSpec, gres_type: str) -> int | None:
+        """Per-GPU need with the site's headroom (placement's rule), or None (budget / untraceable)."""
+        est = self.estimate(spec, gres_type)
+        if est is None:
+            return None
+        return needed_bytes(estimate_need(est), self.headroom_percent, self.headroom_bytes)
+
+
+# ---------------------------------------------------------------- the batch search
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """``batch``: the largest batch known to fit (None: not even batch 1, or nothing probed fits).
+    ``exact``: batch + resolution(batch) is known not to fit, or batch is ``max_batch``. ``complete``: the search
+    ran to its end (not stopped by the budget)."""
+
+    batch: int | None
+    exact: bool
+    complete: bool
+    needed_bytes: int | None
+    probes: tuple[int, ...]
+    capped: bool = False
+
+    def text(self) -> str:
+        if self.batch is None:
+            return "none" if self.complete else "?"
+        if self.capped:
+            return f">={self.batch}"
+        return str(self.batch) if self.exact else f">={self.batch}"
+
+
+def resolution(batch: int) -> int:
+    """How close the search gets: exact up to batch 64, then within 1/64 (1.6 %) of the largest
+    batch that fits, never above it. Finer than the estimate's own error, and it saves the last
+    six or so estimates of a plain binary search."""
+    return max(1, batch // 64)
+
+
+def search_largest_batch(need: Callable[[int], int | None], capacity_bytes: int, start: int,
+                         max_batch: int = MAX_BATCH, known: Mapping[int, int] | None = None) -> BatchSearch:
+    """The largest batch b in [1, max_batch] with need(b) <= capacity_bytes, to ``resolution(b)``:
+    the answer always fits, and a batch ``resolution`` larger is known not to.
+
+    ``need(b)`` gives the per-GPU need at batch b, or None when it cannot be had (budget); ``known``
+    holds needs already measured. ``start`` is where the search begins (the job's own batch).
+    """
+    seen: dict[int, int] = dict(known or {})
+    probes: list[int] = []
+    stopped = False
+
+    def probe(b: int) -> int | None:
+        nonlocal stopped
+        if b not in seen:
+            v = need(b)
+            if v is None:
+                stopped = True
+                return None
+            seen[b] = v
+            probes.append(b)
+        return seen[b]
+
+    def fits(b: int) -> bool | None:
+        v = probe(b)
+        return None if v is None else v <= capacity_bytes
+
+    def bracket() -> tuple[int, int | None]:
+        ok = [b for b, v in seen.items() if v <= capacity_bytes]
+        bad = [b for b, v in seen.items() if v > capacity_bytes]
+        lo = max(ok, default=0)
+        hi = min((b for b in bad if b > lo), default=None)
+        return lo, hi
+
+    def result(complete: bool) -> BatchSearch:
+        lo, hi = bracket()
+        capped = lo >= max_batch
+        exact = complete and (capped or (hi is not None and hi - lo <= resolution(lo)))
+        return BatchSearch(lo or None, exact, complete and not stopped, seen.get(lo), tuple(probes), capped)
+
+    start = max(1, min(start, max_batch))
+    if fits(start) is None:
+        return result(False)
+    lo, hi = bracket()
+    if lo == 0:
+        # Down: batch 1 says whether anything fits; then the binary search below over [1, start].
+        r = fits(1)
+        if r is None or r is False:
+            return result(r is False)
+    else:
+        # Up: double, or jump to where the line through the last two fitting batches meets the
+        # capacity when that is further, until a batch does not fit or the cap.
+        prev = None
+        while hi is None and lo < max_batch:
+            b = lo * 2
+            if prev is not None and seen[lo] > seen[prev]:
+                predicted = lo + (capacity_bytes - seen[lo]) * (lo - prev) // (seen[lo] - seen[prev])
+                b = max(b, predicted + 1)   # one past the prediction: a failing probe closes the bracket
+            if fits(min(b, max_batch)) is None:
+                return result(False)
+            prev = lo
+            lo, hi = bracket()
+            if lo == prev:   # the probe did not fit: hi is set
+                break
+        if hi is None:
+            return result(True)
+    # Binary search on (lo, hi) down to the resolution. Interpolation rounds first: the interpolated
+    # guess and a second batch 1/32 of the bracket beyond it, on the side the first probe points
+    # to; with a near-linear need the two straddle the boundary and the bracket shrinks 32-fold in two
+    # estimates. A round that does not shrink it 4-fold (a step-shaped need, from the allocator's
+    # segment rounding, defeats interpolation) switches to plain bisection for good, so the worst
+    # case stays logarithmic.
+    interpolate = True
+    while True:
+        lo, hi = bracket()
+        if hi is None or hi - lo <= resolution(lo):
+            return result(True)
+        width = hi - lo
+        if interpolate and seen[hi] > seen[lo]:
+            guess = lo + (capacity_bytes - seen[lo]) * width // (seen[hi] - seen[lo])
+            guess = min(max(guess, lo + 1), hi - 1)
+            r = fits(guess)
+            if r is None:
+                return result(False)
+            step = max(1, width // 32)
+            second = guess + step if r else guess - step
+            if lo < second < hi and fits(second) is None:
+                return result(False)
+            lo2, hi2 = bracket()
+            interpolate = (hi2 - lo2) * 4 <= width
+        elif fits((lo + hi) // 2) is None:
+            return result(False)
+
+
+# ---------------------------------------------------------------- advice
+
+@dataclass(frozen=True)
+class Advice:
+    """One thing that would fit (or an honest 'this does not help'). ``fits`` False: a negative
+    finding. ``change`` is the #VEST / sbatch change in words."""
+
+    kind: str                      # as-is, batch, amp, checkpointing, optimizer, gpus, note
+    text: str
+    fits: bool
+    change: str = ""
+    batch_size: int | None = None
+    precision: str | None = None
+    num_gpus: int | None = None
+    gpu_type: str | None = None
+    partition: str | None = None
+    needed_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "text": self.text, "fits": self.fits, "change": self.change,
+                "batch_size": self.batch_size, "precision": self.precision, "num_gpus": self.num_gpus,
+                "gpu_type": self.gpu_type, "partition": self.partition,
+                "needed_mib": None if self.needed_bytes is None else round(self.needed_bytes / MiB, 1)}
+
+
+def amp_precision(profile: DeviceProfile) -> str:
+    """bf16 autocast where the GPU has it natively (sm80+), fp16 with a GradScaler before (bf16
+    runs there too, emulated in fp32 arithmetic: slower, the same memory)."""
+    return "amp-bf16" if profile.capability >= (8, 0) else "amp-fp16"
+
+
+def _partitions_for(site: SiteConfig, gres_type: str, gpus_per_node: int, total_gpus: int) -> list[str]:
+    return [p.name for p in site.partitions_with(gres_type)
+            if gpus_per_node <= p.gpus_per_node and (p.max_gpus_per_job is None or total_gpus <= p.max_gpus_per_job)]
+
+
+def _by_size(prober: Prober, types: Iterable[str]) -> list[str]:
+    return sorted(types, key=lambda t: (prober.capacity(t), t))
+
+
+def _fit_order(prober: Prober, site: SiteConfig, slow: Collection[str]) -> list[str]:
+    """The order in which advice tries the site's GPU types, as placement chooses: smallest first,
+    those where the job runs much slower (``slow``: Prober.slow_types) after all the others."""
+    return sorted(site.gpu_names, key=lambda t: (t in slow, prober.capacity(t), t))
+
+
+def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int,
+                  slow: Collection[str] = ()) -> tuple[str | None, str | None, int | None, bool]:
+    """(gpu type, partition, need, complete) of the smallest GPU type where ``spec`` fits (``slow``
+    types last)."""
+    best_need, complete = None, True
+    for t in _fit_order(prober, site, slow):
+        parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
+        if not parts:
+            continue
+        n = prober.needed(spec, t)
+        if n is None:
+            complete = False
+            continue
+        if n <= prober.capacity(t):
+            return t, parts[0], n, complete
+        best_need = n if best_need is None else min(best_need, n)
+    return None, None, best_need, complete
+
+
+def _first_fit(prober: Prober, site: SiteConfig, variant_on: Callable[[str], WorkloadSpec], gpus_per_node: int,
+               total_gpus: int, big: str, slow: Collection[str] = ()) -> tuple[str | None, str | None, int | None]:
+    """A variant of the job (``variant_on(gpu type)``) on the site's GPU types, smallest first
+    (``slow`` types last):
+    (type, partition, need) of the first it fits; where none does, (type, None, need) on ``big``
+    (the largest, or the last type probed if ``big`` could not be); (None, None, None) where
+    nothing was probed."""
+    tried: list[tuple[str, int]] = []
+    for t in _fit_order(prober, site, slow):
+        parts = _partitions_for(site, t, gpus_per_node, total_gpus)
+        if not parts:
+            continue
+        n = prober.needed(variant_on(t), t)
+        if n is None:
+            continue
+        if n <= prober.capacity(t):
+            return t, parts[0], n
+        tried.append((t, n))
+    if not tried:
+        return None, None, None
+    t, n = next(((t, n) for t, n in tried if t == big), tried[-1])
+    return t, None, n
+
+
+def _variant_advice(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int, big: str,
+                    kind: str, variant_on: Callable[[str], WorkloadSpec], what: Callable[[str], str],
+                    change: Callable[[str], str], slow: Collection[str] = (),
+                    **fields: Callable[[str], object]) -> Advice | None:
+    """Advice for one variant of the job (``variant_on(gpu type)``): the smallest GPU type it fits,
+    or that it does not help (its need on the largest); None where nothing could be probed.
+    ``what(t)`` names the variant, ``change(t)`` says how to make it, ``fields`` fill Advice's."""
+    t, part, n = _first_fit(prober, site, variant_on, gpus_per_node, spec.num_gpus, big, slow)
+    if t is None:
+        return None
+    extra = {k: f(t) for k, f in fields.items()}
+    if part is not None:
+        return Advice(kind, f"{what(t)} fits {t} (partition {part}): needs {fmt_mib(n)} per GPU with headroom",
+                      True, change(t), gpu_type=t, partition=part, needed_bytes=n, **extra)
+    return Advice(kind, f"{what(t)} alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
+                        f"({fmt_mib(prober.capacity(t))})", False, gpu_type=t, needed_bytes=n, **extra)
+
+
+def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_gpus: int = 1) -> str | None:
+    usable = [t for t in site.gpu_names if _partitions_for(site, t, gpus_per_node, total_gpus)]
+    return _by_size(prober, usable)[-1] if usable else None
+
+
+def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | None = None,
+           gpus_per_node: int = 1) -> tuple[Advice, ...]:
+    """What would fit the refused job ``spec``: largest batch on the largest GPU, AMP, activation
+    checkpointing (models with a switch), an 8-bit Adam/AdamW (bitsandbytes installed), more GPUs.
+    Only memory refusals get advice (``nofit.reason`` no-fit or user-choice-too-small)."""
+    if nofit is not None and nofit.reason not in ("no-fit", "user-choice-too-small"):
+        return ()
+    out: list[Advice] = []
+    slow = prober.slow_types(spec)   # placement's order: where the job runs much slower, last
+    if nofit is not None and nofit.reason == "user-choice-too-small":
+        t, part, n, _ = _smallest_fit(prober, site, spec, gpus_per_node, slow)
+        if t is not None:
+            out.append(Advice("as-is", f"as it is, the job fits {t} (partition {part}, needs {fmt_mib(n)} "
+                                       f"per GPU with headroom): drop your --partition/--gres choice",
+                              True, f"--partition={part}", gpu_type=t, partition=part, needed_bytes=n))
+            return tuple(out)
+    big = largest_gpu(prober, site, gpus_per_node, spec.num_gpus)
+    if big is None:
+        return ()
+    cap = prober.capacity(big)
+    big_part = _partitions_for(site, big, gpus_per_node, spec.num_gpus)[0]
+
+    # 1. The largest batch on the largest GPU.
+    s = search_largest_batch(lambda b: prober.needed(spec.with_(batch_size=b), big), cap, spec.batch_size,
+                             max_batch=spec.batch_size)
+    if s.batch is not None and s.batch < spec.batch_size:
+        exact = "" if s.exact else " (search stopped early; a larger batch may fit)"
+        out.append(Advice("batch", f"batch size {s.batch} per GPU fits {big} (partition {big_part}): needs "
+                                   f"{fmt_mib(s.needed_bytes)} of {fmt_mib(cap)} with headroom{exact}",
+                          True, f"#VEST --batch-size {s.batch}", batch_size=s.batch, gpu_type=big,
+                          partition=big_part, needed_bytes=s.needed_bytes))
+    elif s.complete and s.batch is None:
+        n1 = prober.needed(spec.with_(batch_size=1), big)
+        out.append(Advice("batch", f"no batch size fits {big}: even batch 1 needs "
+                                   f"{fmt_mib(n1) if n1 else '?'} of {fmt_mib(cap)} with headroom",
+                          False, batch_size=None, gpu_type=big, needed_bytes=n1))
+
+    # 2. AMP, where the job trains in full precision.
+    if spec.precision in ("fp32", "tf32"):
+        def amp(t):
+            return amp_precision(prober.profiles[t])
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "amp",
+                                   lambda t: spec.with_(precision=amp(t)), lambda t: f"AMP (--precision {amp(t)})",
+                                   lambda t: f"#VEST --precision {amp(t)}", precision=amp))
+
+    # 3. Activation checkpointing, where the model has its own switch (transformers, timm) and the
+    # job does not use it.
+    if spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm"):
+        variant = spec.with_(gradient_checkpointing="on")
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "checkpointing", lambda t: variant,
+                                   lambda t: "activation checkpointing (--gradient-checkpointing on, the model's "
+                                             "own switch)",
+                                   lambda t: "#VEST --gradient-checkpointing on (and turn it on in the script)", slow))
+
+    # 3b. An 8-bit Adam/AdamW (bitsandbytes), where it is installed: a quarter of the state.
+    eight = {"adam": "adam-8bit", "adamw": "adamw-8bit"}.get(spec.optimizer)
+    if eight is not None and importlib.util.find_spec("bitsandbytes") is not None:
+        variant = spec.with_(optimizer=eight, optimizer_impl="auto")
+        cls = "bnb.optim." + ("AdamW8bit" if eight == "adamw-8bit" else "Adam8bit")
+        out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "optimizer", lambda t: variant,
+                                   lambda t: f"an 8-bit optimizer state (--optimizer {eight}, bitsandbytes)",
+                                   lambda t: f"#VEST --optimizer {eight} (and {cls} in the script)", slow))
+    out = [a for a in out if a is not None]
+
+    # 4. More GPUs on one node, data parallel, the global batch kept (per-GPU batch divided).
+    most = max((p.gpus_per_node for p in site.partitions), default=1)
+    k, last = 2, None
+    while spec.num_gpus * k <= most and k <= spec.batch_size:
+        variant = spec.with_(num_gpus=spec.num_gpus * k, batch_size=math.ceil(spec.batch_size / k))
+        t, part, n, _ = _smallest_fit(prober, site, variant, variant.num_gpus, slow)
+        if t is not None:
+            out.append(Advice("gpus", f"{variant.num_gpus} GPUs (data parallel) at batch {variant.batch_size} per GPU, "
+                                      f"the same global batch: fits {t} (partition {part}, --gres=gpu:{t}:{variant.num_gpus}), "
+                                      f"needs {fmt_mib(n)} per GPU with headroom", True,
+                              f"#VEST --num-gpus {variant.num_gpus} --batch-size {variant.batch_size}; "
+                              f"#SBATCH --gres=gpu:{t}:{variant.num_gpus}",
+                              batch_size=variant.batch_size, num_gpus=variant.num_gpus, gpu_type=t, partition=part,
+                              needed_bytes=n))
+            break
+        last = (variant, n)
+        k *= 2
+    else:
+        if last is not None and last[1] is not None:
+            variant, n = last
+            out.append(Advice("gpus", f"more GPUs do not help: at {variant.num_gpus} GPUs and batch "
+                                      f"{variant.batch_size} per GPU it still needs {fmt_mib(n)} per GPU "
+                                      "(data parallel keeps a full copy of the model, its gradients and "
+                                      "optimizer state on every GPU)", False,
+                              num_gpus=variant.num_gpus, batch_size=variant.batch_size, needed_bytes=n))
+    if prober.stopped:
+        out.append(Advice("note", f"(advice search stopped after {prober.traces_made} traces; "
+                                  "run `vest check` on the script for a complete search)", False))
+    return tuple(out)
+
+
+def advisor(spec: WorkloadSpec, site: SiteConfig, prober: Prober, gpus_per_node: int = 1,
+            sink: list | None = None, budget_s: float = ADVICE_BUDGET_S,
+            max_traces: int = ADVICE_MAX_TRACES) -> Callable[[NoFit], Sequence[str]]:
+    """placement.place's ``advise`` callback; the structured advice is appended to ``sink``."""
+
+    def _advise(nofit: NoFit) -> Sequence[str]:
+        prober.restart_budget(budget_s, max_traces)
+        items = advise(spec, site, prober, nofit, gpus_per_node)
+        if sink is not None:
+            sink.extend(items)
+        return [a.text for a in items]
+
+    return _advise

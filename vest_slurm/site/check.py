@@ -1,0 +1,203 @@
+"""`vest check job.sh` / `vest check --model ...`: does the job fit, and where, on every GPU type of the site.
+
+One row per GPU type of the site config: the estimate (per GPU), the capacity, the need with the
+site's headroom, what is left, fits or not, the largest batch that fits (searched with the estimator,
+advice.search_largest_batch; ``>=N`` when the search stopped at its budget or cap), and the
+partitions with that GPU type. Below the table: where vsbatch would place the job (the same
+placement.place call), or why it would refuse and what would fit. Nothing is submitted and Slurm is
+not asked: the answer depends only on the workload and the site config.
+
+Exit codes: 0 the job fits somewhere (vsbatch would submit it); 3 it fits nowhere; 2 bad input;
+5 the workload could not be traced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from tabulate import tabulate
+
+from .. import __version__
+from ..errors import EXIT_NO_FIT, JobScriptError, WorkloadError
+from ..units import MiB
+from ..estimate.workload import WorkloadSpec, add_workload_arguments, spec_from_namespace
+
+SEARCH_BUDGET_S = 60.0
+
+
+def add_check_parser(sub) -> None:
+    p = sub.add_parser("check", help="does a job fit, and where: one row per GPU type of the site",
+                       description="Estimate a job on every GPU type of the site and say where it fits, "
+                                   "with the largest batch that fits each. Submits nothing.")
+    p.add_argument("script", nargs="?", help="job script with #VEST lines (workload options given here override them)")
+    add_workload_arguments(p, required=False)
+    p.add_argument("--site-config", metavar="PATH", help="site configuration (else $VEST_SITE_CONFIG, else /etc/vest/site.toml)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-search", action="store_true", help="skip the largest-batch search (one estimate per GPU class)")
+    p.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S, metavar="SECONDS",
+                   help=f"stop starting new estimates for the batch search after this long (default {SEARCH_BUDGET_S:g})")
+    p.set_defaults(func=cmd_check)
+
+
+def _workload(ns, site=None):
+    """(spec, GpuRequest, partitions, source) from the script's #VEST/#SBATCH lines and the options.
+    Another user's script, in the hands of root or an exempt admin, is read as the bridge reads it
+    (trust.py): no code of it runs."""
+    from ..slurm.jobscript import GpuRequest, gpu_request, read_job_script
+    from .trust import check_train_command, parse_directives
+
+    if ns.script is None:
+        spec = spec_from_namespace(ns)
+        n = spec.num_gpus
+        return spec, GpuRequest(None, None, n, n), (), "options"
+    js = read_job_script(ns.script)
+    base = None
+    if js.vest_directives:
+        lines = ", ".join(str(v.lineno) for v in js.vest_directives)
+        try:
+            base = parse_directives(js.vest_argv, js.path, site)
+        except WorkloadError as e:
+            raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
+    elif not ns.model:
+        from ..dynamic.launch import find_train_command
+
+        train = find_train_command([c.text for c in js.commands])
+        if train is None:
+            raise JobScriptError(f"{js.path} has no #VEST line, no Python training command, and no --model was given",
+                                 "describe the workload in the script, e.g. #VEST --model torchvision:resnet50 "
+                                 "--batch-size 64, or give the options here")
+        check_train_command(train, os.getcwd(), js.path, site)
+        request = gpu_request(js.options)
+        if not request.wants_gpu:
+            n = max(train.nproc, 1)
+            request = GpuRequest(None, None, n, n, request.nodes)
+        return train, request, js.partitions, js.path
+    spec = spec_from_namespace(ns, base)
+    request = gpu_request(js.options)
+    said = ns.num_gpus is not None or any(w.startswith("--num-gpus") for w in js.vest_argv)
+    if request.wants_gpu and not said:
+        spec = spec.with_(num_gpus=request.total_gpus)
+    elif not request.wants_gpu:
+        request = GpuRequest(None, None, spec.num_gpus, spec.num_gpus, request.nodes)
+    return spec, request, js.partitions, js.path
+
+
+def cmd_check(ns) -> int:
+    from .advice import Prober, advise, search_largest_batch
+    from .placement import NoFit, estimate_need, needed_bytes, place
+    from .config import load_site_config
+
+    t0 = time.perf_counter()
+    site = load_site_config(ns.site_config)
+    spec, request, partitions, source = _workload(ns, site)
+    if ns.search_budget <= 0:
+        raise WorkloadError("--search-budget must be positive", "e.g. --search-budget 30, or --no-search")
+    prober = Prober.for_site(site, cache=True)
+    if not isinstance(spec, WorkloadSpec):   # a training command: dynamic analysis, batch set by the script
+        from ..dynamic.runner import Limits, trace_command
+
+        limits = Limits.for_site(site)
+        spec, summaries, _run = trace_command(spec, list(prober.profiles.values()), request.total_gpus, limits,
+                                              cwd=os.getcwd())   # where sbatch would run it
+        prober.add_script_traces(spec, summaries)
+        ns.no_search = True
+    estimates, failed = prober.estimates(spec)
+    if not estimates:
+        raise next(iter(failed.values()))
+    pol = site.policy
+    searches = {}
+    if not ns.no_search:
+        prober.restart_budget(ns.search_budget)
+        for t in sorted(estimates, key=lambda t: prober.capacity(t)):
+            need0 = needed_bytes(estimate_need(estimates[t]), pol.headroom_percent, pol.headroom_bytes)
+            searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
+                                               prober.capacity(t), spec.batch_size, known={spec.batch_size: need0})
+    slow = prober.slow_types(spec)
+    result = place(estimates, request, partitions, site, slow=slow)
+    advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1)) if isinstance(result, NoFit) else ()
+    rows = []
+    for g in site.gpus:
+        parts = [p.name for p in site.partitions_with(g.name)]
+        cap = prober.capacity(g.name)
+        if g.name not in estimates:
+            err = failed.get(g.name)
+            rows.append(dict(gpu=g.name, profile=g.profile, capacity_bytes=cap, estimate_bytes=None,
+                             peak_bytes=None, needed_bytes=None, headroom_bytes=None, fits=False,
+                             largest_batch=None, largest_batch_text="-", partitions=parts,
+                             note=f"cannot run here: {err.what}" if err else "no estimate"))
+            continue
+        e = estimates[g.name]
+        need = needed_bytes(estimate_need(e), pol.headroom_percent, pol.headroom_bytes)
+        s = searches.get(g.name)
+        rows.append(dict(gpu=g.name, profile=g.profile, capacity_bytes=cap, estimate_bytes=estimate_need(e),
+                         peak_bytes=e.peak_bytes, needed_bytes=need, headroom_bytes=cap - need, fits=need <= cap,
+                         largest_batch=s.batch if s else None, largest_batch_exact=bool(s and s.exact),
+                         largest_batch_text=s.text() if s else "(not searched)", partitions=parts,
+                         note=slow.get(g.name, "")))
+    seconds = time.perf_counter() - t0
+    if ns.json:
+        print(_json(spec, site, source, rows, result, advice, seconds, prober))
+    else:
+        print(_table(spec, site, source, rows, result, advice, seconds, prober), end="")
+    return EXIT_NO_FIT if isinstance(result, NoFit) else 0
+
+
+def _m(b) -> str:
+    return "-" if b is None else f"{b / MiB:,.0f}"
+
+
+def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
+    from .placement import NoFit
+
+    gpus = f"  {spec.num_gpus} GPUs" if spec.num_gpus > 1 else ""
+    if spec.model.startswith("script:"):
+        what = (f"{spec.model[len('script:'):].strip()}\n(dynamic analysis: the training command ran with fake "
+                f"CUDA, batch {spec.batch_size} seen per GPU{gpus}; the batch is the script's, so no batch search)")
+    else:
+        what = (f"{spec.model}  batch {spec.batch_size} per GPU  input {spec.input}  {spec.optimizer}  "
+                f"{spec.precision}{gpus}")
+    head = (f"{what}\n(from {source}; site config {site.path}; headroom "
+            f"{site.policy.headroom_percent:g}% + {site.policy.headroom_bytes // MiB} MiB)")
+    table = tabulate(
+        [[r["gpu"], r["profile"], _m(r["capacity_bytes"]), _m(r["estimate_bytes"]), _m(r["needed_bytes"]),
+          _m(r["headroom_bytes"]), "yes" if r["fits"] else "NO", r["largest_batch_text"], ",".join(r["partitions"]) or "-"]
+         for r in rows],
+        headers=["GPU", "profile", "capacity MiB", "estimate MiB", "with headroom", "left MiB", "fits",
+                 "largest batch", "partitions"],
+        tablefmt="simple", disable_numparse=True,
+        colalign=("left", "left", "right", "right", "right", "right", "left", "right", "left"))
+    notes = [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
+    if isinstance(result, NoFit):
+        verdict = result.message.replace("vsbatch refused the job", "vsbatch would refuse the job", 1)
+    else:
+        verdict = (f"vsbatch would submit to partition {result.partition} (--gres={result.gres}): "
+                   + "; ".join(result.reasons))
+    if advice:   # what vsbatch would say with its refusal: AMP, activation checkpointing, more GPUs
+        verdict += "\nWhat would fit:\n" + "\n".join(f"  - {a.text}" for a in advice)
+    tail = [f"({seconds:.1f} s, {prober.traces_made} trace(s)"
+            + ("; the batch search stopped at its budget: >=N is a lower bound" if prober.stopped else "") + ")"]
+    return "\n\n".join([head, table] + (["\n".join(notes)] if notes else []) + [verdict] + tail) + "\n"
+
+
+def _json(spec, site, source, rows, result, advice, seconds, prober) -> str:
+    from .placement import NoFit
+
+    mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
+    gpus = [{"gpu": r["gpu"], "profile": r["profile"], "capacity_mib": mib(r["capacity_bytes"]),
+             "estimate_mib": mib(r["estimate_bytes"]), "peak_mib": mib(r["peak_bytes"]),
+             "needed_mib": mib(r["needed_bytes"]), "headroom_mib": mib(r["headroom_bytes"]), "fits": r["fits"],
+             "largest_batch": r["largest_batch"], "largest_batch_exact": r.get("largest_batch_exact", False),
+             "partitions": r["partitions"], "note": r["note"]} for r in rows]
+    if isinstance(result, NoFit):
+        placement = {"action": "refuse", "reason": result.reason, "message": result.message,
+                     "partition": None, "gres": None}
+    else:
+        placement = {"action": "submit", "partition": result.partition, "gres": result.gres,
+                     "gpu_type": result.gpu_type, "changed": result.changed, "reasons": list(result.reasons),
+                     "warnings": list(result.warnings)}
+    return json.dumps({"tool": "vest check", "version": __version__, "source": source, "site_config": site.path,
+                       "workload": spec.to_dict(), "gpus": gpus, "placement": placement,
+                       "advice": [a.to_dict() for a in advice], "traces": prober.traces_made,
+                       "search_stopped": prober.stopped, "seconds": round(seconds, 3)}, indent=2)
