@@ -299,9 +299,9 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
         spec, request = _reconcile_gpus(spec, request, js, d)
+        d.workload = spec.to_dict()
     else:
         check_train_command(train, option_value(effective, "chdir") or cwd, script_path, site)
-        d.workload = spec.to_dict()
     clock.lap("parse_s")
 
     # --- the cluster, asked while the estimate runs (it needs nothing from it; both are needed to place)
