@@ -19,7 +19,7 @@ the job is created anyway. The timeout (default 2 s) stays far below that.
 
 Site facts come from the site config through vest-bridge.json beside this file (written by the
 server on every reload, or by `vest bridge lua-config`); the defaults below apply until it exists.
-See site-config/README-bridge.md.
+See site-config/README.md.
 --]]
 
 -- ---------------------------------------------------------------- site facts (defaults)

@@ -21,5 +21,5 @@ Modules:
 - ``cli``: ``vest bridge serve|decide|test|lua-config|status``.
 - ``testbed``: the test cluster with job_submit.lua and the decision server.
 
-See site-config/README-bridge.md for the admin's view (install, reload, logs, trust model).
+See site-config/README.md for the admin's view (install, reload, logs, trust model).
 """
