@@ -341,7 +341,7 @@ def model_table(rows: list[Row], title: str) -> str:
 def floor_table(rows: list[Row], title: str) -> str:
     """The CUDA-context floor each GPU type's rows imply, taken as `vest calibrate` takes it: per
     model and precision, its smallest-batch row's measured peak minus the estimate without the floor;
-    the median over them is what profiles.py's context_mib is set to (README "Accuracy")."""
+    the median over them is what profiles.py's context_mib is set to (benchmarks/README.md)."""
     from vest_slurm.estimate.profiles import PROFILES
 
     per: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}   # profile -> (model, precision) -> (batch, floor)

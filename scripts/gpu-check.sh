@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a session runs when it is lent a GPU, in one go (README "Measuring on a real GPU"):
+# The checks a session runs when it is lent a GPU, in one go (site-config/README.md, "Measuring on a real GPU"):
 #   1. scripts/measure_gpu.py on the built-in workloads: torch's max_memory_allocated/reserved and
 #      NVML's device peak beside the CPU estimate, plus the allocation diff (allocations the GPU
 #      run made that the CPU trace lacks, with the Python line that made them);

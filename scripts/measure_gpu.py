@@ -37,7 +37,7 @@ DEFAULT_WORKLOADS = [w + " --steps 8" for w in (
     # cuDNN benchmark mode's timing workspace (fp32 3x3 NCHW: the largest plan takes about 3x the
     # first plan's): its measured peak against the same vgg16 run above without it
     "--model torchvision:vgg16 --batch-size 64 --optimizer adam --cudnn-benchmark on",
-    # the two families the estimate falls short on by a few % per sample (README "Accuracy"), as the
+    # the two families the estimate falls short on by a few % per sample (benchmarks/README.md), as the
     # ground-truth rows describe them: the allocation diff shows what the GPU run holds beyond the trace
     "--model hf:WhisperForAudioClassification --batch-size 64 --input tensor:80x3000 --loss model "
     "--precision amp-fp16 --model-args '{\"d_model\": 384, \"encoder_attention_heads\": 6, "

@@ -119,3 +119,31 @@ def test_load_path_order(tmp_path):
     assert e.value.path == "/etc/vest/site.toml" or pathlib.Path("/etc/vest/site.toml").exists()
     with pytest.raises(SiteConfigError, match="not found"):
         load_site_config(str(tmp_path / "missing.toml"), env={})
+
+
+def test_example_lists_every_device_profile():
+    """The profile list in example-site.toml's comment is the estimator's, not a copy that drifts."""
+    import re
+
+    from vest_slurm.estimate.profiles import PROFILES
+
+    text = (ROOT / "site-config/example-site.toml").read_text()
+    start = text.index("One of:")
+    block = text[start:re.compile(r"\n#   \S").search(text, start).start()]   # up to the next key
+    listed = re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)+", block.replace("#", " "))
+    assert listed == list(PROFILES)
+
+
+def test_vest_site_validate(tmp_path):
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "site", "validate", "--site-config",
+                         str(ROOT / "site-config/testbed.toml")], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "valid" in ok.stdout and "partition a100: a100, 4 GPUs per node" in ok.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[gpu.x]\nprofile = "nope"\n[bridge]\nfoo = 1\n')
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "site", "validate", "--site-config", str(bad)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2
+    assert "gpu.x.profile = 'nope'" in r.stderr and "unknown key bridge.foo" in r.stderr and "no [partition" in r.stderr

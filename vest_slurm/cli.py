@@ -78,6 +78,36 @@ def cmd_estimate(ns) -> int:
     return 0
 
 
+def _add_site(sub) -> None:
+    p = sub.add_parser("site", help="the site configuration (validate)",
+                       description="Check a site configuration and show what vest reads from it.")
+    ssub = p.add_subparsers(dest="site_cmd", metavar="SUBCOMMAND", parser_class=type(p))
+    v = ssub.add_parser("validate", help="load and check a site config; print its GPU types, partitions and policy")
+    v.add_argument("--site-config", metavar="PATH", help="site configuration (else $VEST_SITE_CONFIG, else /etc/vest/site.toml)")
+    v.set_defaults(func=cmd_site_validate)
+
+
+def cmd_site_validate(ns) -> int:
+    """Every problem at once (SiteConfigError lists them); on success, what placement will use."""
+    from .site.config import load_site_config
+    from .units import MiB
+
+    site = load_site_config(ns.site_config)
+    print(f"{site.path}: valid")
+    for g in site.gpus:
+        mem = f"{g.memory_bytes // MiB} MiB" if g.memory_bytes is not None else "the profile's memory"
+        ctx = f", context {g.context_mib} MiB (calibrated)" if g.context_mib is not None else ""
+        print(f"  gpu {g.name}: profile {g.profile}, {mem}{ctx}")
+    for part in site.partitions:
+        print(f"  partition {part.name}: {', '.join(part.gpu_types)}, {part.gpus_per_node} GPUs per node")
+    pol, b = site.policy, site.bridge
+    print(f"  policy: headroom {pol.headroom_percent:g}% + {pol.headroom_bytes // MiB} MiB, {pol.selection}, "
+          f"a choice too small: {pol.on_user_choice_too_small}")
+    print(f"  bridge: timeout {b.timeout_s:g} s, fail {b.fail}, unknown jobs {b.unknown_jobs}, "
+          f"directives {'traced as ' + b.directive_user if b.allow_vest_directives else 'off'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser; the modules they come from import nothing heavy until a command runs."""
     from . import __version__
@@ -92,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
     add_calibrate_parser(sub)
     add_bridge_commands(sub)
+    _add_site(sub)
     return p
 
 

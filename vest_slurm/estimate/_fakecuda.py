@@ -30,7 +30,7 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
 - Under any dispatch mode every tensor is "subclass-like" (``at::isTensorSubclassLike``), and
   PyTorch then takes out-of-place paths where a GPU run writes in place: autograd's gradient
   sums, the backward formulas that fill zeros. The tracer folds those copies back
-  (tracing.py ``Tracer._maybe_in_place``); the rarer ones left are listed in the README.
+  (tracing.py ``Tracer._maybe_in_place``); the rarer ones left are listed in benchmarks/README.md.
 - ``Recorder`` sees each op's outputs: a storage seen for the first time is an allocation of
   its nbytes; a weakref finalizer on the storage records its free. No strong reference to any
   tensor is held, so frees happen exactly when PyTorch would free them.

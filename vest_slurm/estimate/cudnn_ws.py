@@ -27,7 +27,7 @@ needs the cuDNN that the installed torch ships (nvidia-cudnn-cu*) and its Python
 says so.
 
 Heuristics are those of the installed cuDNN: a site whose jobs run another cuDNN version may see
-other engines (README "Accuracy").
+other engines (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ precision and runs attention than for one that only multiplies matrices. A site 
 GPU type with `vest calibrate` (the median over small jobs of those kinds) and overrides the defaults
 here in its site config.
 
-Where the defaults come from (MiB; see README "Accuracy" for the measurement):
+Where the defaults come from (MiB; see benchmarks/README.md for the measurement):
 - ``total_mib``: nvidia-smi's memory.total for the board (the ground-truth README lists A100-40GB
   40960, H100 80GB HBM3 81559, H200 143771, L40S 46068; the others from NVIDIA's spec sheets as
   nvidia-smi prints them).
@@ -21,7 +21,7 @@ Where the defaults come from (MiB; see README "Accuracy" for the measurement):
   (driver context, the per-thread local-memory reservation of SMs x max resident threads x the
   default 1 KiB stack, cuBLAS/cuDNN handles and kernels; with lazy module loading, CUDA >= 11.7,
   only the kernels used). It depends on the GPU and the whole stack (driver, CUDA, torch), so it is
-  a measured floor (`vest calibrate`; the defaults below and README "Accuracy").
+  a measured floor (`vest calibrate`; the defaults below and benchmarks/README.md).
 - ``cudnn_mib``: what loading cuDNN adds for jobs that convolve, where a calibration separates it.
 - ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per handle and stream
   (CublasHandlePool.cpp parseChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB =
@@ -75,7 +75,7 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 
 
 # context_mib: the floor of each GPU type's software stack, outside the allocator. Where measured
-# runs exist (shared/groundtruth/, see README "Accuracy"), it is what `vest calibrate` does with its
+# runs exist (shared/groundtruth/, see benchmarks/README.md), it is what `vest calibrate` does with its
 # small jobs (calibrate.py: the median over jobs of what each holds outside the allocator), done on
 # those runs: for each model and precision, the smallest-batch run's measured device peak minus the
 # rest of the estimate (the allocator's replayed peak reserved, cuDNN and cuBLAS workspaces

@@ -6,7 +6,7 @@ allocator does not hold. With lazy module loading (CUDA >= 11.7, PyTorch's defau
 the kernels a job runs: a GEMM-only job loads less than one that also runs cuDNN convolutions,
 mixed precision or attention, so one tiny job would measure the floor of jobs like it and too little
 for the others. So the floor is measured as the built-in floors were taken from measured runs
-(README "Accuracy": the median over models): a few small training jobs of the common kinds, each
+(benchmarks/README.md: the median over models): a few small training jobs of the common kinds, each
 in a fresh process (a job starts with a new context), and for each, after its steps, the device's
 used memory (NVML, the process's baseline subtracted) minus what the allocator holds
 (``torch.cuda.memory_reserved()``). The site's floor is their median; the lines it prints show

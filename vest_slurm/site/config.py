@@ -99,7 +99,7 @@ class Policy:
 
     # 10 %: the estimate's error on measured runs has p90 8.3 %, and the request falls below the
     # measured peak on 2.0 % of them (engines of another cuDNN version, passes the workload does not
-    # describe; README "Accuracy").
+    # describe; benchmarks/README.md).
     headroom_percent: float = 10.0
     headroom_bytes: int = 0
     selection: str = "smallest-fit"
