@@ -56,7 +56,7 @@ def test_host_op_diagnostic_counts_a_device_op_with_a_host_output():
     # op of a host copy the script asked for, which can count too); a host factory does not count
     import torch
 
-    from vest_slurm.estimate.record import _fakecuda as fc
+    from vest_slurm.estimate import _fakecuda as fc
 
     mod = load_script()
     dispatch, threads = fc.FakeCudaMode.__torch_dispatch__, torch.get_num_threads()

@@ -10,7 +10,8 @@ import pytest
 from slurm_wait import wait_for_state
 from vest_slurm.slurm.cluster import SlurmCLI, get_backend, reconcile, run_slurm
 from vest_slurm.errors import SlurmError
-from vest_slurm.slurm.testbed import SlurmTestbed, _pid_alive
+from vest_slurm.slurm.testbed import SlurmTestbed
+from vest_slurm.testbed import _pid_alive
 
 pytestmark = pytest.mark.slurm
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vest_slurm.estimate.record import cudnn_ws
+from vest_slurm.estimate import cudnn_ws
 from vest_slurm.estimate.estimator import _events_for, _without_cudnn_workspaces, estimate_from_trace, trace_for
 from vest_slurm.estimate.profiles import PROFILES, get_profile
 from vest_slurm.estimate.tracing import trace_training
@@ -56,7 +56,7 @@ def test_amp_channels_last_keys():
 def _fake_conv_keys(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
     from torch._subclasses import FakeTensorMode
 
-    from vest_slurm.estimate.record import _fakecuda as fc
+    from vest_slurm.estimate import _fakecuda as fc
 
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         xs = mode.from_tensor(x, static_shapes=True)

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from bnb_state import adam_8bit_state_bytes
-from vest_slurm.estimate.record import steady
+from vest_slurm.estimate import steady
 from vest_slurm.dynamic.runner import Limits, estimate_command
 from vest_slurm.errors import EstimateError
 from vest_slurm.estimate.estimator import estimate

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vest_slurm.estimate.record import _fakecuda as fc
+from vest_slurm.estimate import _fakecuda as fc
 from vest_slurm.estimate.tracing import trace_training
 from vest_slurm.estimate.workload import parse_workload_args
 
@@ -271,7 +271,7 @@ def test_known_values_only_ever_widen():
     # each rule keeps every value an element could hold (vest_slurm/estimate/_known.py)
     import operator
 
-    from vest_slurm.estimate.record import _known as kn
+    from vest_slurm.estimate import _known as kn
 
     assert kn.cast(kn.Span(1, 5), torch.bool) == {True}
     assert kn.cast(kn.Span(-1, 1), torch.bool) == {False, True}

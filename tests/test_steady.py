@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from vest_slurm.estimate.record import steady
+from vest_slurm.estimate import steady
 from vest_slurm.estimate.allocator import replay
 from vest_slurm.estimate.trace import AllocEvent
 from vest_slurm.units import MiB

@@ -7,11 +7,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from vest_slurm.estimate.record import estimator
+from vest_slurm.estimate import estimator
 
-from vest_slurm.estimate.record import tracecache
+from vest_slurm.estimate import tracecache
 
-from vest_slurm.estimate.record import tracing
+from vest_slurm.estimate import tracing
 from vest_slurm.estimate.profiles import get_profile
 from vest_slurm.estimate.workload import parse_workload_args
 
@@ -140,7 +140,7 @@ def test_cudnn_answers_are_kept_for_the_next_process(tmp_path):
     import subprocess
     import sys
 
-    from vest_slurm.estimate.record import cudnn_ws
+    from vest_slurm.estimate import cudnn_ws
 
     if not cudnn_ws.available():
         pytest.skip("cuDNN's frontend is not installed")
@@ -162,7 +162,7 @@ def test_cudnn_answers_keep_the_last_written(tmp_path, monkeypatch):
     """The answers file is bounded: past MAX_ANSWERS the oldest entries go when it is written."""
     import json
 
-    from vest_slurm.estimate.record import cudnn_ws
+    from vest_slurm.estimate import cudnn_ws
 
     answers = cudnn_ws._Answers()
     answers._path, answers._data = tmp_path / "cudnn" / "workspaces-test.json", {}

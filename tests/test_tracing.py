@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bnb_state import adam_8bit_state_bytes
-from vest_slurm.estimate.record import steady
+from vest_slurm.estimate import steady
 from vest_slurm.estimate.models import build_model
 from vest_slurm.estimate.tracing import trace_training
 from vest_slurm.estimate.workload import parse_workload_args
