@@ -1,7 +1,11 @@
 """Shared fixtures. ``slurm``: one real Slurm on loopback for the whole session (vest_slurm.slurm.testbed).
 
-The Slurm tests skip only when the Debian packages are missing (slurmctld slurmd slurm-client
-slurm-wlm-basic-plugins munge); CI installs them, so there they run.
+The Slurm tests do not skip. Where the machine lacks what they need (root, the Debian packages:
+tests/prereqs.py), the fixtures fail with what is missing and the fix (``bash scripts/install.sh``),
+unless the run deselected them: ``-m "not slurm"``, or ``VEST_SKIP_SLURM=1`` (which deselects the
+tests marked slurm here too). A test that uses a Slurm fixture is marked slurm whether or not its
+module says so. In CI (``CI`` or ``VEST_CI`` set) any skip fails the session (tests/ci_skips.py),
+except tests marked ``gpu``, which need a real CUDA GPU.
 """
 
 from __future__ import annotations
@@ -19,18 +23,39 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 # the user's ~/.cache (commands the tests run in subprocesses inherit it).
 os.environ["VEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="vest-test-cache-")
 
-from vest_slurm.slurm.testbed import SlurmTestbed, missing_binaries
+import ci_skips
+import prereqs
+from vest_slurm.slurm.testbed import SlurmTestbed
+
+SLURM_FIXTURES = ("slurm", "bridge_slurm", "slurm_prereqs")
+
+
+def pytest_configure(config):
+    ci_skips.install(config)
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slurm") is None and any(f in item.fixturenames for f in SLURM_FIXTURES):
+            item.add_marker(pytest.mark.slurm)
+    if os.environ.get("VEST_SKIP_SLURM") == "1":
+        dropped = [i for i in items if i.get_closest_marker("slurm") is not None]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i.get_closest_marker("slurm") is None]
 
 
 @pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    missing = missing_binaries()
+def slurm_prereqs():
+    """Root and the Slurm packages: a test that needs them fails here, with the fix, where they are missing."""
+    missing = prereqs.missing_slurm()
     if missing:
-        pytest.skip(f"Slurm not installed (missing {', '.join(missing)}); apt-get install -y "
-                    "--no-install-recommends slurmctld slurmd slurm-client slurm-wlm-basic-plugins "
-                    "munge lua-cjson lua-socket")
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root (munged, slurmd and mknod of fake GPU devices)")
+        pytest.fail(prereqs.message(missing, missing), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory, slurm_prereqs):
     tb = SlurmTestbed(tmp_path_factory.mktemp("slurm"))
     tb.start()
     try:
@@ -45,7 +70,7 @@ BRIDGE_USERS = ("vestbr-alice", "vestbr-exempt")
 
 
 @pytest.fixture(scope="session")
-def bridge_users():
+def bridge_users(slurm_prereqs):
     """Two local users (the jobs of root are never checked): created here, removed afterwards."""
     import pwd
     import subprocess
@@ -65,12 +90,7 @@ def bridge_users():
 
 
 @pytest.fixture(scope="session")
-def bridge_slurm(tmp_path_factory, bridge_users):
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"Slurm not installed (missing {', '.join(missing)})")
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm testbed needs root")
+def bridge_slurm(tmp_path_factory, slurm_prereqs, bridge_users):
     from vest_slurm.bridge.testbed import BridgeTestbed
 
     import shutil

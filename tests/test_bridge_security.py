@@ -136,8 +136,8 @@ def _site(**bridge):
 
 
 @pytest.fixture(scope="module")
-def worker_user():
-    """An unprivileged user of its own, so the worker's writes could not hide among nobody's."""
+def worker_user(slurm_prereqs):
+    """An unprivileged user of its own (root makes it: the worker drops privileges to it), so the worker's writes could not hide among nobody's."""
     name = "vest-dirworker"
     made = False
     try:
@@ -151,8 +151,6 @@ def worker_user():
 
 
 def test_worker_runs_as_the_configured_user_without_writes_or_sockets(worker_user):
-    if os.geteuid() != 0:
-        pytest.skip("the directive worker drops privileges: needs root")
     open_dir = Path(tempfile.mkdtemp(prefix="vest-open-", dir="/var/tmp"))
     os.chmod(open_dir, 0o777)                 # writable by anyone: only the confinement stops it
     host_tmp = Path(tempfile.gettempdir()) / f"vest-worker-probe-{os.getpid()}"
@@ -178,8 +176,6 @@ def test_worker_runs_as_the_configured_user_without_writes_or_sockets(worker_use
 
 
 def test_worker_over_its_cpu_limit_is_stopped_and_replaced(worker_user):
-    if os.geteuid() != 0:
-        pytest.skip("the directive worker drops privileges: needs root")
     est = DirectiveEstimator(lambda: _site(directive_user=worker_user, directive_cpu_s=1.0, timeout_s=9.0))
     from vest_slurm.estimate.allowlist import parse_untrusted
 
@@ -230,8 +226,6 @@ def _vest(*args, cwd):
 
 @pytest.mark.parametrize("case", list(REASONS))
 def test_bridge_test_as_root_on_a_hostile_script(alice_job, hostile, case):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
     d, marker = hostile
     r = _vest("bridge", "test", str(alice_job / f"{case}.sh"), "--user", USER, cwd=alice_job)
     assert not marker.exists()
@@ -241,8 +235,6 @@ def test_bridge_test_as_root_on_a_hostile_script(alice_job, hostile, case):
 
 @pytest.mark.parametrize("case", list(REASONS))
 def test_vest_check_as_root_reads_a_users_script_as_the_bridge_does(alice_job, hostile, case):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
     d, marker = hostile
     r = _vest("check", str(alice_job / f"{case}.sh"), "--no-search", cwd=alice_job)
     assert not marker.exists()
@@ -251,8 +243,6 @@ def test_vest_check_as_root_reads_a_users_script_as_the_bridge_does(alice_job, h
 
 
 def test_root_does_not_run_a_users_training_script(alice_job, hostile):
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
     d, marker = hostile
     for args in (("check", str(alice_job / "dyn.sh"), "--no-search"), ("estimate", "--", "python", "train.py")):
         r = _vest(*args, cwd=alice_job)
