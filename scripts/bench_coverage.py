@@ -137,7 +137,7 @@ def _init_worker() -> None:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils import _pytree as pytree
 
-    from vest_slurm.estimate.record import _fakecuda as fc
+    from vest_slurm.estimate import _fakecuda as fc
 
     torch.set_num_threads(1)
     dispatch = fc.FakeCudaMode.__torch_dispatch__
