@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
+import bitsandbytes  # noqa: F401  (the 8-bit optimizer advice traces it: a [test] dependency)
 import pytest
+import torch  # noqa: F401
+import transformers  # noqa: F401
 
 from vest_slurm.site.advice import Prober, advise, amp_precision, resolution, search_largest_batch, site_profiles
 from vest_slurm.slurm.jobscript import GpuRequest
@@ -108,7 +111,6 @@ def test_site_memory_overrides_the_profile_capacity():
 
 @pytest.mark.slow
 def test_advice_on_a_refused_job_is_verified_by_the_estimator():
-    pytest.importorskip("torch")
     site = parse_site_config(TINY_SITE)
     spec = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "32768"])
     prober = Prober.for_site(site, budget_s=120)
@@ -141,7 +143,6 @@ def test_advice_on_a_refused_job_is_verified_by_the_estimator():
 
 @pytest.mark.slow
 def test_checkpointing_advice_is_offered_where_the_model_has_a_switch():
-    pytest.importorskip("transformers")
     site = parse_site_config(TINY_SITE)
     spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "vocab_size=512", "--input", "seq512",
                                 "--batch-size", "8", "--optimizer", "sgd"])
@@ -165,7 +166,6 @@ def test_checkpointing_advice_is_offered_where_the_model_has_a_switch():
 
 @pytest.mark.slow
 def test_8bit_optimizer_advice_where_the_adam_state_is_what_does_not_fit():
-    pytest.importorskip("bitsandbytes")
     site = parse_site_config(TINY_SITE)
     big_mlp = 'mlp:[["Linear",4096,4096],["ReLU"],["Linear",4096,1024]]'   # 84 MiB of fp32 weights
     spec = parse_workload_args(["--model", big_mlp, "--input", "4096", "--batch-size", "8", "--optimizer", "adamw"])
@@ -201,7 +201,6 @@ def test_advice_names_gpus_where_the_job_runs_slow_last(precision, where):
     """A job too big for the partition the user chose: "as it is, the job fits ..." names the GPU
     placement would choose, the smallest, except where its bf16 runs emulated (the V100), as
     placement orders them."""
-    pytest.importorskip("torch")
     site = parse_site_config(SLOW_SITE)
     spec = parse_workload_args(["--model", MLP, "--input", "1024", "--batch-size", "64", "--precision", precision])
     prober = Prober.for_site(site, budget_s=120)

@@ -2,8 +2,7 @@
 torch's snapshot format and on a real CPU trace with allocations the trace lacks added to it."""
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from vest_slurm.gpu.allocdiff import aggregate, allocations_from_snapshot, diff_allocations, expand, RealAlloc
 from vest_slurm.estimate.tracing import trace_training

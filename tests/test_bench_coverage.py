@@ -9,11 +9,9 @@ import shlex
 import subprocess
 import sys
 
-import pytest
+import torch
 
-pytest.importorskip("torch")
-
-from vest_slurm.estimate.workload import parse_workload_args  # noqa: E402
+from vest_slurm.estimate.workload import parse_workload_args
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_coverage.py")
 
@@ -54,8 +52,6 @@ def test_a_run_reports_traced_refused_and_writes_its_csv(tmp_path):
 def test_host_op_diagnostic_counts_a_device_op_with_a_host_output():
     # the lead it gives: an op with a fake CUDA input whose output landed on the host (here the copy
     # op of a host copy the script asked for, which can count too); a host factory does not count
-    import torch
-
     from vest_slurm.estimate import _fakecuda as fc
 
     mod = load_script()

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-pytest.importorskip("torch")
+import torch  # noqa: F401  (vest estimate traces)
 
 USER = "tests/data/user_models.py"
 

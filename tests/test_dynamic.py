@@ -9,9 +9,12 @@ import sys
 import threading
 import uuid
 
+# The training loops these tests trace: [test] dependencies (pyproject), imported, never skipped.
+import accelerate  # noqa: F401
+import bitsandbytes  # noqa: F401
 import pytest
-
-pytest.importorskip("torch")
+import pytorch_lightning  # noqa: F401
+import torch  # noqa: F401
 
 from bnb_state import adam_8bit_state_bytes
 from vest_slurm.estimate import steady
@@ -326,7 +329,6 @@ def test_optimizer_built_before_the_model_moves():
 
 
 def test_accelerate_prepare_loop():
-    pytest.importorskip("accelerate")
     (dyn,), run = estimate_script("accelerate_train.py", "--batch-size", "16", "--mixed-precision", "bf16")
     _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adamw "
                            "--precision amp-bf16")
@@ -334,7 +336,6 @@ def test_accelerate_prepare_loop():
 
 
 def test_lightning_trainer_loop():
-    pytest.importorskip("pytorch_lightning")
     (dyn,), run = estimate_script("lightning_train.py", "--batch-size", "16")
     _same_as_declared(dyn, "--model torchvision:resnet18 --batch-size 16 --input 3x112x112 --optimizer adam "
                            "--precision amp-bf16")
@@ -371,7 +372,6 @@ def test_peft_lora_script_frozen_base_and_batch_from_keyword_inputs():
 def test_bitsandbytes_8bit_adamw_script():
     """A script's own bnb.optim.AdamW8bit: its 8-bit states (uint8 pairs and block absmax for tensors
     of 4,096 elements and more, fp32 below), as the declarative --optimizer adamw-8bit traces them."""
-    pytest.importorskip("bitsandbytes")
     (est,), run = estimate_script("bnb_train.py")
     sizes = [128 * 64, 64, 64 * 10, 10]
     assert run.steps == 3 and run.batch_hint == 16
@@ -383,8 +383,6 @@ def test_hf_trainer_script(eight_bit):
     """transformers' Trainer: its own loop, accelerate underneath, bf16 autocast; the model's weights
     and optimizer states exact (AdamW's; or, with optim="adamw_bnb_8bit" and gradient checkpointing,
     bitsandbytes' 8-bit ones), the batch from its keyword-only call."""
-    if eight_bit:
-        pytest.importorskip("bitsandbytes")
     before = set(os.listdir(SCRIPTS))
     (est,), run = estimate_script("hf_trainer_train.py", *(["--8bit"] if eight_bit else []))
     assert set(os.listdir(SCRIPTS)) == before   # its output_dir went to the temp dir

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import bitsandbytes  # noqa: F401  (the 8-bit optimizer tests trace it: a [test] dependency)
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from bnb_state import adam_8bit_state_bytes
 from vest_slurm.estimate import steady
@@ -89,7 +89,6 @@ def test_steps_that_read_device_scalars_trace_their_exact_state(impl):
 def test_bitsandbytes_8bit_state_is_exact(opt):
     """bitsandbytes' 8-bit Adam: two uint8 states per element plus an fp32 absmax per block of 256
     for tensors of 4,096 elements and more; smaller ones keep two fp32 states."""
-    pytest.importorskip("bitsandbytes")
     model = 'mlp:[["Linear",128,64],["ReLU"],["Linear",64,10]]'
     s = spec("--model", model, "--batch-size", "4", "--input", "128", "--optimizer", opt)
     sizes = [128 * 64, 64, 64 * 10, 10]
