@@ -32,6 +32,8 @@ SLURM_FIXTURES = ("slurm", "bridge_slurm", "slurm_prereqs")
 
 def pytest_configure(config):
     ci_skips.install(config)
+    if os.environ.get("VEST_SKIP_SLURM") == "1" and ci_skips.in_ci():
+        raise pytest.UsageError("VEST_SKIP_SLURM=1 is refused in CI (CI or VEST_CI is set): CI runs the Slurm tests")
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m deselects by marker

@@ -147,6 +147,13 @@ def test_a_test_using_a_slurm_fixture_is_marked_slurm_and_deselected_on_request(
         assert r.returncode == 5 and "1 deselected" in r.stdout, (args, r.stdout + r.stderr)   # 5: no test ran
 
 
+def test_the_opt_out_is_refused_in_ci(tmp_path):
+    node = "tests/test_suite_habits.py::test_ci_false_is_not_ci"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node], capture_output=True,
+                       text=True, cwd=REPO, timeout=600, env=_env(tmp_path, ci="CI", VEST_SKIP_SLURM="1"))
+    assert r.returncode == 4 and "VEST_SKIP_SLURM=1 is refused in CI" in r.stderr, r.stdout + r.stderr
+
+
 def _run_tests(tmp_path, *args, pretend=None, **extra):
     return subprocess.run(["bash", str(REPO / "scripts" / "run-tests.sh"), *args], capture_output=True, text=True,
                           cwd=tmp_path, timeout=600, env=_env(tmp_path, pretend=pretend, **extra))
