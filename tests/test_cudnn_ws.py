@@ -3,9 +3,9 @@ choice), and how the estimator sizes them per GPU from cuDNN's own heuristics (n
 
 import json
 
+import cudnn   # nvidia-cudnn-frontend: a dependency (pyproject), asked directly below
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from vest_slurm.estimate import cudnn_ws
 from vest_slurm.estimate.estimator import _events_for, _without_cudnn_workspaces, estimate_from_trace, trace_for
@@ -19,6 +19,68 @@ A100 = get_profile("a100-40gb")
 
 def spec(*argv):
     return parse_workload_args(list(argv))
+
+
+def require_cudnn():
+    assert cudnn_ws.available(), ("cuDNN >= 9.8 (the libcudnn torch's CUDA build ships) with its Python frontend "
+                                  "(nvidia-cudnn-frontend) does not load: bash scripts/install.sh")
+
+
+_DT = {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF, "bfloat16": cudnn.data_type.BFLOAT16}
+
+
+def ask_cudnn(profile, key: str, benchmark: bool = False) -> int:
+    """cuDNN's own answer for one convolution of a trace (a cudnn_ws.conv_key string), asked here
+    through cuDNN's Python frontend and not through cudnn_ws: the operation graph of the
+    convolution with the trace's shapes and layout, the engine configurations of heuristics mode A
+    (and, for benchmark mode, of the fallback list), less those PyTorch's Conv_v8.cpp filters out
+    (DOWN_CONVERT_INPUTS; TENSOR_CORE for fp32 with allow_tf32 off). Without benchmark: the
+    workspace of the plan the frontend's HEURISTICS_CHOICE policy builds (the first that builds,
+    what PyTorch runs). With it: the largest workspace of all plans that build. The board is
+    cudnn_ws's device-properties descriptor (its figures checked in test_device_properties_...)."""
+    kind, x, w, stride, pad, dil, dtype, nhwc, tf32 = json.loads(key)
+    n, c, h, wd = x
+    k, cg, r, s_ = w
+    ho = (h + 2 * pad[0] - dil[0] * (r - 1) - 1) // stride[0] + 1     # the output size of a convolution
+    wo = (wd + 2 * pad[1] - dil[1] * (s_ - 1) - 1) // stride[1] + 1
+
+    def layout(dims):
+        a, b, hh, ww = dims
+        return [b * hh * ww, 1, ww * b, b] if nhwc else [b * hh * ww, hh * ww, ww, 1]
+
+    dt = _DT[dtype]
+    g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT,
+                      device_property=cudnn.create_device_properties(cudnn_ws.device_properties_json(profile)))
+    conv = dict(padding=pad, stride=stride, dilation=dil)
+    image = g.tensor(name="x", dim=x, stride=layout(x), data_type=dt)
+    weight = g.tensor(name="w", dim=w, stride=layout(w), data_type=dt)
+    grad_out = g.tensor(name="dy", dim=[n, k, ho, wo], stride=layout([n, k, ho, wo]), data_type=dt)
+    if kind == "fprop":
+        out = g.conv_fprop(image=image, weight=weight, **conv)
+    elif kind == "dgrad":
+        out = g.conv_dgrad(loss=grad_out, filter=weight, **conv)
+        out.set_dim(x).set_stride(layout(x))
+    else:
+        out = g.conv_wgrad(image=image, loss=grad_out, **conv)
+        out.set_dim(w).set_stride(layout(w))
+    out.set_output(True).set_data_type(dt)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK] if benchmark else [cudnn.heur_mode.A])
+    g.deselect_numeric_notes([cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+                             + ([cudnn.numerical_note.TENSOR_CORE] if dtype == "float32" and not tf32 else []))
+    if not benchmark:
+        g.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+        return int(g.get_workspace_size())
+    sizes = []
+    for i in range(g.get_execution_plan_count()):
+        try:
+            g.build_plan_at_index(i)
+        except Exception:   # deselected, or an engine that does not build for this graph
+            continue
+        sizes.append(int(g.get_workspace_size_plan_at_index(i)))
+    return max(sizes)
 
 
 def conv_keys(trace):
@@ -84,12 +146,40 @@ def test_depthwise_follows_atens_backend_choice():
 
 
 def test_device_properties_build_for_every_profile():
-    if not cudnn_ws.available():
-        pytest.skip("cuDNN >= 9.8 with its Python frontend is not installed")
+    require_cudnn()
     for p in PROFILES.values():
         props = cudnn_ws.device_properties_json(p)
         assert props is not None and json.loads(props)["deviceName"] == p.name
         cudnn_ws._device_property(props)   # cuDNN accepts it (raises otherwise)
+    # two boards by hand, from NVIDIA's specifications: SMs, compute capability, memory, L2
+    a100 = json.loads(cudnn_ws.device_properties_json(A100))
+    assert (a100["multiProcessorCount"], a100["deviceVer"], a100["totalGlobalMem"], a100["l2CacheSize"]) == (
+        108, 800, 40 * 2**30, 40 * 2**20)
+    h100 = json.loads(cudnn_ws.device_properties_json(get_profile("h100-80gb")))
+    assert (h100["multiProcessorCount"], h100["deviceVer"], h100["l2CacheSize"]) == (132, 900, 50 * 2**20)
+
+
+# A 3x3 convolution, batch 64, 128 -> 128 channels at 56x56, stride 1, padding 1: input and output
+# of 64*128*56*56 elements each, filter of 128*128*3*3.
+ACT, FILT = 64 * 128 * 56 * 56, 128 * 128 * 3 * 3
+
+
+@pytest.mark.parametrize("dtype, channels_last, expected", [
+    # fp16 in NHWC: the tensor-core kernels read and write this layout as it is: no workspace
+    ("float16", True, 0),
+    # fp16 in NCHW: the input and the filter are transposed to NHWC in the workspace (2 bytes an
+    # element), 16 bytes beside them
+    ("float16", False, 2 * (ACT + FILT) + 16),
+    # fp32 (TF32 allowed) in NCHW: input, output and filter transposed (4 bytes an element), + 16
+    ("float32", False, 4 * (ACT + ACT + FILT) + 16),
+])
+def test_forward_workspace_on_an_a100_is_the_layout_transform(dtype, channels_last, expected):
+    """Sizes derived by hand from the tensors a layout transform copies, as cuDNN 9.24 (torch 2.14.1's)
+    answers for the A100: the estimator, and cuDNN asked directly, give them."""
+    require_cudnn()
+    key = cudnn_ws.conv_key("fprop", [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], dtype, channels_last)
+    assert ask_cudnn(A100, key) == expected, f"cuDNN {cudnn.backend_version()}: re-derive for this version"
+    assert cudnn_ws.workspace_for(A100, key) == expected
 
 
 def test_estimator_sizes_workspaces_from_cudnn_and_required_goes_without():
@@ -97,15 +187,15 @@ def test_estimator_sizes_workspaces_from_cudnn_and_required_goes_without():
     summary = trace_for(s, A100)
     events = _events_for(summary.trace.events, A100, s, summary)
     sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn" and e.action == "alloc"]
-    assert sized and all(size == cudnn_ws.workspace_for(A100, d) for d, size in sized)
+    require_cudnn()
+    asked = {d: ask_cudnn(A100, d) for d in {d for d, _ in sized}}   # cuDNN itself, each distinct convolution
+    assert sized and all(size == asked[d] for d, size in sized)
     lean = _without_cudnn_workspaces(events)
     assert all(e.size_bytes == 0 for e in lean if e.module == "cudnn")
     est = estimate_from_trace(summary, s, A100)
     b = dict(est.breakdown)
-    assert b["cudnn_workspace_max"] == max(size for _, size in sized)
+    assert b["cudnn_workspace_max"] == max(asked.values()) > 0   # fp32 NCHW 3x3 convolutions take one
     assert est.required_bytes <= est.peak_bytes
-    if cudnn_ws.available():
-        assert b["cudnn_workspace_max"] > 0   # fp32 NCHW 3x3 convolutions: cuDNN 9 takes a workspace
 
 
 def test_without_the_frontend_workspaces_are_zero(monkeypatch):
@@ -125,8 +215,8 @@ def test_the_table_says_when_cudnn_cannot_be_asked(monkeypatch):
 
     s = spec("--model", "torchvision:resnet18", "--batch-size", "2", "--input", "3x32x32", "--optimizer", "sgd")
     est = estimate_from_trace(trace_for(s, A100), s, A100)
-    if cudnn_ws.available():
-        assert "not in this estimate" not in estimate_table(s, [est])
+    require_cudnn()
+    assert "not in this estimate" not in estimate_table(s, [est])
     monkeypatch.setattr(cudnn_ws, "_frontend", lambda: None)
     assert "cuDNN's convolution workspaces are not in this estimate" in estimate_table(s, [est])
 
@@ -161,17 +251,19 @@ def test_benchmark_mode_times_each_shape_once_and_is_restored():
 
 
 def test_benchmark_workspace_is_the_largest_of_all_plans():
-    if not cudnn_ws.available():
-        pytest.skip("cuDNN >= 9.8 with its Python frontend is not installed")
-    props = cudnn_ws.device_properties_json(get_profile("h100-80gb"))
+    require_cudnn()
+    h100 = get_profile("h100-80gb")
+    props = cudnn_ws.device_properties_json(h100)
     for kind in ("fprop", "dgrad", "wgrad"):
         key = cudnn_ws.conv_key(kind, [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], "float32", False)
-        sizes = [w for w in cudnn_ws._plan_workspaces(props, key, fallback=True) if w is not None]
-        assert cudnn_ws.find_workspace_bytes(props, key) == max(sizes)
-        assert max(sizes) >= cudnn_ws.workspace_bytes(props, key) > 0
-    # fp32 3x3 forward in NCHW: the heuristics' first plan transposes (about 2 activations), the
-    # largest plan of the list takes several times that
+        largest, first = ask_cudnn(h100, key, benchmark=True), ask_cudnn(h100, key)
+        assert cudnn_ws.find_workspace_bytes(props, key) == largest
+        assert cudnn_ws.workspace_bytes(props, key) == first
+        assert largest >= first > 0
+    # fp32 3x3 forward in NCHW: the heuristics' first plan on the H100 takes about one fp32
+    # activation (4 * ACT bytes: a layout copy); the largest plan of the list more than twice that
     fwd = cudnn_ws.conv_key("fprop", [64, 128, 56, 56], [128, 128, 3, 3], [1, 1], [1, 1], [1, 1], "float32", False)
+    assert 4 * ACT <= cudnn_ws.workspace_bytes(props, fwd) < 4 * (ACT + FILT) + 4096
     assert cudnn_ws.find_workspace_bytes(props, fwd) > 2 * cudnn_ws.workspace_bytes(props, fwd)
 
 
@@ -181,7 +273,9 @@ def test_estimator_sizes_benchmark_workspaces_and_required_goes_without():
     on, off = trace_for(s_on, A100), trace_for(s_off, A100)
     events = _events_for(on.trace.events, A100, s_on, on)
     sized = [(e.detail, e.size_bytes) for e in events if e.module == "cudnn_find" and e.action == "alloc"]
-    assert sized and all(size == cudnn_ws.workspace_for(A100, d, benchmark=True) for d, size in sized)
+    require_cudnn()
+    asked = {d: ask_cudnn(A100, d, benchmark=True) for d in {d for d, _ in sized}}
+    assert sized and all(size == asked[d] for d, size in sized)
     assert all(e.size_bytes == 0 for e in _without_cudnn_workspaces(events) if e.module == "cudnn_find")
     est_on, est_off = estimate_from_trace(on, s_on, A100), estimate_from_trace(off, s_off, A100)
     b = dict(est_on.breakdown)
@@ -191,8 +285,7 @@ def test_estimator_sizes_benchmark_workspaces_and_required_goes_without():
     # runs on is the same with and without it
     assert est_on.required_bytes == est_off.required_bytes
     assert est_on.peak_bytes >= est_off.peak_bytes
-    if cudnn_ws.available():
-        assert b["cudnn_benchmark_workspace_max"] >= b["cudnn_workspace_max"] > 0
+    assert b["cudnn_benchmark_workspace_max"] >= b["cudnn_workspace_max"] > 0
 
 
 def test_a_peak_above_the_gpu_is_capped_where_the_job_still_runs():
@@ -201,8 +294,9 @@ def test_a_peak_above_the_gpu_is_capped_where_the_job_still_runs():
     s = spec(*common)
     summary = trace_for(s, A100)
     free = estimate_from_trace(summary, s, A100)
-    if not cudnn_ws.available() or free.peak_bytes - free.required_bytes < 4 * 2**20:
-        pytest.skip("needs cuDNN's workspaces to separate peak from required")
+    require_cudnn()
+    # cuDNN's benchmark workspaces (tens of MiB here) separate the peak from what the job needs
+    assert free.peak_bytes - free.required_bytes >= 4 * 2**20, (free.peak_bytes, free.required_bytes)
     # a board whose usable memory lies between what the job needs and its uncapped peak
     usable_mib = (free.required_bytes + free.peak_bytes) // 2 // 2**20
     small = A100.with_overrides(total_mib=usable_mib + A100.reserved_mib)

@@ -60,17 +60,38 @@ def _check_valid(events):
     return live
 
 
+def _expected_copies(seed: int) -> int:
+    """How many steps steady.extend should add, from the loop itself run longer (not from the
+    extension): its rule is to add copies of the last step until PATIENCE copies in a row leave
+    peak reserved where it was, at most MAX_COPIES. peaks[j] is the peak reserved of the real loop
+    run for 2 + j steps, i.e. after j added steps."""
+    peaks = [replay(_loop(2 + j, seed)[0]).peak_reserved_bytes for j in range(steady.MAX_COPIES + 1)]
+    still = 0
+    for j in range(1, steady.MAX_COPIES + 1):
+        still = still + 1 if peaks[j] == peaks[j - 1] else 0
+        if still == steady.PATIENCE:
+            return j
+    return steady.MAX_COPIES
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_extension_replays_like_the_longer_run(seed):
     """Two traced steps extended by steady.extend reach the peak reserved of the same loop run
     for as many steps, and the extended trace is well formed."""
     two, ends = _loop(2, seed)
     extended, copies = steady.extend(two, ends)
-    assert steady.PATIENCE <= copies <= steady.MAX_COPIES
+    expected = _expected_copies(seed)
+    assert copies == expected and steady.PATIENCE <= copies <= steady.MAX_COPIES
     assert _check_valid(extended) == {1}   # only the parameters outlive the run
-    long, _ = _loop(2 + copies, seed)
+    long, _ = _loop(2 + expected, seed)
     assert replay(extended).peak_reserved_bytes == replay(long).peak_reserved_bytes
-    assert len(extended) == len(long)
+    # The length by hand: a step of _loop allocates its n blocks and frees n - 1 of them plus the
+    # block the step before kept, 2n events (ends[1] - ends[0]: the first step has no block to free
+    # from before it, so only the second step has the full length); each added step is one more
+    # such step, so the extension adds expected * 2n events to the two-step trace.
+    step_events = ends[1] - ends[0]
+    assert step_events == 2 * sum(1 for e in two[ends[0]:ends[1]] if e.action == "alloc")
+    assert len(extended) == len(two) + expected * step_events
 
 
 def test_some_loops_grow_after_the_traced_steps():
