@@ -1,5 +1,8 @@
-"""Waiting for a job of the test cluster to reach a state (shared by the Slurm tests)."""
+"""Waiting with deadlines in the Slurm tests: for a job's state, for an event, for a call that must
+not hang. A deadline here bounds a hang (generous, far above a normal run on a loaded machine); it
+measures no speed (the benchmarks do: scripts/bench_vsbatch.py, scripts/bench_bridge.py)."""
 
+import threading
 import time
 
 import pytest
@@ -22,3 +25,36 @@ def wait_for_state(cli: SlurmCLI, job_id: int, states: set[str], timeout_s: floa
 
 def wait_done(cli: SlurmCLI, job_id: int, timeout_s: float = 60.0):
     return wait_for_state(cli, job_id, TERMINAL, timeout_s)
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    """The first true value of ``predicate()``; fails the test naming ``what`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {timeout_s:g} s")
+        time.sleep(poll_s)
+
+
+def bounded(fn, limit_s: float, what: str):
+    """``fn()``'s result or exception, from a thread; fails the test if it is still running after
+    ``limit_s`` (a hang: the thread is left behind as a daemon)."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:   # handed to the caller as raised
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        pytest.fail(f"{what} still running after {limit_s:g} s: it hangs")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

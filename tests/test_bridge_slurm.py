@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
@@ -43,9 +42,7 @@ def sbatch(tb, script: str | bytes, *args: str, user: str = USER, timeout: float
     if user != "root":
         argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={tb.env['SLURM_CONF']}", *argv]
     data = script if isinstance(script, bytes) else script.encode("utf-8", "surrogateescape")
-    t0 = time.monotonic()
     p = subprocess.run(argv, input=data, capture_output=True, env=tb.env, cwd="/tmp", timeout=timeout)
-    p.seconds = time.monotonic() - t0
     p.name = name
     p.out, p.err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
     return p
@@ -62,11 +59,12 @@ def queued(tb, name: str) -> list[dict]:
     return [j for j in job_of(tb, name) if j.get("job_state") not in ("FAILED",)]
 
 
-def sinfo_seconds(tb) -> float:
-    t0 = time.monotonic()
-    r = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, env=tb.env, timeout=10)
-    assert r.returncode == 0
-    return time.monotonic() - t0
+def sinfo_answers(tb) -> None:
+    """The controller answers another client (sinfo, within its own generous 30 s subprocess limit:
+    a stalled controller, not a slow one, fails this). How much the plugin adds to submissions is
+    scripts/bench_bridge.py's measure."""
+    r = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, env=tb.env, timeout=30)
+    assert r.returncode == 0, r.stderr
 
 
 def ctld_log(tb) -> str:
@@ -162,7 +160,8 @@ def test_gpus_option_is_rerouted_in_its_own_family(tb):
 # ---------------------------------------------------------------- faults
 
 class FakeServer:
-    """Listens on the bridge's socket and misbehaves: hang, or answer ``reply``."""
+    """Listens on the bridge's socket and misbehaves: hang, or answer ``reply``. ``accepted`` is set
+    once the plugin has connected."""
 
     def __init__(self, path: str, reply: bytes | None):
         self.path, self.reply = path, reply
@@ -173,6 +172,7 @@ class FakeServer:
         self.sock.listen(16)
         self.sock.settimeout(0.2)
         self.stop = threading.Event()
+        self.accepted = threading.Event()
         self.held = []
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
@@ -183,6 +183,7 @@ class FakeServer:
                 c, _ = self.sock.accept()
             except OSError:
                 continue
+            self.accepted.set()
             if self.reply is None:
                 self.held.append(c)          # never answers
             else:
@@ -203,36 +204,55 @@ class FakeServer:
         os.unlink(self.path)
 
 
+BRIDGE_TIMEOUT_S = 1.0
+# sbatch's own limit in these tests: the bridge's timeout plus a margin far above a loaded machine's
+# noise, so that only a plugin that does not give up at its timeout (a hang) exceeds it
+SBATCH_LIMIT_S = BRIDGE_TIMEOUT_S + 60.0
+
+
 def _during(tb, fake_reply, fail):
-    tb.configure(fail=fail, timeout_s=1.0)
+    """One submission while a fake server holds the bridge's socket; (sbatch's result, the
+    controller's log written since the submission began)."""
+    tb.configure(fail=fail, timeout_s=BRIDGE_TIMEOUT_S)
     tb.stop_server()
     fake = FakeServer(str(tb.socket_path), fake_reply)
+    log_start = len(ctld_log(tb))
     try:
         box = {}
-        t = threading.Thread(target=lambda: box.update(p=sbatch(tb, estimate_line_script(20))))
+        t = threading.Thread(target=lambda: box.update(p=sbatch(tb, estimate_line_script(20), timeout=SBATCH_LIMIT_S)))
         t.start()
-        time.sleep(0.3)
-        box["sinfo_s"] = sinfo_seconds(tb)     # while the plugin waits on the bad server
+        assert fake.accepted.wait(SBATCH_LIMIT_S), "the plugin never connected to the bridge's socket"
+        sinfo_answers(tb)                     # while the plugin waits on the bad server
         t.join()
-        return box["p"], box["sinfo_s"]
+        return box["p"], ctld_log(tb)[log_start:]
     finally:
         fake.close()
         tb.start_server()
 
 
+def _fail_mode_line(log: str, fail: str) -> str:
+    lines = [ln for ln in log.splitlines() if f"fail={fail} " in ln and "vest-bridge: action=" in ln]
+    assert len(lines) == 1, log
+    return lines[0]
+
+
 @pytest.mark.parametrize("fail", ["open", "closed"])
 def test_server_hung_past_timeout(tb, fail):
-    p, sinfo_s = _during(tb, None, fail)
-    assert sinfo_s < 3.0
-    assert 0.9 < p.seconds < 5.0
+    """The bridge gives up at its timeout: the outcome its fail mode says and its log line, whose
+    ms= (the plugin's own clock) is at least the timeout less the 50 ms the Lua keeps in hand
+    (job_submit.lua ask_server); the submission ends within sbatch's limit (timeout + margin)."""
+    p, log = _during(tb, None, fail)
+    line = _fail_mode_line(log, fail)
+    assert "reason=bridge-timeout" in line and "via=server" in line, line
+    assert float(line.rsplit("ms=", 1)[1].split()[0]) >= BRIDGE_TIMEOUT_S * 1000 - 50, line
     if fail == "open":
         assert p.returncode == 0, p.err
         assert job_of(tb, p.name)[0]["partition"] == "v100"       # let through undecided
     else:
         assert p.returncode == 1 and "memory check is unavailable" in p.err
-        time.sleep(1.5)
+        # the plugin's own refusal (its log line above), not sbatch giving up while the controller
+        # creates the job anyway (past MessageTimeout): so no job record is to come
         assert queued(tb, p.name) == []
-    assert f"reason=bridge-timeout fail={fail}" in ctld_log(tb)
 
 
 @pytest.mark.parametrize("reply", [
@@ -243,8 +263,8 @@ def test_server_hung_past_timeout(tb, fail):
 ])
 @pytest.mark.parametrize("fail", ["open", "closed"])
 def test_server_answering_garbage(tb, reply, fail):
-    p, sinfo_s = _during(tb, reply, fail)
-    assert sinfo_s < 3.0
+    p, log = _during(tb, reply, fail)
+    assert "reason=bridge-" in _fail_mode_line(log, fail)
     assert p.returncode == (0 if fail == "open" else 1), p.err
     if fail == "closed":
         assert queued(tb, p.name) == []
@@ -267,7 +287,7 @@ def test_server_killed_and_config_broken(tb, fail):
     tb.stop_server(kill=True)
     tb.write_site("this is [not toml\n")             # the Lua keeps the last good facts
     p = sbatch(tb, estimate_line_script(20))
-    assert sinfo_seconds(tb) < 3.0
+    sinfo_answers(tb)
     assert p.returncode == (0 if fail == "open" else 1), p.err
     if fail == "closed":
         assert queued(tb, p.name) == []

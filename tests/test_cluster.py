@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-import time
 
 import pytest
 
-from slurm_wait import wait_for_state
+from slurm_wait import bounded, wait_for_state
 from vest_slurm.slurm.cluster import SlurmCLI, get_backend, reconcile, run_slurm
 from vest_slurm.errors import SlurmError
 from vest_slurm.slurm.testbed import SlurmTestbed
@@ -75,27 +75,32 @@ def test_backend_is_cli_when_pyslurm_is_absent_or_mismatched(slurm):
     assert backend.name == "cli" and "25.11.0" in why and "22.05" in why
 
 
-def test_calls_are_fast(slurm):
+def test_repeated_calls_answer_the_same(slurm):
+    """Five calls in a row answer as the first (the partitions and node names; node states may move
+    with other tests' jobs). How fast they are is scripts/bench_vsbatch.py's measure (its "cluster"
+    phase: sinfo --json + scontrol show partition)."""
     cli = SlurmCLI(env=slurm.env)
-    cli.cluster_info()  # warm
-    t0 = time.perf_counter()
+    first = cli.cluster_info()
+    assert {p.name for p in first.partitions} == {"v100", "a100", "h100"}
     for _ in range(5):
-        cli.cluster_info()
-    per_call = (time.perf_counter() - t0) / 5
-    assert per_call < 0.3, f"cluster_info took {per_call:.3f} s"
+        again = cli.cluster_info()
+        assert again.partitions == first.partitions
+        assert [n.name for n in again.nodes] == [n.name for n in first.nodes]
 
 
-def test_dead_controller_gives_slurm_error_within_timeout(slurm, tmp_path):
+# A hang, not speed: a call that the tool bounds by timeout_s is given that plus this much (a loaded
+# machine's scheduling noise is far below it) before the test calls it hung.
+HANG_MARGIN_S = 60.0
+
+
+def test_dead_controller_gives_slurm_error_not_a_hang(slurm, tmp_path):
     # A second testbed, stopped: its slurm.conf names a port where nothing listens any more.
     dead = SlurmTestbed(tmp_path / "dead")
     dead.write_config()
     cli = SlurmCLI(env=dead.env, timeout_s=1.5)
     for call in (cli.cluster_info, cli.queue_ids, lambda: cli.submit(["--wrap", "true"])):
-        t0 = time.monotonic()
         with pytest.raises(SlurmError) as e:
-            call()
-        elapsed = time.monotonic() - t0
-        assert elapsed < 3.0, f"{call} took {elapsed:.1f} s"
+            bounded(call, cli.timeout_s + HANG_MARGIN_S, f"{call} against a dead controller")
         assert "controller" in str(e.value)
         assert "nothing answers" in e.value.what
         assert e.value.fix and "slurmctld" in e.value.fix
@@ -108,13 +113,24 @@ def test_missing_binary_is_a_slurm_error(slurm):
     assert "not installed" in e.value.what
 
 
-def test_timeout_is_a_slurm_error(slurm):
-    sleep = shutil.which("sleep")
-    t0 = time.monotonic()
+def _running(argv) -> bool:
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                    return True
+        except OSError:   # not a process, or gone meanwhile
+            continue
+    return False
+
+
+def test_timeout_is_a_slurm_error_and_the_command_is_killed(slurm):
+    """A command past timeout_s is killed and reported with the timeout; it would sleep an hour."""
+    argv = [shutil.which("sleep"), "3599.25"]
     with pytest.raises(SlurmError) as e:
-        run_slurm([sleep, "10"], env=slurm.env, timeout_s=0.5)
-    assert time.monotonic() - t0 < 2
+        bounded(lambda: run_slurm(argv, env=slurm.env, timeout_s=0.5), 0.5 + HANG_MARGIN_S, "run_slurm(sleep)")
     assert "did not answer within 0.5 s" in e.value.what
+    assert not _running(argv)   # killed and reaped before run_slurm raised
 
 
 def test_testbed_script_start_status_stop(slurm, tmp_path):

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  (vsbatch traces the jobs it places)
 
 from vest_slurm.site import vsbatch
 from vest_slurm.slurm.attach import detach
-from slurm_wait import wait_done
+from slurm_wait import bounded, wait_done
 from vest_slurm.slurm.cluster import SlurmCLI
 
 pytestmark = pytest.mark.slurm
-pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = ROOT / "site-config" / "testbed.toml"
@@ -221,21 +221,29 @@ def _conf_with_port(slurm, tmp_path, port: int) -> dict:
     return dict(slurm.env, SLURM_CONF=str(conf))
 
 
+# A hang, not speed: vsbatch (its estimate included, which a cold trace cache makes take tens of
+# seconds on a loaded machine) is given this long before the test calls it hung. How long vsbatch
+# takes is scripts/bench_vsbatch.py's measure.
+VSBATCH_HANG_S = 600.0
+
+
 def test_controller_down_is_a_clear_error(slurm, cli, tmp_path):
+    """Nothing listens where slurm.conf puts the controller: exit 4 with the fix, nothing queued, no hang."""
     script(tmp_path, "small.sh", SMALL)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]          # closed again: nothing listens there
     env = _conf_with_port(slurm, tmp_path, port)
     before = cli.queue_ids()
-    t0 = time.monotonic()
-    rc, out, err = run_vsbatch(["small.sh"], env, tmp_path)
+    rc, out, err = bounded(lambda: run_vsbatch(["small.sh"], env, tmp_path), VSBATCH_HANG_S, "vsbatch")
     assert rc == 4 and "controller" in err and "slurmctld" in err, err
-    assert time.monotonic() - t0 < 10
+    assert "nothing answers" in err and "the controller is down" in err, err
     assert cli.queue_ids() == before
 
 
 def test_controller_too_slow_is_bounded_by_the_timeout(slurm, cli, tmp_path):
+    """A controller that accepts and never answers: vsbatch gives up at VEST_SLURM_TIMEOUT_S (the
+    message names that timeout: only the timeout path writes it), exit 4, nothing queued."""
     script(tmp_path, "small.sh", SMALL)
     with socket.socket() as mute:          # accepts connections (the kernel does), never answers
         mute.bind(("127.0.0.1", 0))
@@ -243,11 +251,8 @@ def test_controller_too_slow_is_bounded_by_the_timeout(slurm, cli, tmp_path):
         env = _conf_with_port(slurm, tmp_path, mute.getsockname()[1])
         env["VEST_SLURM_TIMEOUT_S"] = "1.5"
         before = cli.queue_ids()
-        t0 = time.monotonic()
-        rc, out, err = run_vsbatch(["small.sh"], env, tmp_path)
-        took = time.monotonic() - t0
+        rc, out, err = bounded(lambda: run_vsbatch(["small.sh"], env, tmp_path), VSBATCH_HANG_S, "vsbatch")
     assert rc == 4 and "did not answer within 1.5 s" in err and "too slow" in err, err
-    assert took < 6
     assert cli.queue_ids() == before
 
 
