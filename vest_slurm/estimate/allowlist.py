@@ -35,6 +35,7 @@ from typing import Sequence
 from ..errors import WorkloadError
 from .workload import (CUDNN_BENCHMARK, CUDNN_TF32, GRADIENT_CHECKPOINTING, LOSSES, OPTIMIZER_IMPLS,
                        OPTIMIZERS, PARALLELISMS, PRE_FORWARDS, PRECISIONS, ZERO_GRADS, WorkloadSpec,
+                       SHARDINGS, SHARD_DTYPES, OFFLOADS, ON_OFF,
                        spec_from_namespace)
 
 # Bounds on what a directive may ask for. They keep a hostile line from asking the worker for
@@ -265,6 +266,13 @@ _OPTIONS = {
     "--gradient-checkpointing": ("gradient_checkpointing",
                                  lambda v: _choice("--gradient-checkpointing", v, GRADIENT_CHECKPOINTING)),
     "--weight-decay": ("weight_decay", lambda v: _float("--weight-decay", v)),
+    "--sharding": ("sharding", lambda v: _choice("--sharding", v, SHARDINGS)),
+    "--shard-group-size": ("shard_group_size", lambda v: _int("--shard-group-size", v, MAX_NUM_GPUS)),
+    "--gpus-per-node": ("gpus_per_node", lambda v: _int("--gpus-per-node", v, MAX_NUM_GPUS)),
+    "--param-dtype": ("param_dtype", lambda v: _choice("--param-dtype", v, SHARD_DTYPES)),
+    "--reduce-dtype": ("reduce_dtype", lambda v: _choice("--reduce-dtype", v, SHARD_DTYPES)),
+    "--offload": ("offload", lambda v: _choice("--offload", v, OFFLOADS)),
+    "--reshard-after-forward": ("reshard_after_forward", lambda v: _choice("--reshard-after-forward", v, ON_OFF)),
 }
 ALLOWED_OPTIONS = tuple(_OPTIONS)
 

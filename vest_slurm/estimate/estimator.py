@@ -26,10 +26,11 @@ from .allocator import min_capacity_bytes, replay
 from .allocator_config import parse_alloc_conf
 from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
+from .sharding import strategy_world
 from .profiles import DeviceProfile
 from .trace import BF16_NOTE, AllocEvent, AllocTrace
 from ..units import MiB
-from .workload import WorkloadSpec
+from .workload import SHARDED, WorkloadSpec
 
 # NCCL's buffers per communicator for a ring all-reduce: per channel, a send and a receive buffer
 # for each protocol (SIMPLE NCCL_BUFFSIZE 4 MiB, LL128 ~4.6 MiB, LL 256 KiB), ~9 MiB per peer
@@ -135,6 +136,13 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     the CLI commands use it, the benchmarks (which time the tracing) do not."""
     from . import tracecache
 
+    if spec.parallelism in SHARDED:
+        # per rank (sharding.py); the unsharded model's trace is kept in memory by sharded_trace
+        from .sharded_trace import trace_sharded
+
+        t0 = time.perf_counter()
+        trace = trace_sharded(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
+        return summarize(trace, time.perf_counter() - t0)
     k = tracecache.key(spec, profile.capability, profile.total_bytes) if cache else None
     hit = tracecache.load(k)
     if hit is not None:
@@ -166,6 +174,11 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         parts.append(("cudnn", profile.cudnn_mib * MiB))
     if spec.num_gpus > 1 and spec.parallelism in ("ddp", "dp"):
         parts.append(("nccl", NCCL_BYTES))
+    elif spec.num_gpus > 1 and spec.parallelism in SHARDED:
+        # one communicator for the all-gathers and reduce-scatters (FSDP's and DeepSpeed's data
+        # parallel group); HSDP adds the replicate group's (its all-reduce across shard groups)
+        comms = 2 if spec.parallelism == "hsdp" and strategy_world(spec) < spec.num_gpus else 1
+        parts.append(("nccl", comms * NCCL_BYTES))
     fixed = sum(v for _, v in parts)
     breakdown = tuple(parts) + (
         ("parameters", summary.param_bytes),

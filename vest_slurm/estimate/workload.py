@@ -49,7 +49,12 @@ OPTIMIZERS = tuple(OPTIMIZER_TABLE)
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
-PARALLELISMS = ("ddp", "dp", "none")
+PARALLELISMS = ("ddp", "dp", "none", "fsdp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")
+SHARDED = ("fsdp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")   # sharding.py models them per rank
+SHARDINGS = ("full-shard", "shard-grad-op")    # FSDP1's ShardingStrategy FULL_SHARD / SHARD_GRAD_OP
+SHARD_DTYPES = ("auto", "fp32", "bf16", "fp16")   # auto: the weights' own dtype (no mixed-precision policy)
+OFFLOADS = ("none", "optimizer", "params")
+ON_OFF = ("on", "off")
 PRE_FORWARDS = ("none", "grad", "no-grad")
 CUDNN_TF32 = ("on", "off")
 CUDNN_BENCHMARK = ("off", "on")
@@ -139,6 +144,14 @@ class WorkloadSpec:
     gradient_checkpointing: str = "off"   # activation checkpointing through the model's own switch (HF
                                           # activation/gradient_checkpointing_enable, timm set_grad_checkpointing):
                                           # each block keeps its input and recomputes the rest in backward
+    # Sharded data parallel (parallelism in SHARDED; sharding.py). num_gpus is the total.
+    sharding: str = "full-shard"       # FSDP1 only: FULL_SHARD or SHARD_GRAD_OP
+    shard_group_size: int = 0          # hsdp: ranks per shard group (0: the GPUs of one node)
+    gpus_per_node: int = 0             # 0: as many per node as the GPU type's nodes have (placement)
+    param_dtype: str = "auto"          # the wrapper's MixedPrecision(Policy) param_dtype
+    reduce_dtype: str = "auto"         # its reduce_dtype (auto: the param dtype, PyTorch's default)
+    offload: str = "none"              # CPU offload: none, optimizer (states and masters), params
+    reshard_after_forward: str = "on"  # FSDP2 reshard_after_forward / FSDP1 FULL_SHARD vs SHARD_GRAD_OP
 
     @property
     def model_kwargs(self) -> dict:
@@ -169,7 +182,8 @@ class WorkloadSpec:
         defaults = WorkloadSpec(model="x", batch_size=1)
         for name in ("loss", "optimizer", "optimizer_impl", "precision", "grad_accum", "num_gpus",
                      "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32",
-                     "cudnn_benchmark", "zero_grad", "gradient_checkpointing"):
+                     "cudnn_benchmark", "zero_grad", "gradient_checkpointing", "sharding", "shard_group_size",
+                     "gpus_per_node", "param_dtype", "reduce_dtype", "offload", "reshard_after_forward"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -225,7 +239,16 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--channels-last", action="store_true", default=None)
     g.add_argument("--grad-accum", type=str, default=None, help="gradient accumulation steps")
     g.add_argument("--num-gpus", type=str, default=None, help="GPUs of the job (data parallel; batch size is per GPU)")
-    g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS))
+    g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS) + " (fsdp: FSDP1, fsdp2: fully_shard, "
+                   "hsdp: fully_shard over a 2-D mesh, zero1/2/3: DeepSpeed ZeRO stages; modelled per rank)")
+    g.add_argument("--sharding", default=None, help="fsdp only: full-shard (default) or shard-grad-op")
+    g.add_argument("--shard-group-size", type=str, default=None, help="hsdp: GPUs per shard group (default: one node's)")
+    g.add_argument("--gpus-per-node", type=str, default=None, help="GPUs per node (default: the GPU type's nodes')")
+    g.add_argument("--param-dtype", default=None, help="sharded jobs: the mixed-precision param dtype (fp32, bf16, fp16; "
+                   "default: the weights' dtype); parameters and optimizer states stay in their own dtype, sharded")
+    g.add_argument("--reduce-dtype", default=None, help="sharded jobs: the gradient reduction dtype (default: the param dtype)")
+    g.add_argument("--offload", default=None, help="sharded jobs: CPU offload: none (default), optimizer, params")
+    g.add_argument("--reshard-after-forward", default=None, help="fsdp2/hsdp/zero3: on (default) or off")
     g.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the job")
     g.add_argument("--steps", type=str, default=None, help="training iterations to trace (default 2)")
     g.add_argument("--pre-forward", default=None,
@@ -340,7 +363,22 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         zero_grad=_choice("zero-grad", pick("zero_grad", "after-step"), ZERO_GRADS),
         gradient_checkpointing=_choice("gradient-checkpointing", pick("gradient_checkpointing", "off"),
                                        GRADIENT_CHECKPOINTING),
+        sharding=_choice("sharding", pick("sharding", "full-shard"), SHARDINGS),
+        shard_group_size=_positive_int("shard-group-size", pick("shard_group_size", 0), minimum=0),
+        gpus_per_node=_positive_int("gpus-per-node", pick("gpus_per_node", 0), minimum=0),
+        param_dtype=_choice("param-dtype", pick("param_dtype", "auto"), SHARD_DTYPES),
+        reduce_dtype=_choice("reduce-dtype", pick("reduce_dtype", "auto"), SHARD_DTYPES),
+        offload=_choice("offload", pick("offload", "none"), OFFLOADS),
+        reshard_after_forward=_choice("reshard-after-forward", pick("reshard_after_forward", "on"), ON_OFF),
     )
+    sharded_only = [n for n, d in (("sharding", "full-shard"), ("param_dtype", "auto"), ("reduce_dtype", "auto"),
+                                   ("offload", "none"), ("shard_group_size", 0)) if getattr(spec, n) != d]
+    if sharded_only and spec.parallelism not in SHARDED:
+        raise WorkloadError(f"--{sharded_only[0].replace('_', '-')} applies to sharded jobs, not --parallelism "
+                            f"{spec.parallelism}", f"add --parallelism one of {', '.join(SHARDED)}, or drop it")
+    if spec.parallelism == "hsdp" and spec.shard_group_size and spec.num_gpus % spec.shard_group_size:
+        raise WorkloadError(f"--shard-group-size {spec.shard_group_size} does not divide --num-gpus {spec.num_gpus}",
+                            "HSDP's 2-D mesh needs num_gpus = replicas x shard group size")
     return spec
 
 

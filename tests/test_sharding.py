@@ -1,0 +1,101 @@
+"""Per-rank shard bytes of every sharded strategy: parameters, gradients, optimizer states and fp32
+masters equal to their sizes divided over the ranks, as torch.chunk and DeepSpeed's padding cut them
+(uneven sizes included), through the real tracer and the allocator replay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vest_slurm.errors import WorkloadError
+from vest_slurm.estimate.estimator import trace_for
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.estimate.workload import parse_workload_args
+
+# Every dim 0 uneven over 3 ranks and 4 ranks: 7 = 3+3+1 (4 ranks: 2+2+2+1), 5 = 2+2+1 (2+2+1+0).
+MLP = 'mlp:[["Linear",11,7],["ReLU"],["Linear",7,5],["ReLU"],["Linear",5,3]]'
+SHAPES = [(7, 11), (7,), (5, 7), (5,), (3, 5), (3,)]
+
+
+def _spec(parallelism, gpus, *extra):
+    return parse_workload_args(["--model", MLP, "--batch-size", "4", "--optimizer", "adamw",
+                                "--parallelism", parallelism, "--num-gpus", str(gpus), *extra])
+
+
+def _summary(spec):
+    return trace_for(spec, get_profile("a100-80gb"))
+
+
+def _rank0_chunk(shape, world):
+    """torch.chunk's cut of a real tensor: (rank 0's numel, the padded numel every rank stores)."""
+    chunks = torch.chunk(torch.empty(shape), world, dim=0)
+    rows = chunks[0].shape[0]
+    return chunks[0].numel(), rows * math.prod(shape[1:])
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fsdp2_shards_per_parameter(world):
+    s = _summary(_spec("fsdp2", world))
+    padded = sum(_rank0_chunk(sh, world)[1] for sh in SHAPES)
+    local = sum(_rank0_chunk(sh, world)[0] for sh in SHAPES)
+    assert s.param_bytes == padded * 4
+    assert s.grad_bytes == padded * 4           # views of one padded reduce-scatter output per unit
+    assert s.optimizer_state_bytes == 2 * local * 4   # exp_avg, exp_avg_sq of the local shard
+
+
+def test_fsdp2_mixed_precision_keeps_fp32_shards():
+    s = _summary(_spec("fsdp2", 3, "--param-dtype", "bf16", "--reduce-dtype", "fp32"))
+    padded = sum(_rank0_chunk(sh, 3)[1] for sh in SHAPES)
+    assert s.param_bytes == padded * 4 and s.grad_bytes == padded * 4
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_fsdp1_flat_parameter_per_unit(world):
+    s = _summary(_spec("fsdp", world))
+    # top-level children with parameters are the units: the three Linear layers
+    units = [7 * 11 + 7, 5 * 7 + 5, 3 * 5 + 3]
+    shard = sum(-(-n // world) for n in units)
+    assert s.param_bytes == shard * 4 and s.grad_bytes == shard * 4
+    assert s.optimizer_state_bytes == 2 * shard * 4
+
+
+@pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])
+def test_zero_partitions(stage):
+    world = 3
+    total = sum(math.prod(sh) for sh in SHAPES)
+    spec = _spec(stage, world, "--precision", "bf16")
+    s = _summary(spec)
+    if stage == "zero3":
+        part = sum(-(-math.prod(sh) // world) for sh in SHAPES)
+        params = part * 2
+    else:
+        padded = -(-total // (2 * world)) * 2 * world   # stage_1_and_2 pads to 2 x world size
+        part = padded // world
+        params = total * 2
+    assert s.param_bytes == params + part * 4       # bf16 parameters (or their partitions) + fp32 masters
+    assert s.optimizer_state_bytes == 2 * part * 4
+
+
+def test_hsdp_shards_over_the_group():
+    s = _summary(_spec("hsdp", 4, "--shard-group-size", "2"))
+    padded = sum(_rank0_chunk(sh, 2)[1] for sh in SHAPES)
+    assert s.param_bytes == padded * 4
+
+
+def test_more_gpus_less_memory_and_refusals():
+    a = _summary(_spec("fsdp2", 2)).param_bytes
+    b = _summary(_spec("fsdp2", 4)).param_bytes
+    assert b < a
+    with pytest.raises(WorkloadError, match="sharded"):
+        parse_workload_args(["--model", MLP, "--batch-size", "2", "--param-dtype", "bf16"])
+    with pytest.raises(WorkloadError, match="offload"):
+        _summary(_spec("fsdp2", 2, "--offload", "optimizer"))
+
+
+def test_gather_buffers_go_through_their_streams():
+    tr = _summary(_spec("fsdp2", 2, "--param-dtype", "bf16")).trace
+    streams = {e.module: e.stream for e in tr.events if e.action == "alloc"}
+    assert streams["all_gather_output"] == 1 and streams["reduce_scatter_input"] == 0
+    assert 2 in {e.stream for e in tr.events if e.category == "gradient" and e.action == "alloc"}

@@ -1,0 +1,256 @@
+"""Trace what sharding.py needs: one forward/backward of the unsharded model with its wrapping units
+marked, and the optimizer on one rank's shards.
+
+Enters: a WorkloadSpec with a sharded ``parallelism``. Leaves: ``trace_sharded(spec)``, the per-rank
+AllocTrace (sharding.rank_trace). The model is traced once per (model, batch, dtype) and kept in
+memory: the per-rank trace for another GPU count or strategy is a pure function of it, so placement
+can search GPU counts without tracing again.
+
+Units (the wrapping policy): for transformers models each module whose class is in the model's
+``_no_split_modules`` (its transformer blocks; what accelerate's and transformers' FSDP auto-wrap
+use), else each top-level child; the root holds the parameters left over (embeddings, final norm,
+head). Where the unit's forward and backward begin and end is read from hooks that allocate
+nothing: forward pre/post hooks, a gradient hook on the unit's output (the unit's backward begins
+when its output's gradient is ready: FSDP's pre-backward hook) and post-accumulate-grad hooks on its
+parameters (its backward is over when all its parameters have their gradient: FSDP's post-backward).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from . import _fakecuda as fc
+from .models import build_model
+from .sharding import (OptimizerTrace, Unit, UnitTrace, dtypes, rank_trace, shard_layout)
+from .trace import AllocEvent, AllocTrace
+from .tracing import _DTYPES, Tracer, _TracerHooks, _module_hooks, _transformers_quiet, cudnn_flags, \
+    make_optimizer, run_training_loop
+from .workload import WorkloadSpec
+from ..errors import EstimateError
+
+_PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def _compute_spec(spec: WorkloadSpec) -> WorkloadSpec:
+    """The spec the unsharded model is traced with: weights in the param dtype (what the forward
+    computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step, and
+    nothing of the parallelism (the per-rank trace adds it)."""
+    _, param, _ = dtypes(spec)
+    precision = spec.precision
+    if param != spec.weight_dtype:
+        precision = _PRECISION_OF.get(param, "fp32")
+    return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
+                   shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
+                   offload="none", reshard_after_forward="on", alloc_conf="")
+
+
+def wrap_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The wrapping units in forward (module) order, outermost matches only; the root is not listed."""
+    classes = set(getattr(model, "_no_split_modules", None) or ())
+    out: list[tuple[str, nn.Module]] = []
+    if classes:
+        taken: list[str] = []
+        for name, m in model.named_modules():
+            if name and type(m).__name__ in classes and not any(name.startswith(t + ".") for t in taken):
+                out.append((name, m))
+                taken.append(name)
+    if not out:
+        out = [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
+    return out
+
+
+class _Marks:
+    """Event indices where each unit's forward and backward begin and end."""
+
+    def __init__(self, tracer: Tracer, model: nn.Module, units: list[tuple[str, nn.Module]]):
+        self.t = tracer
+        self.fwd_pre: dict[str, int] = {}
+        self.fwd_post: dict[str, int] = {}
+        self.bwd_pre: dict[str, int] = {}
+        self.bwd_post: dict[str, int] = {}
+        self.grad_blocks: dict[str, list[int]] = {}
+        self.handles = []
+        seen: set[int] = set()
+        self.params: dict[str, list[nn.Parameter]] = {}
+        for name, m in units + [("", model)]:
+            ps = [p for p in m.parameters() if id(p) not in seen]
+            seen.update(id(p) for p in ps)
+            self.params[name] = ps
+        for name, m in units:
+            self.handles.append(m.register_forward_pre_hook(functools.partial(self._pre, name)))
+            self.handles.append(m.register_forward_hook(functools.partial(self._post, name)))
+        for name, ps in self.params.items():
+            left = {id(p) for p in ps if p.requires_grad}
+            for p in ps:
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(
+                        functools.partial(self._grad, name, left)))
+
+    def now(self) -> int:
+        return len(self.t.s.events)
+
+    def _in_backward(self) -> bool:
+        return fc.current_autograd_node() is not None or self.t.s.phase == "backward"
+
+    def _pre(self, name, _mod, _inp):
+        if not self._in_backward():   # a recompute (activation checkpointing) is not a forward
+            self.fwd_pre.setdefault(name, self.now())
+
+    def _post(self, name, _mod, _inp, out):
+        if self._in_backward():
+            return
+        self.fwd_post.setdefault(name, self.now())
+        t = out if isinstance(out, torch.Tensor) else next(
+            (o for o in (out if isinstance(out, (tuple, list)) else getattr(out, "values", lambda: ())())
+             if isinstance(o, torch.Tensor) and o.requires_grad), None)
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            self.handles.append(t.register_hook(functools.partial(self._grad_ready, name)))
+
+    def _grad_ready(self, name, _g):
+        self.bwd_pre.setdefault(name, self.now())
+
+    def _grad(self, name, left: set, p):
+        b = self.t.block_of(p.grad) if p.grad is not None else None
+        if b is not None:
+            self.grad_blocks.setdefault(name, []).append(b)
+        left.discard(id(p))
+        if not left:
+            self.bwd_post.setdefault(name, self.now())
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+@functools.lru_cache(maxsize=8)
+def unit_trace(cspec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> UnitTrace:
+    """The unsharded model's one traced iteration with its units marked (kept in memory)."""
+    with _transformers_quiet(cspec):
+        return _unit_trace(cspec, capability, total_memory_bytes)
+
+
+def _unit_trace(spec: WorkloadSpec, capability, total_memory_bytes) -> UnitTrace:
+    t0 = time.perf_counter()
+    built = build_model(spec)
+    tracer = Tracer(capability)
+    mode = fc.FakeCudaMode(tracer.recorder)
+    model = built.module
+    units = wrap_units(model)
+    try:
+        with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
+                                                    scalar_draws_at_the_top=True), mode, fc.CudaFactoryMode()):
+            tracer.s.category = "parameter"
+            fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
+            tracer.s.category = None
+            hooks = _module_hooks(tracer, model)
+            marks = _Marks(tracer, model, units)
+            try:
+                opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
+                tracer.freeze()
+                del opt
+            finally:
+                marks.remove()
+                for h in hooks:
+                    h.remove()
+    except EstimateError:
+        raise
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, NotImplementedError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EstimateError(f"tracing {spec.model} for the sharded model failed: {type(e).__name__}: {msg}",
+                            "check that --input matches the model") from None
+    trace = tracer.finish(1, (f"traced in {time.perf_counter() - t0:.2f} s",))
+    ev = trace.events
+    start = next((i for i, e in enumerate(ev) if e.action == "alloc" and e.category == "input"), None)
+    end = trace.step_ends[0] if trace.step_ends else len(ev)
+    if start is None:
+        raise EstimateError(f"{spec.model}: the traced loop made no input batch", "this is a bug in vest-slurm; report it")
+    stop = next((i for i in range(start, end) if ev[i].phase in ("optimizer", "zero_grad")), end)
+    first_bwd = next((i for i in range(start, stop) if ev[i].phase == "backward"), stop)
+    setup = tuple(e for e in ev[:start] if e.category != "parameter" and e.phase != "optimizer")
+    iteration = tuple(ev[start:stop])
+    tail = tuple(e for e in ev[end:] if e.action == "free")
+
+    def rel(i: int | None, default: int) -> int:
+        return default if i is None else min(max(i - start, 0), len(iteration))
+
+    out: list[Unit] = []
+    params = marks.params
+    root_shapes = tuple(tuple(p.shape) for p in params[""])
+    out.append(Unit("<root>", root_shapes, 0, rel(first_bwd, first_bwd - start), rel(first_bwd, first_bwd - start),
+                    rel(marks.bwd_post.get(""), len(iteration)), tuple(marks.grad_blocks.get("", ())), True))
+    for name, _m in units:
+        if not params[name]:
+            continue
+        fpre = rel(marks.fwd_pre.get(name), 0)
+        out.append(Unit(name, tuple(tuple(p.shape) for p in params[name]), fpre,
+                        rel(marks.fwd_post.get(name), first_bwd - start),
+                        rel(marks.bwd_pre.get(name), first_bwd - start),
+                        rel(marks.bwd_post.get(name), len(iteration)), tuple(marks.grad_blocks.get(name, ()))))
+    return UnitTrace(setup, iteration, tail, tuple(out), spec.weight_dtype, spec.weight_dtype, trace.notes)
+
+
+@functools.lru_cache(maxsize=64)
+def optimizer_trace(spec: WorkloadSpec, shapes: tuple[tuple[int, ...], ...], dtype: str,
+                    keep_grads: bool) -> OptimizerTrace:
+    """The optimizer of ``spec`` stepping tensors of ``shapes`` (this rank's shards) twice on fake
+    CUDA: its states and temporaries, exactly as torch's implementation makes them. The shards and
+    their gradients are left out (sharding.py places them), unless ``keep_grads`` (DeepSpeed's fp32
+    gradient partition, made for the step and dropped after it)."""
+    tracer = Tracer()
+    mode = fc.FakeCudaMode(tracer.recorder)
+    hooks = _TracerHooks(tracer, mode)
+    cuts = []
+    with fc.cuda_answers(total_memory_bytes=1 << 40, capability=(8, 0), scalar_draws_at_the_top=True), mode, \
+            fc.CudaFactoryMode():
+        tracer.s.category = "parameter"
+        params = [nn.Parameter(torch.empty(s, dtype=_DTYPES[dtype], device=fc.DEVICE)) for s in shapes]
+        tracer.s.category = None
+        hooks.phase("optimizer")
+        opt = make_optimizer(spec, params)
+        cuts.append(len(tracer.s.events))
+        for _ in range(2):
+            hooks.phase("setup")
+            tracer.s.category = "gradient"
+            for p in params:
+                p.grad = torch.empty_like(p)
+            tracer.s.category = None
+            hooks.phase("optimizer")
+            opt.step()
+            tracer.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)],
+                        "optimizer_state")
+            hooks.phase("zero_grad")
+            opt.zero_grad(set_to_none=True)
+            cuts.append(len(tracer.s.events))
+        tracer.freeze()
+        del opt
+    ev = tracer.finish(2).events
+    drop = {e.block for e in ev if e.action == "alloc" and
+            (e.category == "parameter" or (e.category == "gradient" and not keep_grads))}
+    kept = [e for e in ev if e.block not in drop]
+    # cut positions in the kept list
+    pos = []
+    for c in cuts:
+        pos.append(sum(1 for e in ev[:c] if e.block not in drop))
+    construct = tuple(kept[:pos[0]])
+    steps = tuple(tuple(kept[pos[i]:pos[i + 1]]) for i in range(len(pos) - 1))
+    return OptimizerTrace(construct, steps)
+
+
+def trace_sharded(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0),
+                  total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
+    """The per-rank trace of a sharded job (sharding.rank_trace)."""
+    from .sharding import check_supported
+
+    check_supported(spec)
+    t0 = time.perf_counter()
+    ut = unit_trace(_compute_spec(spec), capability, total_memory_bytes)
+    layout = shard_layout(ut.units, spec)
+    opt = optimizer_trace(spec.with_(num_gpus=1, parallelism="none"), layout.optimizer_tensors,
+                          layout.optimizer_dtype, spec.parallelism.startswith("zero"))
+    tr = rank_trace(ut, opt, spec)
+    return replace(tr, notes=tr.notes + (f"per-rank trace built in {time.perf_counter() - t0:.2f} s",))

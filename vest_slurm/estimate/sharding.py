@@ -1,0 +1,491 @@
+"""Sharded data parallel per rank: what FSDP1, FSDP2 (fully_shard), HSDP and DeepSpeed ZeRO-1/2/3
+keep on one GPU, as an AllocTrace the caching-allocator replay runs.
+
+Enters: a ``UnitTrace`` (sharded_trace.py: one traced forward/backward of the unsharded model, with
+where each wrapping unit's forward and backward begin and end, its parameters' shapes and the
+blocks of their unsharded gradients) and the optimizer's own trace on this rank's shards; the
+WorkloadSpec's strategy. Leaves: the per-rank trace (``rank_trace``) and the exact per-rank shard
+sizes (``shard_layout``), pure data, no torch.
+
+Shard sizes, as each library cuts them (the largest rank decides where ranks differ; it is rank 0
+for every rule here):
+- fsdp2 / hsdp (torch/distributed/fsdp/_fully_shard/_fsdp_param.py init_sharded_param): each
+  parameter is cut on dim 0 with torch.chunk into ceil(d0/S) rows; every rank stores the padded
+  chunk (``_sharded_param_data``), rank 0 holds a full chunk, the last ones fewer rows or none.
+  Optimizer states are zeros_like the unpadded local shard (rank 0: min(ceil, d0) rows). Sharded
+  gradients are views of one flat reduce-scatter output per unit (foreach_reduce), padded.
+- fsdp (FSDP1, _flat_param.py FlatParamHandle, use_orig_params=False): one flat parameter per unit,
+  padded to a multiple of S, every rank ceil(T/S) elements; the optimizer sees the flat shards.
+- zero1 / zero2 (deepspeed/runtime/zero/stage_1_and_2.py): the bit16 parameters of a group flattened
+  and padded to a multiple of 2 x S (nccl_start_alignment_factor = 2), T_pad / S per rank; fp32
+  master and optimizer states over that partition; parameters stay whole on every rank.
+- zero3 (deepspeed/runtime/zero/partition_parameters.py _partition_param): each parameter padded to
+  a multiple of S, ceil(numel / S) per rank; fp32 masters and states flattened over those.
+
+What the per-rank trace adds around the traced activations (FSDP2's schedule, _fsdp_param_group.py):
+forward: per unit, the copy-in of the shards in param dtype (all-gather copy-in stream), the
+all-gather output (that stream's pool: stream 1), the unsharded parameters copied out of it (the
+compute stream); the output is freed after the next unit's copy-out (implicit prefetch keeps one
+more alive: "AllGatherState"); after forward the unit reshards (not the root, which FSDP2 keeps
+unsharded for backward). backward: the unit and the next one in backward order are all-gathered
+(explicit backward prefetch of one); after its gradients are complete: reshard, reduce-scatter
+input (compute stream, reduce dtype), the unsharded gradients freed, the reduce-scatter output on
+the reduce-scatter stream (stream 2), cast to the parameters' dtype where the reduce dtype
+differs; one reduce-scatter input is kept in flight (reduce_scatter_max_input_buffers = 1). FSDP1
+all-gathers into one flat buffer on its unshard stream and frees it with record_stream to the
+compute stream: the free takes effect when the compute stream has passed it; the CPU runs ahead by
+at most two all-gathers (limit_all_gathers), so the free is placed two units later. Streams have
+separate pools in the replay, as in CUDACachingAllocator (a block is only reused on its stream).
+
+Known limitations (each said in the estimate's notes where it applies): DeepSpeed is modelled from
+its defaults, not traced (reduce_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7
+elements); activations are traced once and repeated; NCCL's NVLS buffers are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..errors import WorkloadError
+from .trace import AllocEvent, AllocTrace
+from .workload import WorkloadSpec
+
+COMPUTE, ALL_GATHER, REDUCE_SCATTER = 0, 1, 2   # stream ids of the replay (separate pools)
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+SHARD_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# DeepSpeed defaults (deepspeed/runtime/zero/config.py): ZeRO-2's reduce bucket (reduce_bucket_size
+# 5e8 elements, contiguous_gradients on: one ipg buffer of that size in the model dtype) and
+# ZeRO-3's prefetch (stage3_prefetch_bucket_size 5e7 elements).
+ZERO_REDUCE_BUCKET = 500_000_000
+ZERO3_PREFETCH = 50_000_000
+ZERO_ALIGN = 2   # stage_1_and_2.py nccl_start_alignment_factor: partitions padded to 2 x world size
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One wrapping unit (a transformer block, a top-level child, the root's own parameters)."""
+
+    name: str
+    shapes: tuple[tuple[int, ...], ...]   # its parameters' shapes, in order
+    fwd_pre: int       # event index (in UnitTrace.iteration) where its forward begins
+    fwd_post: int      # ... ends
+    bwd_pre: int       # where its backward begins (its output's gradient is ready)
+    bwd_post: int      # where its parameters' gradients are all complete
+    grad_blocks: tuple[int, ...] = ()   # the traced unsharded gradients of its parameters
+    is_root: bool = False
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+
+@dataclass(frozen=True)
+class UnitTrace:
+    """One traced forward/backward of the unsharded model, with the units marked (sharded_trace.py)."""
+
+    setup: tuple[AllocEvent, ...]       # buffers and other setup allocations (not parameters)
+    iteration: tuple[AllocEvent, ...]   # batch, forward, backward (parameter gradients included)
+    tail: tuple[AllocEvent, ...]        # frees of what the loop keeps into the next iteration
+    units: tuple[Unit, ...]             # in forward order; the root first
+    orig_dtype: str                     # the parameters' own dtype (sharded, and the states')
+    compute_dtype: str                  # the dtype the forward ran in (the param dtype)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OptimizerTrace:
+    """The optimizer traced on this rank's shard tensors (sharded_trace.py): its construction, and
+    each step's events (states created in the first), each with fresh block ids."""
+
+    construct: tuple[AllocEvent, ...]
+    steps: tuple[tuple[AllocEvent, ...], ...]
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Exact per-rank bytes on the largest rank (rank 0) of one strategy."""
+
+    world: int                  # ranks that shard the parameters (the shard group for hsdp)
+    param_bytes: int            # parameters kept on the GPU between steps (shards, or whole for zero1/2)
+    grad_bytes: int             # sharded gradients kept until the step (zero1: whole)
+    master_bytes: int           # fp32 masters apart from the parameters (DeepSpeed)
+    optimizer_tensors: tuple[tuple[int, ...], ...]   # shapes of the tensors the optimizer steps (rank 0)
+    optimizer_dtype: str        # their dtype
+
+
+def strategy_world(spec: WorkloadSpec) -> int:
+    """Ranks over which parameters are sharded (hsdp: the shard group)."""
+    if spec.parallelism == "hsdp":
+        g = spec.shard_group_size or spec.gpus_per_node or spec.num_gpus
+        return max(1, min(g, spec.num_gpus))
+    return spec.num_gpus
+
+
+def dtypes(spec: WorkloadSpec) -> tuple[str, str, str]:
+    """(orig, param, reduce) dtypes. orig: the weights' dtype (--precision); param: the mixed-precision
+    policy's (default orig; DeepSpeed's bf16/fp16 engines train half weights with fp32 masters);
+    reduce: default the param dtype (FSDP's MixedPrecision(Policy) reduce_dtype=None)."""
+    orig = spec.weight_dtype
+    param = SHARD_DTYPE_NAMES.get(spec.param_dtype, orig)
+    reduce = SHARD_DTYPE_NAMES.get(spec.reduce_dtype, param)
+    return orig, param, reduce
+
+
+def chunk_rows(d0: int, world: int) -> tuple[int, int]:
+    """(padded rows every rank stores, rows rank 0 holds) for torch.chunk over ``world`` ranks."""
+    per = -(-d0 // world) if d0 else 0
+    return per, min(per, d0)
+
+
+def fsdp2_shard_numels(shape: tuple[int, ...], world: int) -> tuple[int, int]:
+    """(padded storage numel, rank-0 local numel) of one parameter's FSDP2 shard."""
+    if not shape:
+        shape = (1,)
+    rest = math.prod(shape[1:])
+    padded, local = chunk_rows(shape[0], world)
+    return padded * rest, local * rest
+
+
+def flat_shard_numel(total: int, world: int, align: int = 1) -> int:
+    """One rank's share of a flat buffer padded to a multiple of align x world."""
+    m = align * world
+    return (-(-total // m) * m) // world
+
+
+def shard_layout(units: Sequence[Unit], spec: WorkloadSpec) -> RankLayout:
+    """The exact per-rank shard bytes of parameters, gradients, masters and what the optimizer steps."""
+    orig, param, reduce = dtypes(spec)
+    o, p = ITEMSIZE[orig], ITEMSIZE[param]
+    w = strategy_world(spec)
+    kind = spec.parallelism
+    total = sum(sum(u.numels) for u in units)
+    if kind in ("fsdp2", "hsdp"):
+        shapes = [s or (1,) for u in units for s in u.shapes]
+        pads = [fsdp2_shard_numels(s, w)[0] for s in shapes]
+        local = tuple((chunk_rows(s[0], w)[1],) + tuple(s[1:]) for s in shapes)
+        return RankLayout(w, sum(pads) * o, sum(pads) * o, 0, local, orig)
+    if kind == "fsdp":
+        shards = tuple(flat_shard_numel(sum(u.numels), w) for u in units)
+        return RankLayout(w, sum(shards) * o, sum(shards) * o, 0, tuple((n,) for n in shards), orig)
+    # DeepSpeed: half weights of the model dtype on the GPU, fp32 masters (unless the model is fp32)
+    master = "float32"
+    if kind in ("zero1", "zero2"):
+        part = flat_shard_numel(total, w, ZERO_ALIGN)
+        grads = total * p if kind == "zero1" else part * ITEMSIZE[reduce]
+        masters = part * 4   # always a clone (single_partition_of_fp32_groups), fp32 models too
+        return RankLayout(w, total * p, grads, masters, ((part,),), master)
+    if kind == "zero3":
+        part = sum(flat_shard_numel(n, w) for u in units for n in u.numels)
+        masters = part * 4   # fp32_partitioned_groups_flat
+        return RankLayout(w, part * p, part * ITEMSIZE[reduce], masters, ((part,),), master)
+    raise WorkloadError(f"--parallelism {kind} is not sharded", "use one of fsdp, fsdp2, hsdp, zero1, zero2, zero3")
+
+
+def check_supported(spec: WorkloadSpec) -> None:
+    """Refuse the combinations the per-rank model does not cover, with the reason."""
+    if spec.parallelism in ("fsdp", "fsdp2", "hsdp") and spec.offload == "optimizer":
+        raise WorkloadError("FSDP offloads parameters together with their gradients and optimizer states "
+                            "(CPUOffload / CPUOffloadPolicy): there is no optimizer-only offload",
+                            "use --offload params, or --parallelism zero2/zero3 for DeepSpeed's offload_optimizer")
+    if spec.parallelism in ("zero1", "zero2") and spec.offload == "params":
+        raise WorkloadError("DeepSpeed offloads parameters only with ZeRO-3 (offload_param)",
+                            "use --parallelism zero3 --offload params, or --offload optimizer")
+    if spec.zero_grad != "after-step":
+        raise WorkloadError(f"--zero-grad {spec.zero_grad} is not modelled for sharded jobs (the sharded "
+                            "gradients are freed at the step's zero_grad)", "drop --zero-grad")
+    if spec.pre_forward != "none":
+        raise WorkloadError("--pre-forward is not modelled for sharded jobs", "drop --pre-forward")
+
+
+class _Ids:
+    """Fresh block ids for the events the per-rank trace adds or copies."""
+
+    def __init__(self, start: int = 1 << 44):
+        self.n = start
+
+    def new(self) -> int:
+        self.n += 1
+        return self.n
+
+
+class _Builder:
+    def __init__(self):
+        self.events: list[AllocEvent] = []
+        self.ids = _Ids()
+
+    def alloc(self, size: int, stream: int, phase: str, category: str, module: str) -> int:
+        b = self.ids.new()
+        self.events.append(AllocEvent("alloc", b, int(size), stream, phase, category, module))
+        return b
+
+    def free(self, block: int | None) -> None:
+        if block is not None:
+            self.events.append(AllocEvent("free", block, 0, 0, "", ""))
+
+    def free_all(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            self.free(b)
+
+    def copy(self, events: Iterable[AllocEvent], mapping: dict[int, int]) -> None:
+        """Append events with their blocks renamed (fresh per copy; a free of a block this copy did
+        not allocate keeps the name ``mapping`` gives it, from the copy before)."""
+        for e in events:
+            if e.action == "alloc":
+                mapping[e.block] = self.ids.new()
+            self.events.append(AllocEvent(e.action, mapping.get(e.block, e.block), e.size_bytes, e.stream,
+                                          e.phase, e.category, e.module, e.detail))
+
+
+@dataclass
+class _UnitState:
+    unsharded: list = field(default_factory=list)   # blocks of its unsharded parameters
+    gathered: int | None = None    # all-gather output (FSDP2) waiting for its copy-out
+    grads: list = field(default_factory=list)       # its sharded gradient blocks (kept to the step)
+
+
+def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocTrace:
+    """The per-rank trace: sharded parameters, then ``spec.steps`` steps of the traced iteration with
+    the strategy's all-gathers, reduce-scatters and sharded gradients, then the optimizer's step."""
+    check_supported(spec)
+    kind = spec.parallelism
+    orig, param, reduce = dtypes(spec)
+    o, p, r = ITEMSIZE[orig], ITEMSIZE[param], ITEMSIZE[reduce]
+    w = strategy_world(spec)
+    units = ut.units
+    layout = shard_layout(units, spec)
+    b = _Builder()
+    offload_params = spec.offload == "params"
+    offload_opt = spec.offload != "none"
+    fsdp2 = kind in ("fsdp2", "hsdp")
+    flat = kind == "fsdp"
+    zero3 = kind == "zero3"
+    gathers = fsdp2 or flat or zero3          # parameters are all-gathered per unit
+    if flat:
+        reshard_fwd = spec.sharding == "full-shard" and spec.reshard_after_forward == "on"
+    else:
+        reshard_fwd = spec.reshard_after_forward == "on"
+
+    def unit_numels(u: Unit) -> tuple[int, int]:
+        """(this rank's shard numel, the padded unsharded numel) of a unit."""
+        if fsdp2:
+            pads = [fsdp2_shard_numels(s, w)[0] for s in u.shapes]
+            return sum(pads), sum(pads) * w
+        if flat:
+            s = flat_shard_numel(sum(u.numels), w)
+            return s, s * w
+        s = sum(flat_shard_numel(n, w) for n in u.numels)
+        return s, s * w
+
+    # -- setup: what the wrapper leaves on the GPU before the first step
+    b.copy(ut.setup, {})
+    if not offload_params:
+        for u in units:
+            if fsdp2:
+                for s in u.shapes:   # one padded shard per parameter
+                    b.alloc(fsdp2_shard_numels(s, w)[0] * o, COMPUTE, "setup", "parameter", u.name)
+            elif flat:
+                b.alloc(unit_numels(u)[0] * o, COMPUTE, "setup", "parameter", u.name)
+            elif zero3:
+                b.alloc(unit_numels(u)[0] * p, COMPUTE, "setup", "parameter", u.name)
+            else:   # zero1/2: the whole model in its dtype on every rank
+                for n in u.numels:
+                    b.alloc(n * p, COMPUTE, "setup", "parameter", u.name)
+    if kind.startswith("zero") and layout.master_bytes and not offload_opt:
+        b.alloc(layout.master_bytes, COMPUTE, "setup", "parameter", "fp32_master")
+    if not offload_opt:
+        b.copy(opt.construct, {})
+    zero2_bucket = None
+    if kind in ("zero2", "zero3"):
+        # contiguous_gradients: one ipg bucket of reduce_bucket_size elements (or the model, if smaller)
+        zero2_bucket = b.alloc(min(ZERO_REDUCE_BUCKET, sum(sum(u.numels) for u in units)) * p, COMPUTE,
+                               "setup", "other", "zero_ipg_bucket")
+
+    grad_blocks = {g: u for u in units for g in u.grad_blocks}
+    # markers: event index -> actions, in the order they run at that point
+    at: dict[int, list] = {}
+    for u in units:
+        at.setdefault(u.fwd_pre, []).append(("fwd_pre", u))
+        at.setdefault(u.fwd_post, []).append(("fwd_post", u))
+        at.setdefault(u.bwd_pre, []).append(("bwd_pre", u))
+        at.setdefault(u.bwd_post, []).append(("bwd_post", u))
+    order = {"fwd_post": 0, "bwd_post": 1, "fwd_pre": 2, "bwd_pre": 3}
+    for k in at:
+        at[k].sort(key=lambda a: order[a[0]])
+    bwd_order = sorted((u for u in units), key=lambda u: u.bwd_pre)
+    next_in_bwd = {bwd_order[i].name: bwd_order[i + 1] for i in range(len(bwd_order) - 1)}
+    sharded_grads: list[int] = []
+    prev_map: dict[int, int] = {}
+    steps = max(1, spec.steps)
+    step_ends = []
+    for step in range(steps):
+        state = {u.name: _UnitState() for u in units}
+        pending_ag: list[int | None] = [None]        # FSDP2 forward: the previous unit's all-gather output
+        delayed: list[tuple[int, list[int]]] = []    # FSDP1 record_stream frees: (effective at gather #, blocks)
+        gathers_done = [0]
+        rs_inflight: list[int] = []
+
+        def release_delayed(now: int | None = None) -> None:
+            keep = []
+            for due, blocks in delayed:
+                if now is None or due <= now:
+                    b.free_all(blocks)
+                else:
+                    keep.append((due, blocks))
+            delayed[:] = keep
+
+        def gather(u: Unit, phase: str) -> None:
+            """All-gather u's parameters; FSDP2 leaves the output for its copy-out."""
+            st = state[u.name]
+            if st.unsharded or st.gathered is not None:
+                return
+            shard, full = unit_numels(u)
+            gathers_done[0] += 1
+            release_delayed(gathers_done[0])
+            if offload_params:   # H2D staging of the CPU shard (orig dtype), then the cast below
+                staged = b.alloc(shard * (o if not zero3 else p), ALL_GATHER, phase, "other", "offload_staging")
+            else:
+                staged = None
+            cast = None
+            if (fsdp2 or flat) and p != o:   # copy-in (FSDP2) / _mp_shard (FSDP1) in param dtype
+                cast = b.alloc(shard * p, ALL_GATHER, phase, "other", "fsdp_copy_in")
+            if fsdp2:
+                st.gathered = b.alloc(full * p, ALL_GATHER, phase, "other", "all_gather_output")
+                b.free(cast)
+                b.free(staged)
+            else:   # FSDP1 / ZeRO-3: the unsharded flat buffer itself, on the unshard stream
+                st.unsharded = [b.alloc(full * p, ALL_GATHER, phase, "other", "unsharded_params")]
+                if cast is not None:
+                    delayed.append((gathers_done[0] + 1, [cast]))
+                b.free(staged)
+
+        def copy_out(u: Unit, phase: str) -> None:
+            st = state[u.name]
+            if not fsdp2 or st.gathered is None:
+                return
+            st.unsharded = [b.alloc(fsdp2_shard_numels(s, w)[0] * w * p, COMPUTE, phase, "other", "unsharded_params")
+                            for s in u.shapes]
+            if phase == "forward":   # kept until the next unit's copy-out (AllGatherState)
+                b.free(pending_ag[0])
+                pending_ag[0] = st.gathered
+            else:
+                b.free(st.gathered)
+            st.gathered = None
+
+        def reshard(u: Unit) -> None:
+            st = state[u.name]
+            if not st.unsharded:
+                return
+            if fsdp2:
+                b.free_all(st.unsharded)
+            else:   # record_stream(compute): effective once the CPU is two all-gathers ahead
+                delayed.append((gathers_done[0] + 2, list(st.unsharded)))
+            st.unsharded = []
+
+        def pre(u: Unit, phase: str) -> None:
+            if not gathers:
+                return
+            gather(u, phase)
+            copy_out(u, phase)
+
+        def reduce(u: Unit, traced_grads: list[int]) -> None:
+            shard, full = unit_numels(u)
+            if kind == "zero1":   # gradients stay whole (in the traced blocks) until the step
+                state[u.name].grads.extend(traced_grads)
+                return
+            if kind in ("zero2", "zero3"):
+                # reduced through the ipg bucket into this rank's partition of the gradients
+                b.free_all(traced_grads)
+                if not state[u.name].grads and not offload_opt:
+                    state[u.name].grads.append(b.alloc(shard * r if zero3 else
+                                                       flat_shard_numel(sum(u.numels), w, ZERO_ALIGN) * r,
+                                                       COMPUTE, "backward", "gradient", u.name))
+                return
+            if flat:   # the flat gradient (SplitBackward of the views), cast to the reduce dtype
+                grad_in = b.alloc(full * p, COMPUTE, "backward", "temporary", "fsdp_flat_grad")
+                b.free_all(traced_grads)
+                if r != p:
+                    cast = b.alloc(full * r, COMPUTE, "backward", "temporary", "fsdp_grad_cast")
+                    b.free(grad_in)
+                    grad_in = cast
+                out = b.alloc(shard * r, REDUCE_SCATTER, "backward", "gradient", u.name)
+                delayed.append((gathers_done[0] + 1, [grad_in]))   # record_stream(post-backward stream)
+            else:
+                while len(rs_inflight) >= 1:   # reduce_scatter_max_input_buffers
+                    b.free(rs_inflight.pop(0))
+                rs_in = b.alloc(full * r, COMPUTE, "backward", "temporary", "reduce_scatter_input")
+                b.free_all(traced_grads)
+                out = b.alloc(shard * r, REDUCE_SCATTER, "backward", "gradient", u.name)
+                rs_inflight.append(rs_in)
+            if r != o:   # _to_dtype_if_needed / _cast_grad_to_param_dtype
+                cast = b.alloc(shard * o, REDUCE_SCATTER, "backward", "gradient", u.name)
+                b.free(out)
+                out = cast
+            if offload_params:   # D2H to the CPU gradient
+                b.free(out)
+                return
+            if state[u.name].grads or step_grads.get(u.name):
+                b.free(out)   # accumulated into the existing sharded gradient in place
+            else:
+                step_grads[u.name] = out
+
+        step_grads: dict[str, int] = {}
+        pending_grads = {u.name: [] for u in units}
+        mapping: dict[int, int] = {}
+        # frees of what the previous copy kept (its tail), at the points the loop drops them
+        tail_inputs = [e for e in ut.tail if e.category == "input"]
+        tail_rest = [e for e in ut.tail if e.category != "input"]
+        if step:
+            b.copy(tail_inputs, prev_map)
+        first_backward = next((i for i, e in enumerate(ut.iteration) if e.phase == "backward"), len(ut.iteration))
+        for i, e in enumerate(list(ut.iteration) + [None]):
+            if i == first_backward and step:
+                b.copy(tail_rest, prev_map)
+            if i == first_backward:   # the last forward's all-gather output is flushed (root post-forward)
+                b.free(pending_ag[0])
+                pending_ag[0] = None
+            for what, u in at.get(i, ()):
+                if what == "fwd_pre":
+                    pre(u, "forward")
+                elif what == "fwd_post":
+                    if gathers and reshard_fwd and not u.is_root:   # the root stays unsharded for backward
+                        reshard(u)
+                elif what == "bwd_pre":
+                    pre(u, "backward")
+                    nxt = next_in_bwd.get(u.name)
+                    if gathers and nxt is not None and not state[nxt.name].unsharded:
+                        gather(nxt, "backward")   # BACKWARD_PRE prefetch of one unit
+                elif what == "bwd_post":
+                    if gathers:
+                        reshard(u)
+                    reduce(u, [mapping.get(g, g) for g in pending_grads[u.name]])
+                    pending_grads[u.name] = []
+            if e is None:
+                break
+            if e.action == "alloc" and e.block in grad_blocks:
+                pending_grads[grad_blocks[e.block].name].append(e.block)
+                if kind != "zero1":   # unsharded: reduced and dropped in backward
+                    e = AllocEvent(e.action, e.block, e.size_bytes, e.stream, e.phase, "temporary", "unsharded_grad")
+            b.copy([e], mapping)
+        b.free_all(rs_inflight)
+        release_delayed()
+        for u in units:   # whatever is still unsharded after backward (a unit never reached)
+            reshard(u)
+        release_delayed()
+        for name, g in step_grads.items():
+            state[name].grads.append(g)
+        # the step: the optimizer on this rank's shards (on the CPU with offload)
+        if not offload_opt:
+            b.copy(opt.steps[min(step, len(opt.steps) - 1)], {})
+        for st in state.values():   # zero_grad(set_to_none=True)
+            b.free_all(st.grads)
+        prev_map = mapping
+        step_ends.append(len(b.events))
+    b.copy(ut.tail, prev_map)
+    del zero2_bucket
+    notes = ut.notes + (f"{kind} over {spec.num_gpus} GPUs, per rank"
+                        + (f" (shard group {w})" if kind == "hsdp" else ""),)
+    if kind.startswith("zero"):
+        notes += ("DeepSpeed modelled from its default configuration, not traced",)
+    return AllocTrace(tuple(b.events), steps, notes, tuple(step_ends))
