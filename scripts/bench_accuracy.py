@@ -3,6 +3,7 @@
 
     scripts/bench_accuracy.py --data shared/groundtruth/carma.csv --data shared/groundtruth/milabench.csv \
         --out results.csv [--confidence high,medium] [--plot pred_vs_meas.png] [--limit N] [--filter REGEX] [--workers N]
+        [--floors calibrated|default]
 
 Each row of a ground-truth CSV (schema: shared/groundtruth/README.md) is rebuilt as a WorkloadSpec
 (scripts/groundtruth.py, row_to_spec) and estimated for the row's GPU (profiles.profile_for_device_name).
@@ -18,6 +19,12 @@ and two baselines:
   momentum 1, plain SGD 0; the others as workload.OPTIMIZER_TABLE counts them), the rule of
   `accelerate estimate-memory` (no activations, no context).
 Baseline requests use the same headroom rule, so the three columns compare like with like.
+
+Floors (profiles.py): with ``--floors calibrated`` (the default) each GPU type with a measured stack
+gets that stack's floor (profiles.MEASURED_FLOORS, as `vest calibrate` there would set it), the
+figures a site gets once it calibrated; ``--floors default`` uses the built-in profiles as they ship,
+the floor of a type no site calibrated. The columns ``floor`` and ``floor_mib`` say which each row
+used; scripts/bench_floors.py re-floors a results file without tracing again.
 
 Rows on AMD GPUs (no built-in profile: ROCm) are estimated with a stand-in profile (the H100
 profile's context and workspaces, the row's memory size) and reported as their own group; nothing
@@ -53,7 +60,7 @@ from vest_slurm.estimate.workload import OPTIMIZER_TABLE  # noqa: E402
 MiB = 1 << 20
 POLICY = Policy()   # the site's default headroom (siteconfig.Policy defaults)
 
-COLUMNS = ["id", "source", "gpu", "vendor", "profile", "confidence", "model_kind", "model_name", "batch_size",
+COLUMNS = ["id", "source", "gpu", "vendor", "profile", "floor", "floor_mib", "confidence", "model_kind", "model_name", "batch_size",
            "precision", "predicted_peak_mib", "predicted_required_mib", "request_mib", "measured_peak_mib",
            "rel_err", "live_tensor_mib", "live_tensor_rel_err", "live_tensor_request_mib", "param_rule_mib",
            "param_rule_rel_err", "param_rule_request_mib", "seconds", "trace_seconds", "trace_shared",
@@ -67,18 +74,29 @@ def request_bytes(need_bytes: float) -> int:
 
 # ------------------------------------------------------------------ profiles
 
+FLOORS = "calibrated"   # --floors
+
+
+def _floored(p):
+    from vest_slurm.estimate.profiles import MEASURED_FLOORS, calibrated
+
+    if p is not None and FLOORS == "calibrated" and p.key in MEASURED_FLOORS:
+        return calibrated(p, MEASURED_FLOORS[p.key])
+    return p
+
+
 def row_profile(row: dict):
     """(profile, vendor) for the row's device; AMD gets a stand-in, see the module docstring."""
     from vest_slurm.estimate.profiles import PROFILES, profile_for_device_name
 
     total = _float(row.get("gpu_total_mib"))
     if is_amd(row):
-        base = PROFILES["h100-80gb"]
+        base = _floored(PROFILES["h100-80gb"])
         key = re.sub(r"[^a-z0-9]+", "-", row["gpu"].lower()).strip("-") + "-standin"
         return replace(base, key=key, name=row["gpu"], total_mib=int(total or base.total_mib),
                        reserved_mib=round((total or base.total_mib) * 0.01), vendor="amd"), "amd"
     p = profile_for_device_name(row.get("gpu", ""), int(total) if total else None)
-    return p, "nvidia"
+    return _floored(p), "nvidia"
 
 
 # ------------------------------------------------------------------ worker side
@@ -187,7 +205,7 @@ def prepare(rows: list[Row], confidences: set[str], pattern, limit: int | None) 
             row.out.update(status="no_profile", reason=f"no device profile for {r.get('gpu')!r}")
             continue
         row.profile = profile
-        row.out["profile"] = profile.key
+        row.out.update(profile=profile.key, floor=profile.floor, floor_mib=str(profile.context_mib))
         row.out["command"] = "vest estimate " + shlex.join(row.spec.to_argv()) + (
             f" --gpu {profile.key}" if vendor == "nvidia" else "")
     return selected
@@ -342,7 +360,10 @@ def floor_table(rows: list[Row], title: str) -> str:
     """The CUDA-context floor each GPU type's rows imply, taken as `vest calibrate` takes it: per
     model and precision, its smallest-batch row's measured peak minus the estimate without the floor;
     the median over them is what profiles.py's context_mib is set to (benchmarks/README.md)."""
-    from vest_slurm.estimate.profiles import PROFILES
+    from vest_slurm.estimate.profiles import MEASURED_FLOORS, PROFILES
+
+    def used(o):   # the floor the row was estimated with (results from before the column: the measured one)
+        return _float(o.get("floor_mib")) or MEASURED_FLOORS.get(o["profile"], PROFILES[o["profile"]].context_mib)
 
     per: dict[str, dict[tuple[str, str], tuple[int, float]]] = {}   # profile -> (model, precision) -> (batch, floor)
     for r in rows:
@@ -350,7 +371,7 @@ def floor_table(rows: list[Row], title: str) -> str:
         m, p = _float(o["measured_peak_mib"]), _float(o["predicted_peak_mib"])
         if o["status"] != "ok" or not m or p is None or o["profile"] not in PROFILES:
             continue
-        floor = m - (p - PROFILES[o["profile"]].context_mib)
+        floor = m - (p - used(o))
         key = (o["model_name"], o["precision"])
         best = per.setdefault(o["profile"], {}).get(key)
         b = int(o["batch_size"])
@@ -360,8 +381,8 @@ def floor_table(rows: list[Row], title: str) -> str:
     for prof in sorted(per):
         floors = sorted(f for _, f in per[prof].values())
         table.append([prof, len(floors), f"{statistics.median(floors):.0f}", f"{floors[0]:.0f} .. {floors[-1]:.0f}",
-                      PROFILES[prof].context_mib])
-    hdr = ["profile", "models x precisions", "median floor (MiB)", "range", "context_mib now"]
+                      MEASURED_FLOORS.get(prof, ""), PROFILES[prof].context_mib])
+    hdr = ["profile", "models x precisions", "median floor (MiB)", "range", "MEASURED_FLOORS", "default floor"]
     return f"{title}\n" + tabulate(table, headers=hdr, disable_numparse=True)
 
 
@@ -426,9 +447,14 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="estimate at most N selected rows")
     ap.add_argument("--filter", default=None, help="only rows whose id matches this regex")
     ap.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--floors", choices=("calibrated", "default"), default="calibrated",
+                    help="calibrated: each measured stack's own floor (profiles.MEASURED_FLOORS); default: the "
+                         "built-in profiles' floors for uncalibrated types")
     ap.add_argument("--report-only", action="store_true",
                     help="read --out (a results CSV of an earlier run) and print its tables; estimate nothing")
     a = ap.parse_args(argv)
+    global FLOORS
+    FLOORS = a.floors
     if not a.data and not a.report_only:
         ap.error("give at least one --data CSV")
 

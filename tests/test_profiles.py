@@ -64,3 +64,41 @@ def test_site_config_accepts_every_profile():
     for key in PROFILES:
         c = parse_site_config(f'[gpu.g]\nprofile = "{key}"\n[partition.p]\ngpu_types = ["g"]\ngpus_per_node = 4\n')
         assert c.gpu("g").profile == key
+
+
+# ---------------------------------------------------------------- default floors (issue 25, item 1)
+
+from vest_slurm.estimate.profiles import (MEASURED_FLOORS, calibrated, default_floor_mib,  # noqa: E402
+                                          eager_loading_note, local_memory_mib)
+
+
+def test_local_memory_is_every_resident_threads_stack():
+    # SMs x max resident threads per SM (CUDA programming guide) x the 1 KiB default stack
+    assert local_memory_mib((8, 0), 108) == 108 * 2048 // 1024
+    assert local_memory_mib((8, 9), 142) == -(-142 * 1536 // 1024)
+    assert local_memory_mib((7, 5), 40) == 40
+
+
+def test_uncalibrated_floors_bound_every_measured_stack():
+    """Each built-in profile ships the default; on every measured stack's board it is at least that
+    stack's measured floor (it errs high), and a site calibration replaces it and says so."""
+    for key, measured in MEASURED_FLOORS.items():
+        p = PROFILES[key]
+        assert p.floor == "default" and p.context_mib >= measured
+    for p in PROFILES.values():
+        assert p.context_mib == default_floor_mib(p.capability, p.sm_count) > local_memory_mib(p.capability, p.sm_count)
+    c = calibrated(PROFILES["a100-40gb"], 524)
+    assert c.floor == "calibrated" and c.context_mib == 524
+    assert PROFILES["a100-40gb"].with_overrides(context_mib=600).floor == "calibrated"
+    assert PROFILES["a100-40gb"].with_overrides(cudnn_mib=10).floor == "default"
+
+
+def test_a_floor_built_without_a_stack_differs_by_board_not_by_fit():
+    # the bound kept without the H200's stack is the H100's remainder; the A100 then gets its own term 1
+    kept = {k: f for k, f in MEASURED_FLOORS.items() if k != "h200-141gb"}
+    assert default_floor_mib((8, 0), 108, kept) == 216 + (MEASURED_FLOORS["h100-80gb"] - 264)
+
+
+def test_eager_module_loading_is_said():
+    assert eager_loading_note({}) == ""
+    assert "EAGER" in eager_loading_note({"CUDA_MODULE_LOADING": "eager"})

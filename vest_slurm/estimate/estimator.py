@@ -199,6 +199,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         required_bytes=fixed + need,
         peak_bytes=_peak_on(profile, fixed + result.peak_reserved_bytes, fixed + need),
         breakdown=breakdown,
+        floor=profile.floor,
     )
 
 

@@ -18,10 +18,10 @@ Where the defaults come from (MiB; see benchmarks/README.md for the measurement)
   (ECC and driver reservations: about 0.5-1.5 % of the board; cudaMemGetInfo's free on an idle
   GPU falls short of the total by this much).
 - ``context_mib``: the CUDA context of a PyTorch process and what its libraries load into it
-  (driver context, the per-thread local-memory reservation of SMs x max resident threads x the
-  default 1 KiB stack, cuBLAS/cuDNN handles and kernels; with lazy module loading, CUDA >= 11.7,
-  only the kernels used). It depends on the GPU and the whole stack (driver, CUDA, torch), so it is
-  a measured floor (`vest calibrate`; the defaults below and benchmarks/README.md).
+  (driver context, the per-thread local-memory reservation, cuBLAS/cuDNN handles and kernels). It
+  depends on the GPU and the whole stack (driver, CUDA, torch), so a site measures it (`vest
+  calibrate`, `vest audit --apply`; ``floor = "calibrated"``); until then it is a default that errs
+  high, built term by term from how CUDA loads code (``floor = "default"``; see below).
 - ``cudnn_mib``: what loading cuDNN adds for jobs that convolve, where a calibration separates it.
 - ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per handle and stream
   (CublasHandlePool.cpp parseChosenWorkspaceSize): ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB =
@@ -54,6 +54,7 @@ class DeviceProfile:
     cudnn_mib: int
     cublas_workspace_bytes: int
     vendor: str = "nvidia"
+    floor: str = "default"   # where context_mib comes from: "default" (the bound above) or "calibrated"
 
     @property
     def total_bytes(self) -> int:
@@ -65,7 +66,11 @@ class DeviceProfile:
         return (self.total_mib - self.reserved_mib) * MiB
 
     def with_overrides(self, **kw) -> "DeviceProfile":
-        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+        """Site-config overrides; a measured ``context_mib`` makes the floor a calibrated one."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "context_mib" in kw:
+            kw["floor"] = "calibrated"
+        return replace(self, **kw)
 
 
 def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
@@ -74,54 +79,111 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
                          context, cudnn, ws)
 
 
-# context_mib: the floor of each GPU type's software stack, outside the allocator. Where measured
-# runs exist (shared/groundtruth/, see benchmarks/README.md), it is what `vest calibrate` does with its
-# small jobs (calibrate.py: the median over jobs of what each holds outside the allocator), done on
-# those runs: for each model and precision, the smallest-batch run's measured device peak minus the
-# rest of the estimate (the allocator's replayed peak reserved, cuDNN and cuBLAS workspaces
-# included); the median over them. scripts/bench_accuracy.py prints that table
-# ("Context floors"). Those stacks load cuDNN for conv nets and transformers alike (conv and
-# non-conv floors agree within their spread), so cudnn_mib is 0 there. Types without measured runs
-# keep a conservative floor (that of the older measured stack) until the site calibrates them.
+# ---------------------------------------------------------------- the floor of a GPU type no site calibrated
+# What a PyTorch process holds outside the caching allocator, term by term (CUDA C Programming Guide,
+# "Lazy Loading"; CUDA runtime API, cudaLimitStackSize):
+# 1. Local memory the driver reserves at context creation so that every thread that can be resident
+#    has its stack: SMs x max resident threads per SM x cudaLimitStackSize (default 1 KiB). It grows
+#    with the board (A100 108 x 2048 x 1 KiB = 216 MiB, H100 132 x 2048 = 264 MiB, L40S 142 x 1536 =
+#    213 MiB) and is computed per GPU type (local_memory_mib).
+# 2. Device code: with lazy module loading (CUDA runtime >= 11.7 and driver >= 515; PyTorch sets
+#    CUDA_MODULE_LOADING=LAZY when the job has not set it, since 1.13; CUDA makes it the default from
+#    12.2) only the kernels a job calls are loaded: torch's own, cuBLAS/cuBLASLt's GEMMs, cuDNN's
+#    engines for a job that convolves or runs cuDNN attention, plus the driver's context itself. Its
+#    size follows the stack (torch, CUDA, cuDNN versions), not the job's size, and no model of it is
+#    exact: the default bounds it by the largest such remainder (measured floor minus term 1) of the
+#    stacks measured so far (LAZY_CODE_BOUND_MIB). scripts/bench_floors.py checks the bound on each
+#    measured stack with that stack left out.
+# 3. Eager module loading (CUDA_MODULE_LOADING=EAGER, or a torch built with CUDA < 11.7, i.e. torch <
+#    1.13) loads every kernel of every library at initialisation; no measured stack here loads
+#    eagerly, so the default cannot bound it and says so (eager_loading_note): such a site must
+#    calibrate.
+# 4. NCCL (multi-GPU jobs): its buffers and proxy state, estimator.NCCL_BYTES, added per job.
+# A site that calibrates a type (`vest calibrate`, or `vest audit --apply` from its finished jobs)
+# replaces 1-3 with its measured floor; estimates say which one they used (DeviceProfile.floor).
+#
+# The stacks measured so far (shared/groundtruth/; `vest calibrate`'s rule, the median over models of
+# the smallest-batch run's device peak minus the rest of the estimate; scripts/bench_accuracy.py prints
+# that table, "Context floors"):
 #   a100-40gb: 524 (11, CARMA, torch 2.x with lazy module loading; 6 of them within 468-528)
-#                                                                 a100-80gb: same chip and stack
 #   h100-80gb: 1369 (15, milabench, torch 2.6 + CUDA 12.6; 10 of them within 1225-1371)
 #   h200-141gb: 1382 (15, milabench; 10 of them within 1360-1492)
 #   l40s-48gb: 919 (15, milabench; 9 of them within 807-1005)
-# A board with the same chip as a calibrated one and no more SMs takes that board's floor (as the
-# A100-80GB takes the 40GB's): the per-SM part of the context (each SM's local-memory reservation,
-# max resident threads x 1 KiB of stack) is no larger, the kernels and libraries are the same.
-# A30 (GA100, 56 SMs) -> A100; H100 PCIe (114) and NVL (132) and the GH200's GPU (GH100, 132; 96 GB
-# HBM3 or 144 GB HBM3e) -> H100 SXM; L40, RTX 6000 Ada (142) and RTX 4090 (128; AD102) -> L40S.
-# total_mib and SM counts of the types without measured runs: nvidia-smi's memory.total and
-# deviceQuery's multiprocessor count as NVIDIA's boards report them (ECC on by default on the
-# data-centre boards A40 / L40, off on the workstation and consumer ones).
-UNCALIBRATED_CONTEXT_MIB = 1100
-_U = UNCALIBRATED_CONTEXT_MIB
-PROFILES: dict[str, DeviceProfile] = {p.key: p for p in (
-    _p("v100-16gb", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, _U, 0),
-    _p("v100-32gb", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, _U, 0),
-    _p("t4-16gb", "Tesla T4", 15360, (7, 5), 40, _U, 0),
-    _p("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 524, 0),
-    _p("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 524, 0),
-    _p("a30-24gb", "NVIDIA A30", 24576, (8, 0), 56, 524, 0),
-    _p("h100-80gb", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 1369, 0),
-    _p("h100-pcie-80gb", "NVIDIA H100 PCIe", 81559, (9, 0), 114, 1369, 0),
-    _p("h100-nvl-94gb", "NVIDIA H100 NVL", 95830, (9, 0), 132, 1369, 0),
-    _p("h200-141gb", "NVIDIA H200", 143771, (9, 0), 132, 1382, 0),
-    _p("gh200-96gb", "NVIDIA GH200 480GB", 97871, (9, 0), 132, 1369, 0),
-    _p("gh200-144gb", "NVIDIA GH200 144G HBM3e", 146831, (9, 0), 132, 1369, 0),
-    _p("b200-180gb", "NVIDIA B200", 183359, (10, 0), 148, _U, 0),
-    _p("l40s-48gb", "NVIDIA L40S", 46068, (8, 9), 142, 919, 0),
-    _p("l40-48gb", "NVIDIA L40", 46068, (8, 9), 142, 919, 0),
-    _p("rtx-6000ada-48gb", "NVIDIA RTX 6000 Ada Generation", 49140, (8, 9), 142, 919, 0),
-    _p("rtx-4090-24gb", "NVIDIA GeForce RTX 4090", 24564, (8, 9), 128, 919, 0),
-    _p("l4-24gb", "NVIDIA L4", 23034, (8, 9), 58, _U, 0),
-    _p("a40-48gb", "NVIDIA A40", 46068, (8, 6), 84, _U, 0),
-    _p("rtx-a6000-48gb", "NVIDIA RTX A6000", 49140, (8, 6), 84, _U, 0),
-    _p("rtx-3090-24gb", "NVIDIA GeForce RTX 3090", 24576, (8, 6), 82, _U, 0),
-    _p("a10-24gb", "NVIDIA A10", 23028, (8, 6), 72, _U, 0),
-)}
+# These are calibrations of those stacks, not of a site's: MEASURED_FLOORS keeps them for the benchmark
+# (the "calibrated" figures) and as what `vest calibrate` on such a stack would write.
+MEASURED_FLOORS: dict[str, int] = {"a100-40gb": 524, "h100-80gb": 1369, "h200-141gb": 1382, "l40s-48gb": 919}
+
+# Max resident threads per SM by compute capability (CUDA C Programming Guide, "Compute
+# Capabilities", technical specifications table).
+_THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 7): 1536, (8, 9): 1536,
+                   (9, 0): 2048, (10, 0): 2048, (12, 0): 1536}
+STACK_BYTES_PER_THREAD = 1024    # cudaLimitStackSize default
+
+
+def local_memory_mib(capability: tuple[int, int], sm_count: int) -> int:
+    """Term 1: the driver's local-memory reservation for every resident thread's stack."""
+    threads = _THREADS_PER_SM.get(capability, 2048)   # unknown architecture: the largest of any
+    return -(-sm_count * threads * STACK_BYTES_PER_THREAD // MiB)
+
+
+def lazy_code_bound_mib(floors: dict[str, int]) -> int:
+    """Term 2 bounded by measured stacks: the largest (floor - local memory) among ``floors``
+    ({built-in profile key: measured floor MiB})."""
+    return max(f - local_memory_mib(_SPEC[k][1], _SPEC[k][2]) for k, f in floors.items())
+
+
+def default_floor_mib(capability: tuple[int, int], sm_count: int, floors: dict[str, int] | None = None) -> int:
+    """The floor of a GPU type no site calibrated: term 1 for this board + term 2's bound."""
+    return local_memory_mib(capability, sm_count) + lazy_code_bound_mib(MEASURED_FLOORS if floors is None else floors)
+
+
+def eager_loading_note(environ=None) -> str:
+    """Why the default floor may be low for this job ("" when lazy loading applies): term 3."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if env.get("CUDA_MODULE_LOADING", "").strip().upper() == "EAGER":
+        return ("CUDA_MODULE_LOADING=EAGER: every kernel of torch, cuBLAS and cuDNN is loaded at start, which "
+                "the default floor (lazy loading) does not bound; calibrate this GPU type (vest calibrate / vest audit)")
+    return ""
+
+
+# key: (nvidia-smi name, capability, SMs, memory.total MiB). total_mib and SM counts: nvidia-smi's
+# memory.total and deviceQuery's multiprocessor count as NVIDIA's boards report them (ECC on by
+# default on the data-centre boards A40 / L40, off on the workstation and consumer ones).
+_SPEC: dict[str, tuple[str, tuple[int, int], int, int]] = {
+    "v100-16gb": ("Tesla V100-SXM2-16GB", (7, 0), 80, 16384),
+    "v100-32gb": ("Tesla V100-SXM2-32GB", (7, 0), 80, 32768),
+    "t4-16gb": ("Tesla T4", (7, 5), 40, 15360),
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", (8, 0), 108, 40960),
+    "a100-80gb": ("NVIDIA A100-SXM4-80GB", (8, 0), 108, 81920),
+    "a30-24gb": ("NVIDIA A30", (8, 0), 56, 24576),
+    "h100-80gb": ("NVIDIA H100 80GB HBM3", (9, 0), 132, 81559),
+    "h100-pcie-80gb": ("NVIDIA H100 PCIe", (9, 0), 114, 81559),
+    "h100-nvl-94gb": ("NVIDIA H100 NVL", (9, 0), 132, 95830),
+    "h200-141gb": ("NVIDIA H200", (9, 0), 132, 143771),
+    "gh200-96gb": ("NVIDIA GH200 480GB", (9, 0), 132, 97871),
+    "gh200-144gb": ("NVIDIA GH200 144G HBM3e", (9, 0), 132, 146831),
+    "b200-180gb": ("NVIDIA B200", (10, 0), 148, 183359),
+    "l40s-48gb": ("NVIDIA L40S", (8, 9), 142, 46068),
+    "l40-48gb": ("NVIDIA L40", (8, 9), 142, 46068),
+    "rtx-6000ada-48gb": ("NVIDIA RTX 6000 Ada Generation", (8, 9), 142, 49140),
+    "rtx-4090-24gb": ("NVIDIA GeForce RTX 4090", (8, 9), 128, 24564),
+    "l4-24gb": ("NVIDIA L4", (8, 9), 58, 23034),
+    "a40-48gb": ("NVIDIA A40", (8, 6), 84, 46068),
+    "rtx-a6000-48gb": ("NVIDIA RTX A6000", (8, 6), 84, 49140),
+    "rtx-3090-24gb": ("NVIDIA GeForce RTX 3090", (8, 6), 82, 24576),
+    "a10-24gb": ("NVIDIA A10", (8, 6), 72, 23028),
+}
+PROFILES: dict[str, DeviceProfile] = {
+    k: _p(k, name, total, cap, sms, default_floor_mib(cap, sms), 0) for k, (name, cap, sms, total) in _SPEC.items()}
+
+
+def calibrated(profile: DeviceProfile, context_mib: int, cudnn_mib: int | None = None) -> DeviceProfile:
+    """``profile`` with a measured floor (site config, `vest calibrate`, `vest audit --apply`)."""
+    return replace(profile, context_mib=context_mib, cudnn_mib=profile.cudnn_mib if cudnn_mib is None else cudnn_mib,
+                   floor="calibrated")
+
 
 ALIASES = {
     "v100": "v100-32gb", "a100": "a100-80gb", "h100": "h100-80gb", "h200": "h200-141gb",

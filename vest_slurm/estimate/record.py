@@ -14,6 +14,9 @@ class MemoryEstimate:
     ``peak_bytes``: what nvidia-smi would show at the peak on this GPU type. Placement applies
     the site's headroom to it (placement.estimate_need); comparisons with measured runs use it.
     ``breakdown``: named parts (context, allocator reserved, workspaces, ...) in bytes.
+    ``floor``: where the CUDA-context floor came from: "calibrated" (the site measured this GPU
+    type) or "default" (profiles.py's bound for a type no site calibrated); "" for records from
+    before it was kept (an attached estimate of an older vsbatch).
     """
 
     gpu: str
@@ -21,6 +24,7 @@ class MemoryEstimate:
     required_bytes: int
     peak_bytes: int
     breakdown: tuple[tuple[str, int], ...] = ()
+    floor: str = ""
 
     @property
     def fits(self) -> bool:

@@ -71,15 +71,19 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
         return e.gpu if p == e.gpu else f"{e.gpu} ({p})"
 
     rows = [[gpu(e), _mib(e.capacity_bytes), _mib(e.required_bytes), _mib(e.peak_bytes),
-             f"{100 * e.headroom_bytes() / e.capacity_bytes:+.0f}%", "yes" if e.fits else "NO"] for e in estimates]
-    table = tabulate(rows, headers=["GPU", "usable MiB", "required MiB", "peak MiB (nvidia-smi)", "headroom", "fits"],
-                     tablefmt="simple", disable_numparse=True, colalign=("left", "right", "right", "right", "right", "left"))
+             f"{100 * e.headroom_bytes() / e.capacity_bytes:+.0f}%", "yes" if e.fits else "NO",
+             f"{_mib(_context(e))} {e.floor or '?'}"] for e in estimates]
+    table = tabulate(rows, headers=["GPU", "usable MiB", "required MiB", "peak MiB (nvidia-smi)", "headroom", "fits",
+                                    "floor MiB"],
+                     tablefmt="simple", disable_numparse=True,
+                     colalign=("left", "right", "right", "right", "right", "left", "left"))
     first = estimates[0]
     brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
     slow = slow or {}
     notes = [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
+    notes += [f"note: {n}" for n in floor_notes(estimates)]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
 
@@ -88,6 +92,25 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
                          "nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend)")
     note = "\n" + "\n".join(notes) + "\n" if notes else ""
     return f"{head}\n\n{table}\n\n{breakdown}\n{note}"
+
+
+def _context(e: MemoryEstimate) -> int:
+    return dict(e.breakdown).get("cuda_context", 0)
+
+
+def floor_notes(estimates: Sequence[MemoryEstimate]) -> list[str]:
+    """What the floors of ``estimates`` rest on, said once: a default floor errs high (profiles.py)
+    and is not a bound under eager module loading."""
+    from .profiles import eager_loading_note
+
+    default = [e.gpu for e in estimates if e.floor == "default"]
+    if not default:
+        return []
+    notes = [f"floor 'default' ({', '.join(default)}): no site calibration; a bound on the CUDA context and "
+             "lazily loaded libraries that errs high (calibrate: vest calibrate, or vest audit --apply)"]
+    if eager := eager_loading_note():
+        notes.append(eager)
+    return notes
 
 
 def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None,
@@ -106,11 +129,14 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
                 "peak_mib": round(e.peak_bytes / MiB, 1),
                 "required_mib": round(e.required_bytes / MiB, 1),
                 "fits": e.fits,
+                "floor": {"context_mib": round(_context(e) / MiB, 1), "source": e.floor or "unknown"},
                 "breakdown": {k: round(v / MiB, 1) for k, v in e.breakdown},
             }
             for e in estimates
         ],
     }
+    if notes := floor_notes(estimates):
+        doc["floor_notes"] = notes
     if seconds is not None:
         doc["seconds"] = round(seconds, 3)
     return json.dumps(doc, indent=2)
