@@ -99,3 +99,61 @@ def test_gather_buffers_go_through_their_streams():
     streams = {e.module: e.stream for e in tr.events if e.action == "alloc"}
     assert streams["all_gather_output"] == 1 and streams["reduce_scatter_input"] == 0
     assert 2 in {e.stream for e in tr.events if e.category == "gradient" and e.action == "alloc"}
+
+
+def test_token_inputs_for_a_user_model(tmp_path, monkeypatch):
+    """--input seqN on a user factory whose model embeds tokens: integer ids (8 bytes each), not floats."""
+    (tmp_path / "lm.py").write_text(
+        "from torch import nn\n"
+        "class LM(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(1000, 32)\n"
+        "        self.head = nn.Linear(32, 1000)\n"
+        "    def forward(self, ids):\n"
+        "        return self.head(self.emb(ids))\n"
+        "def make():\n"
+        "    return LM()\n")
+    monkeypatch.chdir(tmp_path)
+    spec = parse_workload_args(["--model", "lm.py:make", "--batch-size", "3", "--input", "seq64"])
+    s = trace_for(spec, get_profile("a100-80gb"))
+    inputs = [e.size_bytes for e in s.trace.events if e.action == "alloc" and e.category == "input"]
+    assert inputs and inputs[0] == 3 * 64 * 8
+
+
+SITE = """
+[gpu.big]
+profile = "a100-80gb"
+memory_mib = 1000
+context_mib = 100
+[partition.p]
+gpu_types = ["big"]
+gpus_per_node = 8
+[policy]
+headroom_percent = 0
+exempt_users = []
+"""
+
+
+def test_advice_names_the_smallest_sharded_configuration_that_fits():
+    import json
+
+    from vest_slurm.site.advice import Prober, advise
+    from vest_slurm.site.config import parse_site_config
+    from vest_slurm.site.placement import NoFit, place
+    from vest_slurm.slurm.jobscript import GpuRequest
+
+    site = parse_site_config(SITE)
+    prober = Prober.for_site(site, budget_s=600)
+    layers = json.dumps([["Linear", 2048, 2048]] * 16)   # 256 MiB of fp32 weights: Adam's states dominate
+    spec = parse_workload_args(["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8",
+                                "--optimizer", "adam", "--num-gpus", "2"])
+    estimates, _ = prober.estimates(spec)
+    nofit = place(estimates, GpuRequest(None, None, 2, 2), (), site)
+    assert isinstance(nofit, NoFit)
+    sharded = [a for a in advise(spec, site, prober, nofit, 2) if a.kind == "sharded"]
+    fsdp2 = next(a for a in sharded if a.change.startswith("#VEST --parallelism fsdp2"))
+    assert fsdp2.fits and fsdp2.num_gpus > 2 and "global batch" in fsdp2.text
+    cap = prober.capacity("big")
+    assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=fsdp2.num_gpus), "big") <= cap
+    assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=fsdp2.num_gpus // 2), "big") > cap

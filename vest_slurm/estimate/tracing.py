@@ -373,6 +373,10 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
             dec = int(spec.model_kwargs.get("decoder_seq", 448 if built.hf_main_input == "input_features" else 128))
             kwargs["labels"] = torch.zeros((b, dec), dtype=torch.long, device=dev)
         return kwargs, None
+    if inp.kind == "tokens":
+        # token sequences are integer ids whatever built the model (an embedding takes Long/Int
+        # indices); zeros are below any vocabulary's size, on a real GPU as on fake CUDA
+        return torch.zeros((b,) + inp.shape, dtype=torch.long, device=dev), "tokens"
     fmt = torch.channels_last if (spec.channels_last and len(inp.shape) == 3) else torch.contiguous_format
     x = torch.empty((b,) + inp.shape, dtype=float_dtype, device=dev, memory_format=fmt)
     return x, "target"
@@ -396,6 +400,12 @@ def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch
     if not outs:
         raise EstimateError(f"{spec.model} returned no tensor", "make the model's forward return its output tensor")
     mode = spec.loss
+    if target_kind == "tokens" and mode in ("auto", "cross-entropy") and outs[0].dim() >= 2 \
+            and outs[0].is_floating_point():
+        # a language model's scores [batch, seq, vocab]: next-token cross-entropy over the last dim
+        o = outs[0]
+        flat = o.reshape(-1, o.shape[-1])
+        return nn.functional.cross_entropy(flat, torch.zeros(flat.shape[0], dtype=torch.long, device=device))
     if mode == "auto":
         mode = "cross-entropy" if (outs[0].dim() == 2 and outs[0].is_floating_point()) else "mse"
     total = None

@@ -49,7 +49,7 @@ from .placement import NoFit, estimate_need, needed_bytes
 from ..estimate.profiles import DeviceProfile, get_profile
 from .config import SiteConfig
 from ..units import MiB, fmt_mib
-from ..estimate.workload import WorkloadSpec
+from ..estimate.workload import SHARDED, WorkloadSpec
 
 SCRIPT_PREFIX = "script:"   # WorkloadSpec.model of a training script estimated by dynamic analysis
 MAX_BATCH = 1 << 16          # the search never proposes a larger per-GPU batch
@@ -73,6 +73,10 @@ def site_profiles(site: SiteConfig) -> dict[str, DeviceProfile]:
 
 def _trace_key(spec: WorkloadSpec) -> WorkloadSpec:
     # What the trace does not depend on (estimator.py: DDP buckets, NCCL, alloc conf are replay-side).
+    # A sharded job's per-rank trace depends on its GPU count and strategy (sharding.py; the unsharded
+    # model it is made from is traced once per process, sharded_trace.unit_trace).
+    if spec.parallelism in SHARDED:
+        return replace(spec, alloc_conf="")
     return replace(spec, num_gpus=1, parallelism="ddp", alloc_conf="")
 
 
@@ -517,10 +521,67 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
                                       "(data parallel keeps a full copy of the model, its gradients and "
                                       "optimizer state on every GPU)", False,
                               num_gpus=variant.num_gpus, batch_size=variant.batch_size, needed_bytes=n))
+    # 5. Sharded alternatives, per rank (sharding.py): at the job's own GPU count first, then more.
+    if spec.parallelism not in SHARDED and not spec.model.startswith(SCRIPT_PREFIX):
+        out.extend(sharded_alternatives(spec, site, prober, slow))
     if prober.stopped:
         out.append(Advice("note", f"(advice search stopped after {prober.traces_made} traces; "
                                   "run `vest check` on the script for a complete search)", False))
     return tuple(out)
+
+
+# The sharded variants advice tries, in order: FSDP2 (parameters, gradients and optimizer state
+# sharded; the job's own dtypes), then DeepSpeed ZeRO-3 with the optimizer offloaded to the CPU.
+SHARDED_VARIANTS = (("fsdp2", {}, "fsdp2"), ("zero3", {"offload": "optimizer"}, "zero3 with optimizer offload"))
+MAX_SHARDED_GPUS = 64   # the largest job size advice proposes
+
+
+def sharded_counts(spec: WorkloadSpec, site: SiteConfig) -> list[int]:
+    """GPU counts advice tries: the job's own (at least 2), then doubling, up to what a partition takes."""
+    cap = max(((p.max_gpus_per_job or MAX_SHARDED_GPUS) for p in site.partitions), default=MAX_SHARDED_GPUS)
+    cap = min(cap, MAX_SHARDED_GPUS)
+    n, out = max(2, spec.num_gpus), []
+    while n <= cap:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
+                         slow: Collection[str] = ()) -> list[Advice]:
+    """Per sharded variant, the smallest GPU count (and the smallest GPU type at it) where the job
+    fits per rank. The per-GPU batch is kept: at another GPU count the global batch changes, and
+    the advice says so (vsbatch suggests; only ``#VEST --num-gpus auto`` lets it choose)."""
+    most = max((p.gpus_per_node for p in site.partitions), default=1)
+    out = []
+    big = largest_gpu(prober, site)
+    est = prober.estimate(spec, big) if big else None
+    need = prober.needed(spec, big) if big else None
+    if est is None or need is None:
+        return out
+    parts = dict(est.breakdown)
+    states = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state"))
+    if states <= need - prober.capacity(big):
+        # sharding divides only the model's states; the activations and the rest stay per GPU, so
+        # where the states are smaller than the shortfall no GPU count closes it
+        return out
+    for kind, extra, name in SHARDED_VARIANTS:
+        for n in sharded_counts(spec, site):
+            variant = spec.with_(parallelism=kind, num_gpus=n, **extra)
+            per_node = min(n, most)
+            t, part, need, _ = _smallest_fit(prober, site, variant, per_node, slow)
+            if t is None:
+                continue
+            nodes = -(-n // per_node)
+            batch = "" if n == spec.num_gpus else \
+                f"; the global batch becomes {n} x {spec.batch_size} (was {spec.num_gpus} x {spec.batch_size})"
+            opts = f"--parallelism {kind} --num-gpus {n}" + "".join(f" --{k} {v}" for k, v in extra.items())
+            out.append(Advice("sharded", f"{name} over {n} x {t} ({nodes} node{'s' if nodes > 1 else ''}, partition "
+                                         f"{part}) fits: {fmt_mib(need)} per GPU with headroom{batch}", True,
+                              f"#VEST {opts}; #SBATCH --nodes={nodes} --gres=gpu:{t}:{per_node}",
+                              num_gpus=n, gpu_type=t, partition=part, needed_bytes=need))
+            break
+    return out
 
 
 def advisor(spec: WorkloadSpec, site: SiteConfig, prober: Prober, gpus_per_node: int = 1,
