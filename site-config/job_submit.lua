@@ -13,9 +13,25 @@ submission it
      closed: refuse it);
   6. writes one greppable line per decision to the slurmctld log ("vest-bridge: action=...").
 
-Why a hard timeout: this runs while slurmctld holds its locks; a slow plugin stalls every other
-submission, sinfo and the scheduler, and past MessageTimeout (10 s) sbatch reports a failure while
-the job is created anyway. The timeout (default 2 s) stays far below that.
+Why a budget, per call and across calls: job_submit_lua.c runs one call at a time (its lua_lock),
+and every call waiting for it sits in an RPC thread that holds the job read lock (proc_req.c calls
+validate_job_create_req under job_read_lock). A writer (the previous job's job_allocate, the
+scheduler) waits for all of them, and every new reader (sinfo, squeue) waits behind that writer
+(locks.c: a read lock waits while a write lock is pending). So what stalls the controller is the SUM
+of the calls, and past MessageTimeout (10 s) sbatch reports a failure while the job is created
+anyway (a ghost job). Hence:
+  - one call never waits longer than min(timeout_s, fallback_burst_ms);
+  - time spent on anything but a healthy server's answer (the per-call program; a server that is
+    gone, hangs, dies mid-answer or answers garbage) is drawn from a token bucket: at most
+    fallback_burst_ms, refilled at fallback_ms_per_s; a call that finds too little in it takes the
+    fail mode at once, without trying anything;
+  - a circuit breaker: after the server failed, it is tried again at most once a second (or at once
+    when vest-bridge.json is rewritten: a (re)started server writes it), logged when it opens and
+    closes ("vest-bridge: breaker=open|closed");
+  - a request in flight when the server dies (an I/O error, not a timeout) is retried once through
+    the per-call program within what is left of the call's limit.
+The state lives in this Lua state, which the plugin keeps from call to call (it reloads the script
+only when its mtime changes).
 
 Site facts come from the site config through vest-bridge.json beside this file (written by the
 server on every reload, or by `vest bridge lua-config`); the defaults below apply until it exists.
@@ -32,12 +48,22 @@ local DEFAULTS = {
   python = "/usr/bin/python3",
   pythonpath = "",
   site_config = "/etc/vest/site.toml",
+  fallback_ms_per_s = 200,       -- the site config's [bridge] defaults (vest_slurm/site/config.py)
+  fallback_burst_ms = 800,
+  written = 0,
 }
 local FACTS_FILE = "vest-bridge.json"      -- beside this file
 local TIMEOUT_BIN = "/usr/bin/timeout"     -- absolute: slurmctld's PATH is whatever it started with
 local ENV_BIN = "/usr/bin/env"
 local MAX_ANSWER_BYTES = 65536
 local MAX_TIMEOUT_S = 9                    -- below MessageTimeout (10 s)
+local RETRY_S = 1.0                        -- the breaker tries the server at most once a second
+local MIN_PROGRAM_S = 0.05                 -- less than this left: not worth a Python start
+-- The per-call program is started only when the bucket holds what its recent runs took: a weighted
+-- mean of their durations (weight 0.3 for the newest: it follows a change of load within a few runs)
+-- with a quarter more for their spread. Until one has run, any positive amount will do (the first
+-- run measures it); a run that was killed counts as twice the time it got.
+local COST_WEIGHT, COST_MARGIN = 0.3, 1.25
 local SETTABLE = { partition = true, tres_per_node = true, tres_per_job = true, tres_per_task = true }
 local ERRNOS = { [2002] = true, [2072] = true }  -- ESLURM_ACCESS_DENIED, ESLURM_INVALID_GRES
 local ESLURM_ACCESS_DENIED = 2002
@@ -85,8 +111,59 @@ local function load_facts()
   end
   if type(t.exempt_uids) == "table" then facts.exempt_uids = t.exempt_uids end
   if type(t.exempt_accounts) == "table" then facts.exempt_accounts = t.exempt_accounts end
+  if type(t.fallback_ms_per_s) == "number" and t.fallback_ms_per_s > 0 then
+    facts.fallback_ms_per_s = math.min(t.fallback_ms_per_s, 500)
+  end
+  if type(t.fallback_burst_ms) == "number" and t.fallback_burst_ms > 0 then
+    facts.fallback_burst_ms = math.min(t.fallback_burst_ms, (MAX_TIMEOUT_S - 1) * 1000)
+  end
+  if type(t.written) == "number" then facts.written = t.written end
   last_facts = facts
   return facts
+end
+
+-- ---------------------------------------------------------------- the budget across calls
+local bucket = { ms = nil, t = 0, cost_ms = nil }   -- ms: what is left (nil: full at first use)
+local breaker = { open = false, since = 0, next_try = 0, why = "", written = nil,
+                  program = 0, failed = 0 }
+
+local function refill(facts, now)
+  local cap = facts.fallback_burst_ms
+  if bucket.ms == nil then bucket.ms = cap end
+  bucket.ms = math.min(cap, bucket.ms + (now - bucket.t) * facts.fallback_ms_per_s)
+  bucket.t = now
+end
+
+local function spend(seconds)
+  bucket.ms = bucket.ms - seconds * 1000      -- may go below zero: a debt the refill pays back
+end
+
+local function program_cost_ms(ran_s, finished)
+  local ms = ran_s * 1000
+  if not finished then ms = 2 * ms end
+  if bucket.cost_ms == nil then bucket.cost_ms = ms
+  else bucket.cost_ms = (1 - COST_WEIGHT) * bucket.cost_ms + COST_WEIGHT * ms end
+end
+
+local function program_affordable(facts)
+  local need = 1
+  if bucket.cost_ms then need = math.min(bucket.cost_ms * COST_MARGIN, facts.fallback_burst_ms) end
+  return bucket.ms >= need
+end
+
+local function breaker_open(why, uid, now)
+  if breaker.open then return end
+  breaker.open, breaker.since, breaker.why = true, now, why
+  breaker.program, breaker.failed = 0, 0
+  log(string.format("vest-bridge: breaker=open reason=%s uid=%d budget_ms=%.0f", why, uid, bucket.ms))
+end
+
+local function breaker_close(now, how)
+  if not breaker.open then return end
+  log(string.format("vest-bridge: breaker=closed after_s=%.1f reason=%s was=%s program_calls=%d " ..
+                    "fail_mode_calls=%d budget_ms=%.0f", now - breaker.since, how, breaker.why,
+                    breaker.program, breaker.failed, bucket.ms))
+  breaker.open = false
 end
 
 local function member(list, x)
@@ -176,45 +253,23 @@ local function parse_answer(text)
 end
 
 -- ---------------------------------------------------------------- the plugin
-local function fail_mode(facts, why, uid, t0, via)
+local function fail_mode(facts, why, uid, t0, via, limit_s)
   local ms = (socket.gettime() - t0) * 1000
+  local budget = string.format("budget_ms=%.0f limit_ms=%.0f", bucket.ms or 0, (limit_s or 0) * 1000)
   if facts.fail == "closed" then
-    log(string.format("vest-bridge: action=refuse reason=bridge-%s fail=closed uid=%d via=%s ms=%.1f",
-                      why, uid, via, ms))
+    log(string.format("vest-bridge: action=refuse reason=bridge-%s fail=closed uid=%d via=%s ms=%.1f %s",
+                      why, uid, via, ms, budget))
     slurm.log_user("%s", "The job was not submitted: the GPU memory check is unavailable right now " ..
                    "(the site refuses jobs it cannot check). Please try again in a minute, or " ..
                    "contact the admins if this persists.")
     return ESLURM_ACCESS_DENIED
   end
-  log(string.format("vest-bridge: action=allow reason=bridge-%s fail=open uid=%d via=%s ms=%.1f",
-                    why, uid, via, ms))
+  log(string.format("vest-bridge: action=allow reason=bridge-%s fail=open uid=%d via=%s ms=%.1f %s",
+                    why, uid, via, ms, budget))
   return slurm.SUCCESS
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
-  local t0 = socket.gettime()
-  local facts = load_facts()
-  if submit_uid == 0 or member(facts.exempt_uids, submit_uid)
-     or member(facts.exempt_accounts, job_desc.account) then
-    log(string.format("vest-bridge: action=allow reason=exempt uid=%d via=lua", submit_uid))
-    return slurm.SUCCESS
-  end
-  local deadline = t0 + facts.timeout_s
-  local ok, line = pcall(request_line, job_desc, submit_uid)
-  if not ok then return fail_mode(facts, "encode", submit_uid, t0, "lua") end
-  local via = "server"
-  local answer, err = ask_server(facts, line, deadline)
-  if err == "connect" then
-    via = "program"
-    answer, err = ask_program(facts, line, deadline)
-  end
-  if not answer then return fail_mode(facts, err, submit_uid, t0, via) end
-  local a, why = parse_answer(answer)
-  if not a then return fail_mode(facts, why, submit_uid, t0, via) end
-  if a.action == "error" then
-    log(a.log .. " via=" .. via)
-    return fail_mode(facts, "error", submit_uid, t0, via)
-  end
+local function apply(a, job_desc, via, t0)
   log(string.format("%s via=%s lua_ms=%.1f", a.log, via, (socket.gettime() - t0) * 1000))
   if a.action == "refuse" then
     slurm.log_user("%s", a.msg)
@@ -227,6 +282,98 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   if a.msg ~= "" then slurm.log_user("%s", a.msg) end
   return slurm.SUCCESS
+end
+
+-- The per-call program within the bucket and the call's deadline: (answer, err, ran).
+local function fallback(facts, line, deadline, need_s)
+  local now = socket.gettime()
+  local until_ = math.min(deadline, now + math.max(bucket.ms, 0) / 1000)
+  if until_ - now < need_s then return nil, "budget", false end
+  local answer, err = ask_program(facts, line, until_)
+  local ran = socket.gettime() - now
+  spend(ran)
+  program_cost_ms(ran, answer ~= nil)
+  return answer, err, true
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local t0 = socket.gettime()
+  local facts = load_facts()
+  if submit_uid == 0 or member(facts.exempt_uids, submit_uid)
+     or member(facts.exempt_accounts, job_desc.account) then
+    log(string.format("vest-bridge: action=allow reason=exempt uid=%d via=lua", submit_uid))
+    return slurm.SUCCESS
+  end
+  refill(facts, t0)
+  if breaker.written ~= facts.written then
+    -- vest-bridge.json was rewritten: a server (re)started or reloaded; try it now.
+    breaker.written = facts.written
+    breaker.next_try = 0
+  end
+  local ok, line = pcall(request_line, job_desc, submit_uid)
+  if not ok then return fail_mode(facts, "encode", submit_uid, t0, "lua") end
+  local limit = math.min(facts.timeout_s, facts.fallback_burst_ms / 1000)
+  local deadline = t0 + limit
+  local answer, err, via = nil, nil, "server"
+  if not breaker.open or (t0 >= breaker.next_try and bucket.ms > 0) then
+    if breaker.open then limit = math.min(limit, bucket.ms / 1000) end
+    deadline = t0 + limit
+    answer, err = ask_server(facts, line, deadline)
+    local a, why
+    if answer then a, why = parse_answer(answer) end
+    local now = socket.gettime()
+    if a then
+      breaker_close(now, "answered")
+      if a.action == "error" then
+        log(a.log .. " via=server")
+        return fail_mode(facts, "error", submit_uid, t0, "server", limit)
+      end
+      return apply(a, job_desc, "server", t0)
+    end
+    spend(now - t0)                                  -- a failed server costs the budget
+    breaker.next_try = now + RETRY_S
+    breaker_open(err or why, submit_uid, now)
+    if answer then                                    -- answered, but not a valid answer
+      breaker.failed = breaker.failed + 1
+      return fail_mode(facts, why, submit_uid, t0, "server", limit)
+    end
+    if err == "timeout" then                          -- the call's time is spent
+      breaker.failed = breaker.failed + 1
+      return fail_mode(facts, err, submit_uid, t0, "server", limit)
+    end
+    -- "connect" (nobody listens) or "io" (it died with our request in flight): once through the
+    -- per-call program, within what is left of this call.
+    via = (err == "io") and "program after=server-io" or "program"
+    local ran
+    if err == "io" then
+      answer, err, ran = fallback(facts, line, t0 + limit, MIN_PROGRAM_S)
+    elseif program_affordable(facts) then
+      answer, err, ran = fallback(facts, line, t0 + limit, MIN_PROGRAM_S)
+    else
+      err = "budget"
+    end
+  elseif program_affordable(facts) then
+    via = "program"
+    answer, err = fallback(facts, line, t0 + limit, MIN_PROGRAM_S)
+  else
+    err = "budget"
+    via = "lua"
+  end
+  if not answer then
+    breaker.failed = breaker.failed + 1
+    return fail_mode(facts, err, submit_uid, t0, via, limit)
+  end
+  local a, why = parse_answer(answer)
+  if not a then
+    breaker.failed = breaker.failed + 1
+    return fail_mode(facts, why, submit_uid, t0, via, limit)
+  end
+  breaker.program = breaker.program + 1
+  if a.action == "error" then
+    log(a.log .. " via=" .. via)
+    return fail_mode(facts, "error", submit_uid, t0, via, limit)
+  end
+  return apply(a, job_desc, via, t0)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)

@@ -229,3 +229,24 @@ def test_vest_bridge_test_shows_the_decision(tmp_path):
     p = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "bridge", "test", str(job), "--user", "root",
                         "--site-config", cfg, "--json"], capture_output=True, text=True, timeout=60)
     assert json.loads(p.stdout)["reason"] == "exempt"
+
+
+def test_budget_across_calls_reaches_the_lua_and_is_bounded_by_message_timeout():
+    from vest_slurm.errors import SiteConfigError
+    from vest_slurm.site.config import Bridge, site_config_from_dict
+    import toml
+    f = facts(site(fallback_ms_per_s=150, fallback_burst_ms=700))
+    assert (f["fallback_ms_per_s"], f["fallback_burst_ms"]) == (150, 700)
+    assert isinstance(f["written"], float)               # a stamp per write: the Lua's breaker resets on it
+    b = Bridge()
+    assert b.call_limit_s == 0.8                          # the bucket caps one call below the timeout
+    assert b.worst_wait_s == pytest.approx((0.8 + 0.8) / 0.8)
+    data = toml.loads((REPO / "site-config" / "testbed.toml").read_text())
+    for bad, words in (({"fallback_ms_per_s": 800}, "at most 500"), ({"fallback_burst_ms": 50}, "at least 100"),
+                       ({"fallback_ms_per_s": 500, "fallback_burst_ms": 8000, "timeout_s": 8}, "MessageTimeout"),
+                       ({"fallback_tokens": 1}, "unknown key bridge.fallback_tokens")):
+        d = toml.loads(toml.dumps(data))
+        d["bridge"].update(bad)
+        with pytest.raises(SiteConfigError) as e:
+            site_config_from_dict(d)
+        assert words in str(e.value), (bad, str(e.value))

@@ -6,8 +6,10 @@ Every submission goes through ``sbatch`` run as a test user (runuser), the scrip
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -204,7 +206,7 @@ class FakeServer:
         os.unlink(self.path)
 
 
-BRIDGE_TIMEOUT_S = 1.0
+BRIDGE_TIMEOUT_S = 0.6      # below the default fallback_burst_ms (0.8 s), so that the timeout is the limit
 # sbatch's own limit in these tests: the bridge's timeout plus a margin far above a loaded machine's
 # noise, so that only a plugin that does not give up at its timeout (a hang) exceeds it
 SBATCH_LIMIT_S = BRIDGE_TIMEOUT_S + 60.0
@@ -238,13 +240,16 @@ def _fail_mode_line(log: str, fail: str) -> str:
 
 @pytest.mark.parametrize("fail", ["open", "closed"])
 def test_server_hung_past_timeout(tb, fail):
-    """The bridge gives up at its timeout: the outcome its fail mode says and its log line, whose
-    ms= (the plugin's own clock) is at least the timeout less the 50 ms the Lua keeps in hand
-    (job_submit.lua ask_server); the submission ends within sbatch's limit (timeout + margin)."""
+    """The bridge gives up at the call's limit (the timeout, or less when the budget across calls
+    holds less): the outcome its fail mode says and its log line, whose ms= (the plugin's own clock)
+    is at least that limit less the 50 ms the Lua keeps in hand (job_submit.lua ask_server); the
+    submission ends within sbatch's limit (timeout + margin)."""
     p, log = _during(tb, None, fail)
     line = _fail_mode_line(log, fail)
     assert "reason=bridge-timeout" in line and "via=server" in line, line
-    assert float(line.rsplit("ms=", 1)[1].split()[0]) >= BRIDGE_TIMEOUT_S * 1000 - 50, line
+    limit_ms = float(re.search(r" limit_ms=([0-9.]+)", line).group(1))
+    assert 0 < limit_ms <= BRIDGE_TIMEOUT_S * 1000, line
+    assert float(re.search(r" ms=([0-9.]+)", line).group(1)) >= limit_ms - 50, line
     if fail == "open":
         assert p.returncode == 0, p.err
         assert job_of(tb, p.name)[0]["partition"] == "v100"       # let through undecided
@@ -275,6 +280,7 @@ def test_server_answering_garbage(tb, reply, fail):
 
 def test_server_killed_falls_back_to_per_call_program(tb):
     tb.stop_server(kill=True)                       # leaves the socket file, as a crash would
+    tb.wait_budget_refilled()
     p = sbatch(tb, estimate_line_script(20))
     assert p.returncode == 0, p.err
     assert job_of(tb, p.name)[0]["partition"] == "a100"
@@ -285,6 +291,7 @@ def test_server_killed_falls_back_to_per_call_program(tb):
 def test_server_killed_and_config_broken(tb, fail):
     tb.configure(fail=fail)
     tb.stop_server(kill=True)
+    tb.wait_budget_refilled()
     tb.write_site("this is [not toml\n")             # the Lua keeps the last good facts
     p = sbatch(tb, estimate_line_script(20))
     sinfo_answers(tb)
@@ -292,6 +299,70 @@ def test_server_killed_and_config_broken(tb, fail):
     if fail == "closed":
         assert queued(tb, p.name) == []
     assert "reason=bridge-error" in ctld_log(tb)
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+def test_request_in_flight_when_the_server_dies_is_decided_by_the_program(tb, fail):
+    tb.configure(fail=fail, timeout_s=2)
+    tb.stop_server()
+    tb.wait_budget_refilled()
+    fake = FakeServer(str(tb.socket_path), b"")       # reads the request, closes without an answer
+    log_start = len(ctld_log(tb))
+    try:
+        p = sbatch(tb, estimate_line_script(20))
+    finally:
+        fake.close()
+        tb.start_server()
+    log = ctld_log(tb)[log_start:]
+    assert fake.accepted.is_set()
+    assert p.returncode == 0, p.err
+    assert job_of(tb, p.name)[0]["partition"] == "a100"           # decided, not let through
+    (line,) = [ln for ln in log.splitlines() if "action=modify reason=rerouted" in ln]
+    assert "via=program after=server-io" in line, line
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+def test_budget_across_calls_with_the_server_down(tb, fail):
+    """A burst with no server: the per-call program's time, summed over the calls, stays within the
+    bucket (fallback_burst_ms plus fallback_ms_per_s over the burst, plus one call past it); the
+    other calls take the fail mode at once (reason=bridge-budget); none is admitted undecided
+    under fail closed; the breaker opened once and closes when the server is back."""
+    tb.configure(fail=fail, fallback_ms_per_s=100, fallback_burst_ms=600, timeout_s=2)
+    warm = sbatch(tb, estimate_line_script(20))          # the server answers: the breaker is closed
+    assert warm.returncode == 0 and f"job={warm.name} " in ctld_log(tb).rsplit("breaker=", 1)[-1], warm.err
+    tb.stop_server(kill=True)
+    tb.wait_budget_refilled()
+    log_start = len(ctld_log(tb))
+    results: list = []
+    def client():
+        for _ in range(3):
+            results.append(sbatch(tb, estimate_line_script(20), timeout=SBATCH_LIMIT_S))
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tb.start_server()
+    after = sbatch(tb, estimate_line_script(20))
+    log = ctld_log(tb)[log_start:]
+    lines = [ln for ln in log.splitlines() if "vest-bridge: action=" in ln]
+    assert len(lines) == len(results) + 1, log
+    assert log.count("breaker=open") == 1 and log.count("breaker=closed") == 1, log
+    assert any("reason=bridge-budget" in ln and "via=lua" in ln for ln in lines), log
+    # Each call's whole time, by the plugin's own clock: lua_ms= on a decision, ms= on a fail mode.
+    spent = sum(float(re.search(r" lua_ms=([0-9.]+)", ln).group(1)) if " lua_ms=" in ln
+                else float(re.search(r" ms=([0-9.]+)", ln).group(1)) for ln in lines[:-1])
+    stamps = [datetime.datetime.fromisoformat(ln.split("]", 1)[0].lstrip("[")) for ln in lines[:-1]]
+    span_s = (max(stamps) - min(stamps)).total_seconds() + 1.0   # + the first call's own time
+    assert spent <= 600 + 100 * span_s + 600, (spent, span_s, log)
+    for r in results:
+        jobs = queued(tb, r.name)
+        if fail == "closed":
+            assert r.returncode == 0 and jobs[0]["partition"] == "a100" or r.returncode == 1 and jobs == [], r.err
+        else:
+            assert r.returncode == 0, r.err
+    assert after.returncode == 0 and job_of(tb, after.name)[0]["partition"] == "a100"
+    assert "via=server" in lines[-1], lines[-1]
 
 
 def test_config_broken_while_serving_keeps_last_good(tb):
@@ -319,6 +390,7 @@ def test_shell_metacharacters_in_every_field(tb):
 
 def test_metacharacters_through_the_fallback_program(tb):
     tb.stop_server(kill=True)
+    tb.wait_budget_refilled()
     p = sbatch(tb, estimate_line_script(20, extra=f"# {HOSTILE}"), f"--comment={HOSTILE}")
     assert p.returncode == 0 and not os.path.exists("/tmp/pwned")
 

@@ -200,7 +200,7 @@ class DirectiveEstimator:
             else:
                 self._results.move_to_end(key)
         try:
-            return fut.result(timeout=self._site_of().bridge.timeout_s / 2)
+            return fut.result(timeout=self._site_of().bridge.call_limit_s / 2)
         except concurrent.futures.TimeoutError:
             return None
 

@@ -17,6 +17,7 @@ import os
 import pwd
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..site.config import SiteConfig
@@ -40,6 +41,11 @@ def facts(site: SiteConfig, python: str | None = None, pythonpath: str | None = 
         "python": python or sys.executable,
         "pythonpath": pythonpath if pythonpath is not None else os.environ.get("VEST_BRIDGE_PYTHONPATH", ""),
         "site_config": os.path.abspath(site.path),
+        "fallback_ms_per_s": site.bridge.fallback_ms_per_s,
+        "fallback_burst_ms": site.bridge.fallback_burst_ms,
+        # Every write differs: the Lua closes its circuit breaker when the file is rewritten (a
+        # server that (re)started or reloaded has just written it), instead of waiting a second.
+        "written": time.time(),
     }
 
 

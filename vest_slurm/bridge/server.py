@@ -135,7 +135,7 @@ class BridgeServer:
 
     def handle(self, conn: socket.socket) -> None:
         site = self.site
-        budget = site.bridge.timeout_s if site else 2.0
+        budget = site.bridge.call_limit_s if site else 2.0
         deadline = time.monotonic() + budget
         chunks, size = [], 0
         try:

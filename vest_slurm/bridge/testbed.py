@@ -90,6 +90,13 @@ class BridgeTestbed:
             time.sleep(0.05)
         raise SlurmError("bridge server did not reload its config within 10 s", f"read {self.log_path}")
 
+    def wait_budget_refilled(self) -> None:
+        """Wait until job_submit.lua's bucket of fallback time is full again (it refills at
+        bridge.fallback_ms_per_s up to fallback_burst_ms; its state lives in the controller's Lua)."""
+        from ..site.config import load_site_config
+        b = load_site_config(str(self.config_path)).bridge
+        time.sleep(b.fallback_burst_ms / b.fallback_ms_per_s + 0.05)
+
     # --- server -------------------------------------------------------------------------------
 
     def start_server(self) -> None:

@@ -129,6 +129,28 @@ class Bridge:
     directive_user: str = "nobody"
     directive_cpu_s: float = 60.0
     directive_memory_mib: int = 4096
+    # The budget across calls (job_submit.lua): job_submit runs one call at a time (job_submit_lua.c
+    # takes its lua_lock) while each waiting call's RPC thread holds the job read lock
+    # (proc_req.c: validate_job_create_req under job_read_lock), so a writer — the next job's
+    # job_allocate, the scheduler — waits for the whole queue, and every new reader (sinfo) waits
+    # behind that writer (locks.c: a read lock waits while a write lock is pending). What stalls the
+    # controller is the SUM of the plugin's calls. Time spent on anything but a healthy server's
+    # answer (the per-call program, a server that hangs or dies) is drawn from a token bucket that
+    # holds at most fallback_burst_ms and refills at fallback_ms_per_s; a call that finds it empty
+    # takes the fail mode at once. No single call waits longer than call_limit_s.
+    fallback_ms_per_s: int = 200
+    fallback_burst_ms: int = 800
+
+    @property
+    def call_limit_s(self) -> float:
+        """The longest one call may hold the controller: the timeout, or the bucket's size."""
+        return min(self.timeout_s, self.fallback_burst_ms / 1000)
+
+    @property
+    def worst_wait_s(self) -> float:
+        """The longest a submission can queue behind the plugin's calls (bucket and one call that
+        overruns it, at the refill rate): (burst + limit) / (1 - rate). Kept below MessageTimeout."""
+        return (self.fallback_burst_ms / 1000 + self.call_limit_s) / (1 - self.fallback_ms_per_s / 1000)
 
 
 @dataclass(frozen=True)
@@ -250,7 +272,8 @@ PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost")
 POLICY_KEYS = ("headroom_percent", "headroom_mib", "selection", "on_user_choice_too_small",
                "exempt_users", "exempt_accounts", "help_url", "messages")
 BRIDGE_KEYS = ("timeout_s", "fail", "unknown_jobs", "allow_vest_directives", "socket_path", "log_path",
-               "directive_user", "directive_cpu_s", "directive_memory_mib")
+               "directive_user", "directive_cpu_s", "directive_memory_mib", "fallback_ms_per_s",
+               "fallback_burst_ms")
 
 
 def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> SiteConfig:
@@ -336,7 +359,19 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         directive_cpu_s=float(c.get(b, "bridge", "directive_cpu_s", "number", Bridge.directive_cpu_s, above=0)),
         directive_memory_mib=c.get(b, "bridge", "directive_memory_mib", "int", Bridge.directive_memory_mib,
                                    minimum=1024),
+        # At most half the controller's time in fallbacks: the other half keeps it answering.
+        fallback_ms_per_s=c.get(b, "bridge", "fallback_ms_per_s", "int", Bridge.fallback_ms_per_s,
+                                minimum=1, maximum=500),
+        # At least 100 ms: it also caps one call (call_limit_s), and a healthy server's answer takes
+        # a few ms (a whole sbatch: p99 35 ms, benchmarks/bench_bridge.json); less would cut off a
+        # loaded but healthy server. The per-call program needs about 300 ms of it to decide.
+        fallback_burst_ms=c.get(b, "bridge", "fallback_burst_ms", "int", Bridge.fallback_burst_ms,
+                                minimum=100, maximum=int(MAX_BRIDGE_TIMEOUT_S * 1000) - 1000),
     )
+    if bridge.worst_wait_s > MAX_BRIDGE_TIMEOUT_S - 1:
+        c.problems.append(f"bridge: fallback_burst_ms, fallback_ms_per_s and timeout_s let a submission queue "
+                          f"{bridge.worst_wait_s:.1f} s behind the plugin, past Slurm's MessageTimeout "
+                          f"({MAX_BRIDGE_TIMEOUT_S:.0f} s) less a second: lower fallback_burst_ms or fallback_ms_per_s")
     if bridge.directive_user in ("root", "0", ""):
         c.problems.append("bridge.directive_user must be an unprivileged user (the worker that traces #VEST "
                           "directives runs as it), e.g. \"nobody\"")
