@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..estimate import _fakecuda as fc
+from . import cuda_surface
 
 
 @dataclass
@@ -280,53 +281,7 @@ def _np_dtype(dtype):
             torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_}.get(dtype, np.float32)
 
 
-# ---- torch.cuda queries ------------------------------------------------------------------------------
-
-class _Event:
-    def __init__(self, *a, **k):
-        pass
-
-    def record(self, *a, **k):
-        pass
-
-    def synchronize(self):
-        pass
-
-    def wait(self, *a, **k):
-        pass
-
-    def query(self):
-        return True
-
-    def elapsed_time(self, other):
-        return 1.0
-
-
-class _Stream:
-    def __init__(self, *a, **k):
-        self.device = fc.DEVICE
-
-    def synchronize(self):
-        pass
-
-    def wait_stream(self, *a):
-        pass
-
-    def wait_event(self, *a):
-        pass
-
-    def record_event(self, *a):
-        return _Event()
-
-    def query(self):
-        return True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
+# ---- checkpoints and compile -------------------------------------------------------------------------
 
 def _save(state: ScriptState):
     def save(obj, f, *args, **kwargs):
@@ -441,30 +396,13 @@ def patched(state: ScriptState):
         (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
         (torch, "compile", _compile),
         (torch, "save", _save(state)),
+        # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
-        (torch.cuda, "set_device", lambda *a, **k: None),
-        (torch.cuda, "manual_seed", lambda *a, **k: None),
-        (torch.cuda, "manual_seed_all", lambda *a, **k: None),
-        (torch.cuda, "empty_cache", lambda: None),
-        (torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None),
-        (torch.cuda, "reset_max_memory_allocated", lambda *a, **k: None),
-        (torch.cuda, "memory_allocated", lambda *a, **k: tr.s.live_bytes),
-        (torch.cuda, "max_memory_allocated", lambda *a, **k: tr.s.peak_bytes),
-        (torch.cuda, "memory_reserved", lambda *a, **k: tr.s.live_bytes),
-        (torch.cuda, "max_memory_reserved", lambda *a, **k: tr.s.peak_bytes),
-        (torch.cuda, "mem_get_info", lambda *a, **k: (torch.cuda.get_device_properties(0).total_memory - tr.s.live_bytes,
-                                                     torch.cuda.get_device_properties(0).total_memory)),
-        (torch.cuda, "Event", _Event),
-        (torch.cuda, "Stream", _Stream),
-        (torch.cuda, "current_stream", lambda *a, **k: _Stream()),
-        (torch.cuda, "default_stream", lambda *a, **k: _Stream()),
-        (torch.cuda, "stream", lambda s=None: _Stream()),
-        (torch.cuda, "get_rng_state", lambda *a, **k: torch.zeros(16, dtype=torch.uint8, device="cpu")),
-        (torch.cuda, "set_rng_state", lambda *a, **k: None),
         (dist, "init_process_group", _init_process_group(state)),
         (par, "DistributedDataParallel", FakeDDP),
         (nn.parallel, "DistributedDataParallel", FakeDDP),
     ]
+    patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
     patches += fc.gpu_optimizer_defaults()
     saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
     hooks = [

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""The corpus yardstick: run public training scripts unmodified through `vest estimate -- CMD`.
+
+    python scripts/bench_scripts.py --mirror DIR [--only SUBSTR] [--out benchmarks/scripts-results.csv]
+
+In: scripts/corpus.toml (repository, commit, files, command, synthetic-data recipe, oracle of each
+script) and DIR, a folder of bare mirrors DIR/OWNER+NAME/repo (the layout the `fetch` tool leaves).
+Out: a table on stdout and a CSV (paths relative to the checkout) with, per script: the outcome
+(estimated / refused / failed), the failure kind and message, wall seconds and peak RSS of the whole
+`vest estimate` process tree, and the oracle's verdict.
+
+Each script's files are taken from its pinned commit (`git ls-tree` + `git cat-file`, so a mirror
+whose large files are absent still gives the code) into a scratch folder; the recipe then writes the
+synthetic data set the script reads (MNIST idx files, an image folder, token files, ...), so nothing
+is downloaded. The oracle is the declarative estimate of the same workload (`vest estimate --model
+...`); an estimate agrees when its live-tensor peak is within 10% of the oracle's. The packages the
+scripts import are the `bench` extra of pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import pickle
+import random
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(ROOT, "scripts", "corpus.toml")
+AGREE = 0.10          # the issue's bound: within 10% of the oracle's live-tensor peak
+# The benchmark times the work itself: no trace cache and no stored cuDNN answers (tracecache.py).
+os.environ["VEST_CACHE_DIR"] = "off"
+
+
+# ---- the scripts' files ----------------------------------------------------------------------------
+
+def extract(mirror: str, repo: str, commit: str, tree: list[str], dest: str) -> int:
+    """Write the files under ``tree`` at ``commit`` into ``dest``; returns how many were written.
+    Blobs the mirror does not hold (large data files) are skipped: recipes build the data."""
+    git = os.path.join(mirror, repo.replace("/", "+"), "repo")
+    if not os.path.isdir(git):
+        raise SystemExit(f"no mirror of {repo} at {git}: bring it with the fetch tool first")
+    names = subprocess.run(["git", "-C", git, "ls-tree", "-r", "--name-only", commit, "--", *tree],
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    n = 0
+    for name in filter(None, names):
+        blob = subprocess.run(["git", "-C", git, "cat-file", "blob", f"{commit}:{name}"], capture_output=True)
+        if blob.returncode:
+            continue
+        path = os.path.join(dest, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(blob.stdout)
+        n += 1
+    return n
+
+
+# ---- synthetic data recipes (what each script reads, written locally) ----------------------------
+
+def _mnist_idx(workdir, root, train=512, test=256):
+    """torchvision.datasets.MNIST finds raw/ idx files and does not download (its _check_exists)."""
+    raw = os.path.join(workdir, root, "MNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    rng = random.Random(0)
+    for prefix, n in (("train", train), ("t10k", test)):
+        with open(os.path.join(raw, f"{prefix}-images-idx3-ubyte"), "wb") as f:
+            f.write(struct.pack(">IIII", 2051, n, 28, 28) + bytes(rng.randrange(256) for _ in range(n * 784)))
+        with open(os.path.join(raw, f"{prefix}-labels-idx1-ubyte"), "wb") as f:
+            f.write(struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n)))
+
+
+def _words(n, vocab, seed=0):
+    rng = random.Random(seed)
+    return [f"w{rng.randrange(vocab)}" for _ in range(n)]
+
+
+def _wikitext(workdir, dir, words=20000, vocab=2000):
+    d = os.path.join(workdir, dir)
+    os.makedirs(d, exist_ok=True)
+    for i, split in enumerate(("train", "valid", "test")):
+        w = _words(words if split == "train" else words // 10, vocab, i)
+        with open(os.path.join(d, f"{split}.txt"), "w") as f:
+            f.writelines(" ".join(w[j:j + 20]) + "\n" for j in range(0, len(w), 20))
+
+
+def _text(workdir, path, chars=200000):
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n"
+    with open(os.path.join(workdir, path), "w") as f:
+        f.write("".join(rng.choice(alphabet) for _ in range(chars)))
+
+
+def _tokens_u16(workdir, dir, tokens, vocab, meta=False):
+    """nanoGPT's prepared data: train.bin / val.bin of uint16 token ids, meta.pkl with vocab_size."""
+    import numpy as np
+
+    d = os.path.join(workdir, dir)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rng.integers(0, vocab, tokens, dtype=np.uint16).tofile(os.path.join(d, "train.bin"))
+    rng.integers(0, vocab, tokens // 10, dtype=np.uint16).tofile(os.path.join(d, "val.bin"))
+    if meta:
+        with open(os.path.join(d, "meta.pkl"), "wb") as f:
+            pickle.dump({"vocab_size": vocab, "itos": {i: chr(32 + i) for i in range(vocab)},
+                         "stoi": {chr(32 + i): i for i in range(vocab)}}, f)
+
+
+def _llmc_bin(workdir, path, tokens, vocab):
+    """llm.c's token shard: 256 int32 header (magic 20240520, version 1, token count), uint16 tokens."""
+    import numpy as np
+
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, tokens)
+    with open(os.path.join(workdir, path), "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.random.default_rng(0).integers(0, vocab, tokens, dtype=np.uint16).tobytes())
+
+
+def _images(d, n, size, seed):
+    from PIL import Image
+    import numpy as np
+
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(os.path.join(d, f"{i:05d}.jpg"))
+
+
+def _imagefolder(workdir, dir, splits, classes, per_class, size):
+    for s, split in enumerate(splits):
+        for c in range(classes):
+            _images(os.path.join(workdir, dir, split, f"class{c:03d}"), per_class, size, s * 1000 + c)
+
+
+def _bsds300(workdir, dir, train, test, size):
+    _images(os.path.join(workdir, dir, "train"), train, size, 1)
+    _images(os.path.join(workdir, dir, "test"), test, size, 2)
+
+
+def _cora(workdir, dir, nodes, features, classes, edges):
+    """The Cora files: `id f1 .. fN label` per paper, `cited citing` per citation."""
+    d = os.path.join(workdir, dir)
+    os.makedirs(d, exist_ok=True)
+    rng = random.Random(0)
+    with open(os.path.join(d, "cora.content"), "w") as f:
+        for i in range(nodes):
+            feats = " ".join("1" if rng.random() < 0.02 else "0" for _ in range(features))
+            f.write(f"{1000 + i} {feats} label{rng.randrange(classes)}\n")
+    with open(os.path.join(d, "cora.cites"), "w") as f:
+        for _ in range(edges):
+            f.write(f"{1000 + rng.randrange(nodes)} {1000 + rng.randrange(nodes)}\n")
+
+
+RECIPES = {
+    "none": lambda workdir: None,
+    "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "tokens-u16": _tokens_u16,
+    "llmc-bin": _llmc_bin, "imagefolder": _imagefolder, "bsds300": _bsds300, "cora": _cora,
+}
+
+
+# ---- running vest --------------------------------------------------------------------------------
+
+_MEASURE = (
+    "import json, resource, subprocess, sys, time\n"
+    "t = time.perf_counter()\n"
+    "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "dt = time.perf_counter() - t\n"
+    "print(json.dumps({'rc': r.returncode, 'seconds': dt, 'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+    " 'stdout': r.stdout, 'stderr': r.stderr[-4000:]}))\n"
+)
+
+
+def measure(argv: list[str], cwd: str) -> dict:
+    """Run one `vest estimate` as a user would (cold, its own process tree); its seconds and peak RSS."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], cwd=cwd, capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    doc["json"] = _last_json(doc["stdout"])
+    return doc
+
+
+def _last_json(text: str):
+    i = text.find("{")
+    if i < 0:
+        return None
+    try:
+        return json.loads(text[i:])
+    except ValueError:
+        return None
+
+
+def _kind(message: str, doc) -> str:
+    """The failure's kind: from the JSON when vest gives one, else from the message's words."""
+    if isinstance(doc, dict) and doc.get("kind"):
+        return doc["kind"]
+    m = message.lower()
+    if "time limit" in m or "memory limit" in m:
+        return "limit"
+    if "data-dependent" in m:
+        return "data-dependent"
+    if "tried to use the network" in m or "tried to start a process" in m or "tried to write" in m:
+        return "refused-io"
+    if "failed by itself" in m or "exited with status" in m:
+        return "script-error"
+    if "without an optimizer step" in m:
+        return "no-step"
+    return "vest-unsupported"
+
+
+_REFUSALS = ("data-dependent", "refused-io", "limit")   # vest declined for a stated reason
+
+
+def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
+    slug = entry["name"].replace("/", "__")
+    base = os.path.join(work, slug)
+    shutil.rmtree(base, ignore_errors=True)
+    extract(mirror, entry["repo"], entry["commit"], entry["tree"], base)
+    workdir = os.path.join(base, entry.get("workdir", "."))
+    os.makedirs(workdir, exist_ok=True)
+    RECIPES[entry.get("recipe", "none")](workdir, **entry.get("recipe_args", {}))
+    vest = [sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", gpu, "--json"]
+    dyn = measure(vest + ["--", *shlex.split(entry["command"])], workdir)
+    row = {"script": entry["name"], "family": entry["family"], "repo": entry["repo"],
+           "commit": entry["commit"][:12], "command": entry["command"],
+           "seconds": round(dyn["seconds"], 1), "peak_rss_mib": round(dyn["maxrss_kib"] / 1024)}
+    est = (dyn["json"] or {}).get("estimates") if dyn["rc"] == 0 else None
+    if est:
+        e = est[0]
+        row.update(outcome="estimated", kind="", peak_mib=e["peak_mib"],
+                   live_mib=e["breakdown"]["live_tensor_peak"],
+                   flags="; ".join(str(f) for f in (dyn["json"].get("flags") or dyn["json"].get("warnings") or [])),
+                   message="")
+    else:
+        msg = (dyn["json"] or {}).get("error") or _error_text(dyn["stderr"])
+        kind = _kind(msg, dyn["json"])
+        row.update(outcome="refused" if kind in _REFUSALS else "failed", kind=kind, peak_mib="", live_mib="",
+                   flags="", message=msg)
+    row["expected"] = entry.get("expect", "estimated")
+    row.update(oracle="", oracle_live_mib="", oracle_diff_pct="", declarative_s="", time_ratio="")
+    if entry.get("oracle") and row["outcome"] == "estimated":
+        dec = measure(vest + shlex.split(entry["oracle"]), workdir)
+        dest = (dec["json"] or {}).get("estimates") if dec["rc"] == 0 else None
+        if dest:
+            lo = dest[0]["breakdown"]["live_tensor_peak"]
+            diff = 100 * (row["live_mib"] - lo) / lo
+            row.update(oracle_live_mib=lo, oracle_diff_pct=round(diff, 1), declarative_s=round(dec["seconds"], 1),
+                       time_ratio=round(dyn["seconds"] / dec["seconds"], 2),
+                       oracle="agree" if abs(diff) <= 100 * AGREE else "DISAGREE")
+        else:
+            row["oracle"] = "oracle-failed: " + _error_text(dec["stderr"])[:120]
+    elif not entry.get("oracle"):
+        row["oracle"] = "none: " + entry.get("oracle_why", "")
+    return row
+
+
+def _error_text(stderr: str) -> str:
+    """The `vest: error: ...` line and its `fix:` line, or the last lines when there is none."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    err = next((i for i, ln in enumerate(lines) if ln.startswith("vest: error")), None)
+    if err is None:
+        return " | ".join(lines[-3:])
+    fix = next((ln for ln in lines[err + 1:] if ln.startswith("fix:")), "")
+    return (lines[err][len("vest: error: "):] + (" | " + fix if fix else ""))[:600]
+
+
+FIELDS = ["script", "family", "outcome", "expected", "kind", "seconds", "declarative_s", "time_ratio", "peak_rss_mib",
+          "peak_mib", "live_mib", "oracle_live_mib", "oracle_diff_pct", "oracle", "flags", "message",
+          "repo", "commit", "command"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mirror", required=True, help="folder of bare mirrors OWNER+NAME/repo")
+    p.add_argument("--corpus", default=CORPUS)
+    p.add_argument("--only", action="append", default=[], help="run the scripts whose name contains this (repeatable)")
+    p.add_argument("--work", default=None, help="scratch folder for the scripts and their data (default: a temp dir)")
+    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "scripts-results.csv"))
+    args = p.parse_args()
+    with open(args.corpus, "rb") as f:
+        corpus = tomllib.load(f)["script"]
+    names = [e["name"] for e in corpus]
+    if len(set(names)) != len(names):
+        raise SystemExit("corpus: duplicate script names")
+    chosen = [e for e in corpus if not args.only or any(s in e["name"] for s in args.only)]
+    work = args.work or tempfile.mkdtemp(prefix="vest-corpus-")
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + env_path if env_path else "")
+    rows = []
+    t0 = time.perf_counter()
+    for e in chosen:
+        row = run_one(e, os.path.abspath(args.mirror), work, args.gpu)
+        rows.append(row)
+        print(f"{row['script']:45s} {row['outcome']:9s} {row['kind']:16s} {row['seconds']:6.1f}s "
+              f"{row['peak_rss_mib']:5d} MiB  {row['oracle'][:40]}  {row['message'][:100]}", flush=True)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    _report(rows, time.perf_counter() - t0)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {os.path.relpath(args.out, ROOT)}")
+    return 0
+
+
+def _report(rows: list[dict], seconds: float) -> None:
+    from tabulate import tabulate
+
+    cols = ["script", "outcome", "kind", "seconds", "time_ratio", "peak_rss_mib", "live_mib", "oracle_diff_pct", "oracle"]
+    print(tabulate([[str(r[c])[:48] for c in cols] for r in rows], headers=cols))
+    n = len(rows)
+    est = sum(r["outcome"] == "estimated" for r in rows)
+    ref = sum(r["outcome"] == "refused" for r in rows)
+    bad = sum(r["oracle"] == "DISAGREE" for r in rows)
+    checked = sum(r["oracle"] in ("agree", "DISAGREE") for r in rows)
+    print(f"\n{n} scripts: {est} estimated ({100 * est / max(n, 1):.0f}%), {ref} refused, {n - est - ref} failed; "
+          f"oracle: {checked} checked, {bad} disagree (> {100 * AGREE:.0f}%); "
+          f"peak RSS max {max((r['peak_rss_mib'] for r in rows), default=0)} MiB; {seconds:.0f} s in all")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""cuda_surface: every public CUDA API of the installed torch has a decision, stand-ins keep the real
+signatures, unsupported APIs name themselves, and a device-generic script runs on them."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+import torch
+
+from vest_slurm.dynamic import cuda_surface as cs
+from vest_slurm.dynamic.launch import parse_train_command
+from vest_slurm.dynamic.runner import estimate_command
+from vest_slurm.estimate.profiles import get_profile
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "scripts")
+ANS = cs.Answers(lambda: 1000, lambda: 5000)
+
+
+def test_every_public_cuda_api_of_this_torch_has_a_decision():
+    assert cs.undecided() == []
+    # the walk covers what the issue names: streams, events, accelerator, amp, generator, pinned memory
+    apis = cs.surface()
+    for name in ("torch.cuda.stream", "torch.accelerator.set_stream", "torch.Stream.wait_stream", "torch.Event.record",
+                 "torch.cuda.amp.GradScaler", "torch.Generator.manual_seed", "torch.Tensor.pin_memory",
+                 "torch.empty(pin_memory=)"):
+        assert name in apis, name
+
+
+def test_a_new_public_api_without_a_decision_fails(monkeypatch):
+    def brand_new_query(device=None):
+        return 0
+
+    monkeypatch.setattr(torch.cuda, "brand_new_query", brand_new_query, raising=False)
+    monkeypatch.setattr(torch.cuda, "__all__", [*torch.cuda.__all__, "brand_new_query"])
+    monkeypatch.setattr(torch.cuda.Stream, "brand_new_method", lambda self: None, raising=False)
+    assert cs.undecided() == ["torch.cuda.Stream.brand_new_method", "torch.cuda.brand_new_query"]
+
+
+def test_no_decision_for_an_api_this_torch_does_not_have():
+    apis = cs.surface()
+    assert [name for name in cs.DECISIONS if name not in apis] == []
+
+
+def test_stand_ins_have_the_real_signatures_and_bind_like_them():
+    checked = 0
+    for owner, attr, new in cs.patches(ANS):
+        api = getattr(new, "__vest_standin__", None)
+        if api is None or "(" in api:
+            continue
+        expected = cs.real_signature(getattr(owner, attr))
+        if expected is None:   # a builtin that states no signature (Tensor.is_pinned): arguments pass through
+            continue
+        assert inspect.signature(new) == expected, api
+        checked += 1
+    assert checked > 60
+    patched = {(o, a): n for o, a, n in cs.patches(ANS)}
+    memory_allocated = patched[(torch.cuda, "memory_allocated")]
+    assert memory_allocated() == 1000 and memory_allocated(device=0) == 1000
+    with pytest.raises(TypeError, match="torch.cuda.memory_allocated"):
+        memory_allocated(0, 1)            # the real one takes one argument
+    with pytest.raises(TypeError):
+        memory_allocated(devcie=0)        # nor a misspelt keyword
+    with pytest.raises(TypeError):
+        patched[(torch.accelerator, "memory_allocated")](device_index=0)   # positional-only in torch
+    assert patched[(torch.cuda, "max_memory_allocated")]() == 5000
+
+
+def test_unsupported_apis_name_themselves_and_say_vest_must_act():
+    patched = {(o, a): n for o, a, n in cs.patches(ANS)}
+    for owner, attr, api in ((torch.cuda, "CUDAGraph", "torch.cuda.CUDAGraph"),
+                             (torch.cuda, "make_graphed_callables", "torch.cuda.make_graphed_callables"),
+                             (torch.cuda, "MemPool", "torch.cuda.MemPool")):
+        with pytest.raises(cs.NotSupportedHere, match=api.replace(".", r"\.")) as e:
+            patched[(owner, attr)](None, ()) if attr == "make_graphed_callables" else patched[(owner, attr)]()
+        assert "vest cannot yet run" in str(e.value) and "#VEST" in str(e.value)
+
+
+def test_stand_in_classes_keep_isinstance_both_ways():
+    s = cs.FakeCudaStream()
+    assert isinstance(s, cs.FakeStream) and isinstance(s, torch.Stream)
+    assert isinstance(torch.default_generator, cs.FakeGenerator)   # a real generator is still a Generator
+    g = cs.FakeGenerator(device="cuda")
+    assert g.device == torch.device("cuda:0") and g.manual_seed(3).initial_seed() == 3
+    assert cs.FakeGenerator().device == torch.device("cpu")
+    assert cs.FakeStream(device="cuda") != cs.FakeStream(device="cuda")   # each a stream of its own
+    patches = cs.patches(ANS)
+    assert len({(id(o), a) for o, a, _ in patches}) == len(patches)   # each attribute patched once
+
+
+def test_device_generic_script_runs_on_the_stand_ins():
+    """torch.Stream, torch.accelerator.*, torch.cuda.stream(stream=...), torch.Generator(device="cuda"),
+    pin_memory() and pin_memory=True, events and memory queries: the script trains its 3 steps."""
+    cmd = parse_train_command(["python", "train_device_generic.py", "--batch-size", "16"])
+    (est,), run = estimate_command(cmd, [get_profile("a100-40gb")], cwd=SCRIPTS)
+    assert run.steps == 3
+    assert run.batch_hint == 16
+    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    assert dict(est.breakdown)["parameters"] == params

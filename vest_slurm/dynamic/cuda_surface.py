@@ -1,0 +1,768 @@
+"""torch's public CUDA surface, walked from the installed torch, and what the fake-CUDA run does with each API.
+
+In: the installed torch (its namespaces ``torch.cuda``, ``torch.cuda.amp``, ``torch.cuda.profiler``,
+``torch.accelerator``, the classes ``torch.Stream``/``torch.Event``/``torch.cuda.Stream``/
+``torch.cuda.Event``/``torch.Generator``, pinned memory: ``Tensor.pin_memory``/``is_pinned`` and the
+``pin_memory=`` argument of torch's factories).
+Also ``Tensor.record_stream``. Out: ``surface()``, every public callable and class there with its real signature; ``DECISIONS``,
+one decision per API; ``patches(answers)``, the (object, attribute, replacement) list that
+``standins.patched`` installs for the run.
+
+A decision is one of
+- FAKE: a stand-in built here with the real API's signature (``inspect.signature``, or the first
+  line of the docstring for a builtin): the call's arguments are bound against it, so a call the real
+  API would reject is rejected the same way; the stand-in answers as a GPU run would (memory queries
+  from the trace, streams and events that order nothing, a generator that reports ``cuda``);
+- ANSWERED: answered by ``estimate._fakecuda.cuda_answers`` (the device's identity and properties);
+- REAL: the real object runs unchanged under fake CUDA (exception types, decorators, pure-Python code
+  over the faked pieces, compile-time facts);
+- UNSUPPORTED: a stand-in that raises ``NotSupportedHere`` naming the API and saying why (CUDA graphs,
+  custom allocators, IPC, raw handles): the run stops with a message that vest must act, never a
+  silent answer;
+- NAMESPACE: a submodule whose public functions are re-exported by ``torch.cuda`` and decided there,
+  or walked on its own.
+``tests/test_cuda_surface.py`` fails when the installed torch has a public API here with no decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import itertools
+import os
+import re
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+FAKE, ANSWERED, REAL, UNSUPPORTED, NAMESPACE = "fake", "answered", "real", "unsupported", "namespace"
+
+
+class NotSupportedHere(RuntimeError):
+    """A torch API the fake-CUDA run cannot answer faithfully: vest must act, not the script."""
+
+    def __init__(self, api: str, why: str):
+        super().__init__(f"vest cannot yet run {api} in its dynamic analysis (fake CUDA): {why}. "
+                         "Describe the workload with a #VEST line (e.g. #VEST --model ... --batch-size ...) instead")
+        self.api = api
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    why: str
+
+
+# ---- the surface -------------------------------------------------------------------------------------
+
+NAMESPACES = ("torch.cuda", "torch.cuda.amp", "torch.cuda.profiler", "torch.accelerator")
+CLASSES = ("torch.Stream", "torch.Event", "torch.cuda.Stream", "torch.cuda.Event", "torch.Generator")
+
+
+def _resolve(dotted: str):
+    obj = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _public_names(mod) -> list[str]:
+    names = getattr(mod, "__all__", None)
+    if names is None:
+        names = [n for n in dir(mod) if not n.startswith("_")
+                 and str(getattr(getattr(mod, n), "__module__", mod.__name__)).startswith(mod.__name__)]
+    return sorted(set(names))
+
+
+def pin_memory_factories() -> list[str]:
+    """Public ``torch.X`` functions whose aten schema has a ``pin_memory`` argument."""
+    out = []
+    for name in dir(torch):
+        if name.startswith("_") or not callable(getattr(torch, name, None)):
+            continue
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        try:
+            if any(a.name == "pin_memory" for o in packet.overloads() for a in getattr(packet, o)._schema.arguments):
+                out.append(f"torch.{name}")
+        except (AttributeError, RuntimeError):
+            continue
+    return sorted(out)
+
+
+def surface() -> dict[str, object]:
+    """Qualified name -> object, for every public API this module decides."""
+    out: dict[str, object] = {}
+    for ns in NAMESPACES:
+        mod = _resolve(ns)
+        for n in _public_names(mod):
+            if hasattr(mod, n):
+                out[f"{ns}.{n}"] = getattr(mod, n)
+    for cls in CLASSES:
+        c = _resolve(cls)
+        out[cls] = c
+        for n in dir(c):
+            if not n.startswith("_"):
+                out[f"{cls}.{n}"] = getattr(c, n)
+    out["torch.Tensor.pin_memory"] = torch.Tensor.pin_memory
+    out["torch.Tensor.is_pinned"] = torch.Tensor.is_pinned
+    out["torch.Tensor.record_stream"] = torch.Tensor.record_stream
+    for f in pin_memory_factories():
+        out[f"{f}(pin_memory=)"] = _resolve(f)
+    return out
+
+
+_DOC_SIG = re.compile(r"^\s*\w+(\(.*\))")
+
+
+def real_signature(obj) -> inspect.Signature | None:
+    """The API's signature: ``inspect.signature``, else the docstring's first line (torch's builtins
+    state theirs there, e.g. ``Event(device=None, *, enable_timing=False, ...)``), else None."""
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        pass
+    doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    m = _DOC_SIG.match(doc[0]) if doc else None
+    if not m:
+        return None
+    params = re.sub(r"\s*->.*$", "", m.group(1))[1:-1]
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        params = "self" + (", " + params if params.strip() else "")   # a Tensor method: its docstring omits self
+    # "Stream(device, *, priority)": a builtin's optional arguments are written without defaults
+    params = ", ".join(p if ("=" in p or p.strip() in ("*", "/") or p.strip().startswith("*")) else f"{p.strip()}=None"
+                       for p in params.split(",") if p.strip())
+    try:
+        ns: dict = {}
+        exec(f"def _f({params}): pass", {}, ns)   # noqa: S102 - parses torch's own docstring
+        return inspect.signature(ns["_f"])
+    except SyntaxError:
+        return None
+
+
+def standin(api: str, real, impl: Callable[[dict], object]):
+    """A function with ``real``'s signature that binds its arguments and returns ``impl(arguments)``."""
+    sig = real_signature(real)
+
+    def call(*args, **kwargs):
+        if sig is None:
+            return impl({"args": args, "kwargs": kwargs})
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{api}(): {e}") from None
+        bound.apply_defaults()
+        return impl(dict(bound.arguments))
+
+    call.__signature__ = sig
+    call.__name__ = getattr(real, "__name__", api.rsplit(".", 1)[-1])
+    call.__qualname__ = call.__name__
+    call.__doc__ = getattr(real, "__doc__", None)
+    call.__vest_standin__ = api
+    return call
+
+
+def unsupported(api: str, real, why: str):
+    def refuse(_args):
+        raise NotSupportedHere(api, why)
+
+    return standin(api, real, refuse)
+
+
+# ---- what the run answers from ---------------------------------------------------------------------
+
+@dataclass
+class Answers:
+    """What the stand-ins read: the live and peak device bytes so far (the trace's), the total memory."""
+
+    live_bytes: Callable[[], int]
+    peak_bytes: Callable[[], int]
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    return d.index or 0
+
+
+def _total() -> int:
+    return torch.cuda.get_device_properties(0).total_memory   # answered by cuda_answers
+
+
+def _memory_stats(ans: Answers) -> dict:
+    """torch.cuda.memory_stats' keys that scripts read (allocated, reserved, active: current and peak),
+    as the allocator's counters would read before vest replays the trace: reserved is not known here, so
+    it is the allocated figure (a lower bound, never more than the replay's)."""
+    live, peak = ans.live_bytes(), ans.peak_bytes()
+    out = {"num_alloc_retries": 0, "num_ooms": 0}
+    for key in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+        for pool in ("all", "large_pool", "small_pool"):
+            cur = live if pool == "all" else 0
+            top = peak if pool == "all" else 0
+            out.update({f"{key}.{pool}.current": cur, f"{key}.{pool}.peak": top,
+                        f"{key}.{pool}.allocated": top, f"{key}.{pool}.freed": max(0, top - cur)})
+    return dict(sorted(out.items()))
+
+
+def _nested(flat: dict) -> dict:
+    out: dict = {}
+    for k, v in flat.items():
+        node = out
+        parts = k.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = v
+    return out
+
+
+# ---- streams, events, generators -------------------------------------------------------------------
+
+_stream_ids = itertools.count(1)   # 0 is the default stream, as in CUDA
+# the real classes, held here: while the run is patched, torch.Stream and torch.cuda.Event are the stand-ins
+_REAL_STREAM, _REAL_EVENT, _REAL_CUDA_EVENT = torch.Stream, torch.Event, torch.cuda.Event
+
+
+class _StandsFor(type):
+    """Metaclass of the stand-in classes: an object of the real class still passes isinstance against
+    the stand-in that replaced it (torch.default_generator against torch.Generator, for one)."""
+
+    def __instancecheck__(cls, obj):
+        return type.__instancecheck__(cls, obj) or isinstance(obj, cls.__dict__.get("_vest_real", ()))
+
+    def __subclasscheck__(cls, sub):
+        return type.__subclasscheck__(cls, sub) or issubclass(sub, cls.__dict__.get("_vest_real", ()))
+
+
+class FakeStream(torch.Stream, metaclass=_StandsFor):
+    """torch.Stream on the fake device: built from ids (torch.Stream's own constructor form, which
+    touches no driver); work on it orders nothing, as every fake op completes at once."""
+
+    _vest_real = _REAL_STREAM
+
+    def __new__(cls, device=None, *, priority=0, _stream_id=None):
+        sid = next(_stream_ids) if _stream_id is None else _stream_id
+        # device_type 1 is c10::DeviceType::CUDA
+        obj = _REAL_STREAM.__new__(cls, stream_id=sid, device_index=_device_index(device), device_type=1)
+        return obj
+
+    def __init__(self, *args, **kwargs):
+        self._vest_priority = kwargs.get("priority", 0)
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def wait_event(self, event):
+        return None
+
+    def wait_stream(self, stream):
+        return None
+
+    def record_event(self, event=None):
+        event = event if event is not None else FakeCudaEvent()
+        event.record(self)
+        return event
+
+    def is_capturing(self):
+        return False
+
+    def native_handle(self):
+        return self.stream_id
+
+    def __enter__(self):
+        self._vest_prev = torch.accelerator.current_stream()
+        torch.accelerator.set_stream(self)
+        return self
+
+    def __exit__(self, *exc):
+        torch.accelerator.set_stream(self._vest_prev)
+        return False
+
+
+class FakeCudaStream(FakeStream):
+    """torch.cuda.Stream(device=None, priority=0, **kwargs) on the fake device."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        return FakeStream.__new__(cls, device, priority=priority, _stream_id=kwargs.get("stream_id"))
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self._vest_priority = priority
+
+    @property
+    def priority(self):
+        return self._vest_priority
+
+    @staticmethod
+    def priority_range():
+        # cudaDeviceGetStreamPriorityRange on every GPU since Kepler: (least, greatest) = (0, -5)
+        return (0, -5)
+
+    @property
+    def cuda_stream(self):
+        return self.stream_id
+
+    def __eq__(self, other):
+        return isinstance(other, _REAL_STREAM) and other.stream_id == self.stream_id
+
+    __hash__ = FakeStream.__hash__
+
+
+class FakeCudaEvent(torch.cuda.Event, metaclass=_StandsFor):
+    """torch.cuda.Event: creating one touches no driver (CUDA creates it lazily on record); recording,
+    waiting and querying complete at once. elapsed_time has no real time to give: a stand-in value."""
+
+    _vest_real = _REAL_CUDA_EVENT
+
+    def __init__(self, *args, **kwargs):
+        self._vest_recorded = False
+
+    def record(self, stream=None):
+        self._vest_recorded = True
+
+    def wait(self, stream=None):
+        return None
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def elapsed_time(self, end_event):
+        return 1.0   # milliseconds; a stand-in value, only for the script's own logging
+
+    def ipc_handle(self):
+        raise NotSupportedHere("torch.cuda.Event.ipc_handle", "events shared between processes need a real driver")
+
+    @classmethod
+    def from_ipc_handle(cls, device, handle):
+        raise NotSupportedHere("torch.cuda.Event.from_ipc_handle", "events shared between processes need a real driver")
+
+    @property
+    def cuda_event(self):
+        return 0
+
+
+class FakeEvent(FakeCudaEvent):
+    """torch.Event(device=None, *, enable_timing=False, blocking=False, interprocess=False): torch's
+    device-generic event; on CUDA it is a CUDA event."""
+
+    _vest_real = _REAL_EVENT
+
+    def __new__(cls, device=None, *, enable_timing=False, blocking=False, interprocess=False):
+        return _REAL_CUDA_EVENT.__new__(cls, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+_REAL_GENERATOR = torch.Generator
+
+
+class _GeneratorStandsFor(_StandsFor, type(_REAL_GENERATOR)):
+    pass
+
+
+class FakeGenerator(_REAL_GENERATOR, metaclass=_GeneratorStandsFor):
+    """torch.Generator(device='cpu'): a CPU generator is real; a CUDA one is a real CPU generator that
+    reports its device as cuda (seeding and state calls work on it; the fake device's random ops draw
+    no numbers, so which generator is used changes no shape)."""
+
+    _vest_real = _REAL_GENERATOR
+
+    def __new__(cls, device="cpu"):
+        d = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        obj = _REAL_GENERATOR.__new__(cls)
+        obj._vest_device = torch.device("cuda", d.index or 0) if d.type == "cuda" else None
+        return obj
+
+    def __init__(self, device="cpu"):
+        pass
+
+    @property
+    def device(self):
+        return self._vest_device if self._vest_device is not None else _REAL_GENERATOR.device.__get__(self)
+
+    def __reduce__(self):
+        return (FakeGenerator, (str(self.device),))
+
+
+# which methods of a real class the fake class gives itself (the rest are inherited and touch no driver)
+CLASS_STANDINS = {
+    "torch.Stream": FakeStream, "torch.cuda.Stream": FakeCudaStream,
+    "torch.Event": FakeEvent, "torch.cuda.Event": FakeCudaEvent, "torch.Generator": FakeGenerator,
+}
+_INHERITED_OK = {
+    # fields of the object, set at construction: no driver call
+    "device", "device_index", "device_type", "stream_id", "event_id",
+    # torch.Generator's methods run on the real CPU generator underneath
+    "clone_state", "get_offset", "get_state", "graphsafe_get_state", "graphsafe_set_state", "initial_seed",
+    "manual_seed", "philox_state", "seed", "set_offset", "set_state",
+}
+
+
+# ---- the decisions ---------------------------------------------------------------------------------
+
+def _d(kind, why):
+    return Decision(kind, why)
+
+
+_GRAPHS = "CUDA graphs replay captured kernels from a private memory pool that vest does not model"
+_ALLOC = "a custom or external allocator replaces the caching allocator that vest replays"
+_HANDLE = "it hands out a raw driver or library handle"
+_NVML = "it reads the GPU through NVML"
+_NOOP = "no-op: the fake device has nothing to reset, seed or flush"
+
+DECISIONS: dict[str, Decision] = {
+    # torch.cuda: identity and properties
+    "torch.cuda.is_available": _d(ANSWERED, "true"),
+    "torch.cuda.device_count": _d(ANSWERED, "the job's GPUs per node"),
+    "torch.cuda.current_device": _d(ANSWERED, "0, the rank's device"),
+    "torch.cuda.get_device_properties": _d(ANSWERED, "the target GPU's name, memory and capability"),
+    "torch.cuda.get_device_name": _d(ANSWERED, "the target GPU's"),
+    "torch.cuda.get_device_capability": _d(ANSWERED, "the target GPU's"),
+    "torch.cuda.is_bf16_supported": _d(ANSWERED, "by the target's capability"),
+    "torch.cuda.synchronize": _d(ANSWERED, "returns at once"),
+    "torch.cuda.is_tf32_supported": _d(FAKE, "capability >= 8.0 (Ampere), as torch's own check"),
+    "torch.cuda.is_initialized": _d(FAKE, "true: a GPU process that has used CUDA"),
+    "torch.cuda.init": _d(FAKE, _NOOP),
+    "torch.cuda.set_device": _d(FAKE, _NOOP),
+    "torch.cuda.device": _d(FAKE, "a context manager that selects nothing (one fake device per rank)"),
+    "torch.cuda.device_of": _d(FAKE, "as torch.cuda.device"),
+    "torch.cuda.get_arch_list": _d(REAL, "compile-time list of the installed torch"),
+    "torch.cuda.get_gencode_flags": _d(REAL, "compile-time flags of the installed torch"),
+    "torch.cuda.has_half": _d(REAL, "a constant"),
+    "torch.cuda.has_magma": _d(REAL, "a compile-time constant"),
+    "torch.cuda.can_device_access_peer": _d(FAKE, "true: the GPUs of one node reach each other (NVLink or PCIe P2P)"),
+    "torch.cuda.check_error": _d(UNSUPPORTED, "it interprets a raw CUDA error code"),
+    "torch.cuda.cudart": _d(UNSUPPORTED, _HANDLE),
+    "torch.cuda.current_blas_handle": _d(UNSUPPORTED, _HANDLE),
+    "torch.cuda.current_solver_handle": _d(UNSUPPORTED, _HANDLE),
+    "torch.cuda.cudaStatus": _d(REAL, "an enum of status codes"),
+    "torch.cuda.CudaError": _d(REAL, "an exception type"),
+    "torch.cuda.DeferredCudaCallError": _d(REAL, "an exception type"),
+    # torch.cuda: memory
+    "torch.cuda.memory_allocated": _d(FAKE, "the trace's live device bytes so far"),
+    "torch.cuda.max_memory_allocated": _d(FAKE, "the trace's peak device bytes so far"),
+    "torch.cuda.memory_reserved": _d(FAKE, "the live bytes (reserved is known only after the replay: a lower bound)"),
+    "torch.cuda.max_memory_reserved": _d(FAKE, "the peak bytes (as memory_reserved)"),
+    "torch.cuda.memory_cached": _d(FAKE, "deprecated alias of memory_reserved"),
+    "torch.cuda.max_memory_cached": _d(FAKE, "deprecated alias of max_memory_reserved"),
+    "torch.cuda.mem_get_info": _d(FAKE, "(total - live, total) of the target GPU"),
+    "torch.cuda.device_memory_used": _d(FAKE, "the live bytes"),
+    "torch.cuda.memory_usage": _d(FAKE, "percent of the target's memory in use by live bytes"),
+    "torch.cuda.memory_stats": _d(FAKE, "allocated/reserved/active counters from the trace"),
+    "torch.cuda.memory_stats_as_nested_dict": _d(FAKE, "as memory_stats, nested"),
+    "torch.cuda.memory_summary": _d(FAKE, "a one-line summary of the trace's figures"),
+    "torch.cuda.memory_snapshot": _d(UNSUPPORTED, "the allocator's segments exist only after vest's replay"),
+    "torch.cuda.empty_cache": _d(FAKE, _NOOP),
+    "torch.cuda.reset_peak_memory_stats": _d(FAKE, _NOOP),
+    "torch.cuda.reset_max_memory_allocated": _d(FAKE, _NOOP),
+    "torch.cuda.reset_max_memory_cached": _d(FAKE, _NOOP),
+    "torch.cuda.reset_accumulated_memory_stats": _d(FAKE, _NOOP),
+    "torch.cuda.set_per_process_memory_fraction": _d(FAKE, "recorded nowhere: the estimate reports the job's need, placement compares it"),
+    "torch.cuda.get_per_process_memory_fraction": _d(FAKE, "1.0, the default"),
+    "torch.cuda.get_allocator_backend": _d(FAKE, "native, or cudaMallocAsync when PYTORCH_CUDA_ALLOC_CONF says backend:cudaMallocAsync"),
+    "torch.cuda.host_memory_stats": _d(FAKE, "empty: pinned host memory is not device memory"),
+    "torch.cuda.host_memory_stats_as_nested_dict": _d(FAKE, "empty, as host_memory_stats"),
+    "torch.cuda.reset_peak_host_memory_stats": _d(FAKE, _NOOP),
+    "torch.cuda.reset_accumulated_host_memory_stats": _d(FAKE, _NOOP),
+    "torch.cuda.ipc_collect": _d(FAKE, _NOOP),
+    "torch.cuda.list_gpu_processes": _d(FAKE, "a line saying no process is listed (there is no GPU to ask)"),
+    "torch.cuda.caching_allocator_alloc": _d(UNSUPPORTED, "raw allocations outside tensors are not traced"),
+    "torch.cuda.caching_allocator_delete": _d(UNSUPPORTED, "raw allocations outside tensors are not traced"),
+    "torch.cuda.caching_allocator_enable": _d(UNSUPPORTED, _ALLOC),
+    "torch.cuda.caching_allocator_disabled": _d(UNSUPPORTED, _ALLOC),
+    "torch.cuda.CUDAPluggableAllocator": _d(UNSUPPORTED, _ALLOC),
+    "torch.cuda.change_current_allocator": _d(UNSUPPORTED, _ALLOC),
+    "torch.cuda.MemPool": _d(UNSUPPORTED, _ALLOC),
+    "torch.cuda.use_mem_pool": _d(UNSUPPORTED, _ALLOC),
+    # torch.cuda: NVML readings
+    "torch.cuda.utilization": _d(FAKE, "0 (percent): a stand-in reading for the script's logging"),
+    "torch.cuda.temperature": _d(FAKE, "0 (degrees C): a stand-in reading"),
+    "torch.cuda.power_draw": _d(FAKE, "0 (mW): a stand-in reading"),
+    "torch.cuda.clock_rate": _d(FAKE, "0 (MHz): a stand-in reading"),
+    # torch.cuda: random numbers
+    "torch.cuda.manual_seed": _d(FAKE, _NOOP),
+    "torch.cuda.manual_seed_all": _d(FAKE, _NOOP),
+    "torch.cuda.seed": _d(FAKE, _NOOP),
+    "torch.cuda.seed_all": _d(FAKE, _NOOP),
+    "torch.cuda.initial_seed": _d(FAKE, "torch's default seed (67280421310721)"),
+    "torch.cuda.get_rng_state": _d(FAKE, "a 16-byte uint8 state (seed and offset of CUDA's Philox generator)"),
+    "torch.cuda.get_rng_state_all": _d(FAKE, "one state per device"),
+    "torch.cuda.set_rng_state": _d(FAKE, _NOOP),
+    "torch.cuda.set_rng_state_all": _d(FAKE, _NOOP),
+    "torch.cuda.default_generators": _d(FAKE, "one cuda generator per device"),
+    # torch.cuda: streams and events
+    "torch.cuda.Stream": _d(FAKE, "FakeCudaStream"),
+    "torch.cuda.Event": _d(FAKE, "FakeCudaEvent"),
+    "torch.cuda.ExternalStream": _d(UNSUPPORTED, _HANDLE + " (a stream made elsewhere)"),
+    "torch.cuda.get_stream_from_external": _d(UNSUPPORTED, _HANDLE + " (a stream made elsewhere)"),
+    "torch.cuda.current_stream": _d(FAKE, "the stream set last, else the default stream"),
+    "torch.cuda.default_stream": _d(FAKE, "the default stream (id 0)"),
+    "torch.cuda.set_stream": _d(FAKE, "sets the current stream"),
+    "torch.cuda.stream": _d(FAKE, "torch's StreamContext over the faked current_stream/set_stream"),
+    "torch.cuda.StreamContext": _d(REAL, "pure Python over current_stream/set_stream, which are faked"),
+    "torch.cuda.is_current_stream_capturing": _d(FAKE, "false: nothing is captured"),
+    "torch.cuda.set_sync_debug_mode": _d(FAKE, _NOOP),
+    "torch.cuda.get_sync_debug_mode": _d(FAKE, "0, the default"),
+    # torch.cuda: graphs and other executors
+    "torch.cuda.CUDAGraph": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.graph": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.graph_pool_handle": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.make_graphed_callables": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.export_dot": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.export_graph_data": _d(UNSUPPORTED, _GRAPHS),
+    "torch.cuda.GreenContext": _d(UNSUPPORTED, "green contexts partition a real GPU's SMs"),
+    # torch.cuda: submodules
+    "torch.cuda.amp": _d(NAMESPACE, "walked (torch.cuda.amp.*)"),
+    "torch.cuda.profiler": _d(NAMESPACE, "walked (torch.cuda.profiler.*)"),
+    "torch.cuda.memory": _d(NAMESPACE, "its public functions are re-exported by torch.cuda and decided there"),
+    "torch.cuda.random": _d(NAMESPACE, "re-exported by torch.cuda and decided there"),
+    "torch.cuda.streams": _d(NAMESPACE, "re-exported by torch.cuda and decided there"),
+    "torch.cuda.graphs": _d(NAMESPACE, "re-exported by torch.cuda (CUDA graphs: unsupported)"),
+    "torch.cuda.graph_annotations": _d(NAMESPACE, "annotations for CUDA graphs (unsupported with them)"),
+    "torch.cuda.nvtx": _d(NAMESPACE, "real: NVTX markers are host calls, no-ops with no profiler attached"),
+    "torch.cuda.nccl": _d(NAMESPACE, "not faked: direct NCCL calls need devices; torch.distributed is faked instead"),
+    "torch.cuda.jiterator": _d(NAMESPACE, "not faked: a jiterator kernel's outputs have no meta function"),
+    "torch.cuda.sparse": _d(NAMESPACE, "legacy sparse tensor types (real)"),
+    "torch.cuda.tunable": _d(NAMESPACE, "TunableOp settings: real, they pick kernels, not memory"),
+    # legacy tensor and storage types: type objects, real
+    **{f"torch.cuda.{n}": _d(REAL, "a legacy type object (isinstance and dtype names)")
+       for n in ("BFloat16Storage", "BFloat16Tensor", "BoolStorage", "BoolTensor", "ByteStorage", "ByteTensor",
+                 "CharStorage", "CharTensor", "ComplexDoubleStorage", "ComplexFloatStorage", "DoubleStorage",
+                 "DoubleTensor", "FloatStorage", "FloatTensor", "HalfStorage", "HalfTensor", "IntStorage", "IntTensor",
+                 "LongStorage", "LongTensor", "ShortStorage", "ShortTensor")},
+    # torch.cuda.amp
+    "torch.cuda.amp.GradScaler": _d(FAKE, "standins.FakeCudaGradScaler (installed by standins.patched)"),
+    "torch.cuda.amp.autocast": _d(REAL, "torch.amp.autocast, whose CUDA op lists _fakecuda emulates"),
+    "torch.cuda.amp.custom_fwd": _d(REAL, "a decorator"),
+    "torch.cuda.amp.custom_bwd": _d(REAL, "a decorator"),
+    "torch.cuda.amp.amp_definitely_not_available": _d(ANSWERED, "false"),
+    # torch.cuda.profiler
+    "torch.cuda.profiler.start": _d(FAKE, _NOOP + " (cudaProfilerStart)"),
+    "torch.cuda.profiler.stop": _d(FAKE, _NOOP + " (cudaProfilerStop)"),
+    "torch.cuda.profiler.profile": _d(REAL, "a context manager over the faked start/stop"),
+    # torch.accelerator
+    "torch.accelerator.is_available": _d(REAL, "true through the answered torch.cuda.is_available"),
+    "torch.accelerator.current_accelerator": _d(REAL, "cuda: the build's accelerator, checked by the answered is_available"),
+    "torch.accelerator.device_count": _d(REAL, "through the answered torch.cuda.device_count"),
+    "torch.accelerator.get_device_capability": _d(FAKE, "the target's capability as torch.accelerator's dict"),
+    "torch.accelerator.current_device_idx": _d(FAKE, "0"),
+    "torch.accelerator.current_device_index": _d(FAKE, "0"),
+    "torch.accelerator.set_device_idx": _d(FAKE, _NOOP),
+    "torch.accelerator.set_device_index": _d(FAKE, _NOOP),
+    "torch.accelerator.device_index": _d(FAKE, "a context manager that selects nothing, as torch.cuda.device"),
+    "torch.accelerator.current_stream": _d(FAKE, "as torch.cuda.current_stream"),
+    "torch.accelerator.set_stream": _d(FAKE, "as torch.cuda.set_stream"),
+    "torch.accelerator.synchronize": _d(FAKE, "returns at once"),
+    "torch.accelerator.empty_cache": _d(FAKE, _NOOP),
+    "torch.accelerator.empty_host_cache": _d(FAKE, _NOOP),
+    "torch.accelerator.get_memory_info": _d(FAKE, "as torch.cuda.mem_get_info"),
+    "torch.accelerator.memory_allocated": _d(FAKE, "as torch.cuda.memory_allocated"),
+    "torch.accelerator.max_memory_allocated": _d(FAKE, "as torch.cuda.max_memory_allocated"),
+    "torch.accelerator.memory_reserved": _d(FAKE, "as torch.cuda.memory_reserved"),
+    "torch.accelerator.max_memory_reserved": _d(FAKE, "as torch.cuda.max_memory_reserved"),
+    "torch.accelerator.memory_stats": _d(FAKE, "as torch.cuda.memory_stats"),
+    "torch.accelerator.reset_peak_memory_stats": _d(FAKE, _NOOP),
+    "torch.accelerator.reset_accumulated_memory_stats": _d(FAKE, _NOOP),
+    "torch.accelerator.Graph": _d(UNSUPPORTED, _GRAPHS),
+    # classes
+    "torch.Stream": _d(FAKE, "FakeStream"), "torch.Event": _d(FAKE, "FakeEvent"),
+    "torch.Generator": _d(FAKE, "FakeGenerator"),
+    # pinned memory
+    "torch.Tensor.pin_memory": _d(FAKE, "the tensor itself: pinned memory is host memory, and pinning needs a driver"),
+    "torch.Tensor.is_pinned": _d(FAKE, "true for a tensor pinned through the stand-in"),
+    # the caching allocator holds a block used on a second stream until that stream's work is done;
+    # the fake run's work is done at once, so the block is free when the tensor is (no extra bytes)
+    "torch.Tensor.record_stream": _d(FAKE, _NOOP + " (every fake stream's work completes at once)"),
+}
+
+
+def decision(api: str) -> Decision | None:
+    """The decision for one API of surface(): the table's, or the rule for its family."""
+    if api in DECISIONS:
+        return DECISIONS[api]
+    if api.endswith("(pin_memory=)"):
+        return Decision(FAKE, "pin_memory=True is dropped: the host tensor is made unpinned (no device bytes either way)")
+    cls, _, method = api.rpartition(".")
+    if cls in CLASS_STANDINS:
+        fake = CLASS_STANDINS[cls]
+        if any(method in k.__dict__ for k in fake.__mro__ if k.__module__ == __name__):
+            return Decision(FAKE, f"{fake.__name__}.{method}")
+        if method in _INHERITED_OK:
+            return Decision(REAL, "inherited: a field or a CPU-generator method, no driver call")
+    return None
+
+
+def undecided() -> list[str]:
+    """Public APIs of the installed torch that have no decision (a new torch added them)."""
+    return sorted(api for api in surface() if decision(api) is None)
+
+
+# ---- the patches -----------------------------------------------------------------------------------
+
+def patches(ans: Answers) -> list[tuple[object, str, object]]:
+    """(object, attribute, replacement) for every FAKE and UNSUPPORTED API that is installed here."""
+    cur = {"stream": FakeCudaStream(_stream_id=0)}
+    default = cur["stream"]
+    pinned: dict[int, weakref.ref] = {}   # by id: a WeakSet would compare tensors with ==
+
+    def current_stream(a):
+        return cur["stream"]
+
+    def set_stream(a):
+        cur["stream"] = a["stream"] if a["stream"] is not None else default
+
+    def stream_ctx(a):
+        return torch.cuda.StreamContext(a["stream"])
+
+    def mem_info(a):
+        return (_total() - ans.live_bytes(), _total())
+
+    def summary(a):
+        return (f"vest-slurm fake CUDA: {ans.live_bytes()} bytes allocated now, {ans.peak_bytes()} at peak "
+                "(the caching allocator's figures come after vest replays the trace)")
+
+    def alloc_backend(a):
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+        return "cudaMallocAsync" if "backend:cudaMallocAsync" in conf.replace(" ", "") else "native"
+
+    def tf32(a):
+        return tuple(torch.cuda.get_device_capability()) >= (8, 0)
+
+    def capability(a):
+        major, minor = torch.cuda.get_device_capability()
+        return {"major": major, "minor": minor}
+
+    @contextlib.contextmanager
+    def _select_nothing():
+        yield
+
+    class FakeDevice:
+        """torch.cuda.device(device) / device_of(obj): one fake device per rank, nothing to select."""
+
+        def __init__(self, device):
+            self.idx = _device_index(device) if not isinstance(device, torch.Tensor) else 0
+            self.prev_idx = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class FakeDeviceOf(FakeDevice):
+        def __init__(self, obj):
+            super().__init__(0)
+
+    class FakeDeviceIndex(FakeDevice):
+        def __init__(self, device, /):
+            super().__init__(device if device is not None else 0)
+
+    def pin_memory(a):
+        t = a.get("self") if "self" in a else a["args"][0]
+        pinned[id(t)] = weakref.ref(t, lambda _r, key=id(t): pinned.pop(key, None))
+        return t
+
+    def is_pinned(a):
+        t = a.get("self") if "self" in a else a["args"][0]
+        ref = pinned.get(id(t))
+        return ref is not None and ref() is t
+
+    none = lambda a: None   # noqa: E731
+    const = lambda v: (lambda a: v)   # noqa: E731
+    impl = {
+        "torch.cuda.is_tf32_supported": tf32,
+        "torch.cuda.is_initialized": const(True),
+        "torch.cuda.init": none, "torch.cuda.set_device": none,
+        "torch.cuda.can_device_access_peer": const(True),
+        "torch.cuda.memory_allocated": lambda a: ans.live_bytes(),
+        "torch.cuda.max_memory_allocated": lambda a: ans.peak_bytes(),
+        "torch.cuda.memory_reserved": lambda a: ans.live_bytes(),
+        "torch.cuda.max_memory_reserved": lambda a: ans.peak_bytes(),
+        "torch.cuda.memory_cached": lambda a: ans.live_bytes(),
+        "torch.cuda.max_memory_cached": lambda a: ans.peak_bytes(),
+        "torch.cuda.mem_get_info": mem_info,
+        "torch.cuda.device_memory_used": lambda a: ans.live_bytes(),
+        "torch.cuda.memory_usage": lambda a: int(100 * ans.live_bytes() / _total()),
+        "torch.cuda.memory_stats": lambda a: _memory_stats(ans),
+        "torch.cuda.memory_stats_as_nested_dict": lambda a: _nested(_memory_stats(ans)),
+        "torch.cuda.memory_summary": summary,
+        "torch.cuda.get_per_process_memory_fraction": const(1.0),
+        "torch.cuda.get_allocator_backend": alloc_backend,
+        "torch.cuda.host_memory_stats": lambda a: {},
+        "torch.cuda.host_memory_stats_as_nested_dict": lambda a: {},
+        "torch.cuda.list_gpu_processes": const("GPU:0\nno processes are listed (vest-slurm fake CUDA)"),
+        "torch.cuda.utilization": const(0), "torch.cuda.temperature": const(0),
+        "torch.cuda.power_draw": const(0), "torch.cuda.clock_rate": const(0),
+        "torch.cuda.initial_seed": const(67280421310721),
+        "torch.cuda.get_rng_state": lambda a: torch.zeros(16, dtype=torch.uint8, device="cpu"),
+        "torch.cuda.get_rng_state_all": lambda a: [torch.zeros(16, dtype=torch.uint8, device="cpu")
+                                                   for _ in range(torch.cuda.device_count())],
+        "torch.cuda.current_stream": current_stream, "torch.cuda.default_stream": lambda a: default,
+        "torch.cuda.set_stream": set_stream, "torch.cuda.stream": stream_ctx,
+        "torch.cuda.is_current_stream_capturing": const(False),
+        "torch.cuda.get_sync_debug_mode": const(0),
+        "torch.cuda.profiler.start": none, "torch.cuda.profiler.stop": none,
+        "torch.accelerator.get_device_capability": capability,
+        "torch.accelerator.current_device_idx": const(0), "torch.accelerator.current_device_index": const(0),
+        "torch.accelerator.current_stream": current_stream, "torch.accelerator.set_stream": set_stream,
+        "torch.accelerator.synchronize": none,
+        "torch.accelerator.get_memory_info": mem_info,
+        "torch.accelerator.memory_allocated": lambda a: ans.live_bytes(),
+        "torch.accelerator.max_memory_allocated": lambda a: ans.peak_bytes(),
+        "torch.accelerator.memory_reserved": lambda a: ans.live_bytes(),
+        "torch.accelerator.max_memory_reserved": lambda a: ans.peak_bytes(),
+        "torch.accelerator.memory_stats": lambda a: _memory_stats(ans),
+        "torch.Tensor.pin_memory": pin_memory, "torch.Tensor.is_pinned": is_pinned,
+    }
+    classes = {
+        "torch.cuda.device": FakeDevice, "torch.cuda.device_of": FakeDeviceOf,
+        "torch.accelerator.device_index": FakeDeviceIndex,
+        **CLASS_STANDINS,
+    }
+    out: list[tuple[object, str, object]] = []
+    for api, obj in surface().items():
+        dec = decision(api)
+        if dec is None or dec.kind not in (FAKE, UNSUPPORTED) or "(" in api:
+            continue
+        owner_name, _, attr = api.rpartition(".")
+        if owner_name in CLASS_STANDINS:
+            continue   # methods live on the fake class
+        owner = _resolve(owner_name) if owner_name != "torch.Tensor" else torch.Tensor
+        if dec.kind == UNSUPPORTED:
+            out.append((owner, attr, unsupported(api, obj, dec.why)))
+        elif api in classes:
+            out.append((owner, attr, classes[api]))
+        elif api in impl:
+            out.append((owner, attr, standin(api, obj, impl[api])))
+        elif dec.why == _NOOP or dec.why.startswith(_NOOP):
+            out.append((owner, attr, standin(api, obj, none)))
+        elif api == "torch.cuda.default_generators":
+            out.append((owner, attr, tuple(FakeGenerator(f"cuda:{i}") for i in range(torch.cuda.device_count()))))
+        # else: installed elsewhere (the GradScalers by standins.patched)
+    # torch.Stream / torch.Event / torch.Generator are also reached as torch.cuda.streams.*, torch._C.*
+    import torch.cuda.streams as streams
+
+    out += [(streams, "Stream", FakeCudaStream), (streams, "Event", FakeCudaEvent)]
+    for name in pin_memory_factories():
+        real = _resolve(name)
+        out.append((torch, name.split(".", 1)[1], _drop_pin_memory(real)))
+    return out
+
+
+def _drop_pin_memory(real):
+    @functools.wraps(real)
+    def factory(*args, pin_memory=False, **kwargs):
+        return real(*args, **kwargs)
+
+    factory.__vest_standin__ = f"torch.{real.__name__}(pin_memory=)"
+    return factory
