@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from vest_slurm.dynamic import cuda_surface as cs
+import vest_slurm.dynamic.cuda_surface as cs
 from vest_slurm.dynamic.launch import parse_train_command
 from vest_slurm.dynamic.runner import estimate_command
 from vest_slurm.estimate.profiles import get_profile
