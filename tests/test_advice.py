@@ -9,7 +9,8 @@ import pytest
 import torch  # noqa: F401
 import transformers  # noqa: F401
 
-from vest_slurm.site.advice import Prober, advise, amp_precision, resolution, search_largest_batch, site_profiles
+from vest_slurm.site.advice import (Prober, advise, amp_precision, bisection_search, resolution, search_largest_batch,
+                                   site_profiles)
 from vest_slurm.slurm.jobscript import GpuRequest
 from vest_slurm.site.placement import NoFit, place
 from vest_slurm.estimate.profiles import get_profile
@@ -41,6 +42,42 @@ def test_search_finds_the_boundary_to_its_resolution_on_step_curves(seed):
             assert s.needed_bytes == need(s.batch)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_affine_search_answers_as_the_bisection_does_within_the_resolution(seed):
+    # Both answers are within one resolution step below the truth; where the line holds the new
+    # search needs four probes at most, where it does not (steps) it falls back and still answers.
+    rng = random.Random(100 + seed)
+    for _ in range(300):
+        base, per, step = rng.randint(0, 5000), rng.randint(1, 100), rng.choice([1, 64, 512, 4096])
+        need = lambda b: base + -(-per * b // step) * step  # noqa: E731
+        cap, start, top = rng.randint(0, 40000), rng.randint(1, 500), 500
+        new, old = search_largest_batch(need, cap, start, max_batch=top), bisection_search(need, cap, start, max_batch=top)
+        if old.batch is None or new.batch is None:
+            assert old.batch == new.batch
+        else:
+            assert abs(new.batch - old.batch) < max(resolution(new.batch), resolution(old.batch))
+        if step == 1 and new.method == "affine":
+            assert len(new.probes) <= 4, (base, per, cap, start, new.probes)
+
+
+def test_affine_search_confirms_the_line_with_two_probes():
+    need = lambda b: 600 * MiB + b * 3 * MiB  # noqa: E731
+    s = search_largest_batch(need, 16000 * MiB, 8)
+    assert s.method == "affine" and s.exact and s.probes[:2] == (8, 16) and len(s.probes) == 4
+    assert need(s.batch) <= 16000 * MiB < need(s.batch + resolution(s.batch))
+    # a line that does not hold (a 2 GiB step past batch 3000) costs probes, not a wrong answer
+    stepped = lambda b: need(b) + (2048 * MiB if b > 3000 else 0)  # noqa: E731
+    t = search_largest_batch(stepped, 16000 * MiB, 8)
+    assert t.method == "bisection" and t.exact and t.batch == max(b for b in range(1, 6000) if stepped(b) <= 16000 * MiB) \
+        or stepped(t.batch) <= 16000 * MiB < stepped(t.batch + resolution(t.batch))
+
+
+def test_a_floor_above_the_capacity_answers_none_with_no_probe():
+    calls = []
+    s = search_largest_batch(lambda b: calls.append(b) or 10 * b, 100, 64, floor_bytes=101)
+    assert s.batch is None and s.complete and s.exact and s.method == "floor" and calls == []
+
+
 def test_resolution():
     assert [resolution(b) for b in (1, 63, 64, 128, 6400)] == [1, 1, 1, 2, 100]
 
@@ -49,10 +86,10 @@ def test_search_uses_few_probes_on_linear_memory():
     need = lambda b: 600 * MiB + b * 3 * MiB  # noqa: E731
     up = search_largest_batch(need, 16000 * MiB, 8)
     assert up.batch <= (16000 - 600) // 3 < up.batch + resolution(up.batch) and up.exact
-    assert len(up.probes) <= 6, up.probes
+    assert len(up.probes) <= 4, up.probes
     down = search_largest_batch(need, 2000 * MiB, 1024)
     assert down.batch <= (2000 - 600) // 3 < down.batch + resolution(down.batch) and down.exact
-    assert len(down.probes) <= 6, down.probes
+    assert len(down.probes) <= 4, down.probes
 
 
 def test_search_reports_nothing_fits_and_the_cap():

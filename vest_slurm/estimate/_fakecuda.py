@@ -283,6 +283,7 @@ def _is_fake_cuda(t) -> bool:
 
 CASTING_WEIGHT = [False]   # True while a weight's low-precision copy is made (the tracer tags it)
 HOST_COPY = [0]            # > 0 while the script copies a tensor to the host (.cpu(), .to("cpu"))
+CURRENT_OP = [""]          # the outermost op whose outputs are being recorded (AllocEvent.op)
 
 
 def _targets_host(func, args, kwargs) -> bool:
@@ -573,13 +574,17 @@ class FakeCudaMode(FakeTensorMode):
             # allocations, not the decomposition's intermediates.
             return out
         self._track_fills(func, args, kwargs, out)
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, FakeTensor):
-                self.recorder.see(t)
-        if self.recorder.on_op is not None:
-            # after the outputs: a CUDA op allocates its outputs before the library takes its
-            # workspace or the kernel its scratch
-            self.recorder.on_op(func, args, out)
+        CURRENT_OP[0] = func.__name__
+        try:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, FakeTensor):
+                    self.recorder.see(t)
+            if self.recorder.on_op is not None:
+                # after the outputs: a CUDA op allocates its outputs before the library takes its
+                # workspace or the kernel its scratch
+                self.recorder.on_op(func, args, out)
+        finally:
+            CURRENT_OP[0] = ""
         return out
 
     def _onto_the_gpu(self, types, args, kwargs):

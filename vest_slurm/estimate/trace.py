@@ -30,6 +30,7 @@ class AllocEvent:
     category: str = "other"
     module: str = ""
     detail: str = ""   # what sizes a workspace per GPU type (cuDNN: the convolution, cudnn_ws.conv_key)
+    op: str = ""       # the aten op whose output (or workspace) this is; in backward, the autograd node
 
 
 # AllocTrace.notes says so when the traced run computed in bfloat16 (autocast or bf16 weights): it

@@ -125,7 +125,7 @@ def store(k: str | None, trace: AllocTrace | VestError, seconds: float) -> None:
             return
         doc = {"error": {"class": type(trace).__name__, "what": trace.what, "fix": trace.fix}, "seconds": seconds}
     else:
-        doc = {"events": [[e.action, e.block, e.size_bytes, e.stream, e.phase, e.category, e.module, e.detail]
+        doc = {"events": [[e.action, e.block, e.size_bytes, e.stream, e.phase, e.category, e.module, e.detail, e.op]
                           for e in trace.events],
                "iterations": trace.iterations, "notes": list(trace.notes), "step_ends": list(trace.step_ends),
                "seconds": seconds}

@@ -87,6 +87,7 @@ class _State:
     iteration: int = 0
     module_stack: list = field(default_factory=list)
     events: list = field(default_factory=list)   # [action, block, size, phase, category, module]
+    ops: dict = field(default_factory=dict)       # block -> the op that allocated it (AllocEvent.op)
     blocks: dict = field(default_factory=dict)    # block -> _Block
     freed_in: dict = field(default_factory=dict)  # block -> phase of its free
     blas_threads: set = field(default_factory=set)   # threads whose cuBLAS handle has its workspace
@@ -136,6 +137,7 @@ class Tracer:
         category = "weight_copy" if fc.CASTING_WEIGHT[0] else (s.category or "")
         s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration,
                                  node._sequence_nr() if node is not None else None)
+        s.ops[block] = _op_name(node)
         s.events.append(["alloc", block, nbytes, phase, category, module])
         s.live_bytes += nbytes
         s.peak_before_alloc = s.peak_bytes
@@ -250,6 +252,7 @@ class Tracer:
         s.next_ws -= 1
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.blocks[block] = _Block(len(s.events), phase, "workspace", name, s.iteration)
+        s.ops[block] = _op_name(fc.current_autograd_node())
         s.events.append(["alloc", block, nbytes, phase, "workspace", name, detail])
         s.live_bytes += nbytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
@@ -282,7 +285,8 @@ class Tracer:
             info = s.blocks.get(block)
             if action == "alloc":
                 cat = info.category or self._lifetime_category(block, info)
-                out.append(AllocEvent("alloc", block, size, 0, phase, cat, module, detail[0] if detail else ""))
+                out.append(AllocEvent("alloc", block, size, 0, phase, cat, module, detail[0] if detail else "",
+                                      s.ops.get(block, "")))
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
         notes = tuple(notes) + ((BF16_NOTE,) if s.bf16 else ())
@@ -295,6 +299,16 @@ class Tracer:
         if info.phase == "setup":
             return "other"
         return "temporary"
+
+
+def _op_name(node) -> str:
+    """The aten op being recorded (fc.CURRENT_OP), with the autograd node in backward
+    (``ConvolutionBackward0/convolution_backward``): what a snapshot's frames and the timeline's
+    peak name."""
+    op = fc.CURRENT_OP[0]
+    if node is None:
+        return op
+    return f"{node.name()}/{op}" if op else node.name()
 
 
 def _module_hooks(tracer: Tracer, model: nn.Module):

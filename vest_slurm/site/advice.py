@@ -13,13 +13,14 @@ site's GPU types. Each trace is made once and shared:
 It stops starting new traces past its time budget or trace count; a probe it did not make answers
 None and the advice says the search stopped.
 
-``search_largest_batch`` finds the largest batch whose need fits a capacity. From a batch that fits:
-exponential steps up (doubling, or jumping to just past where the line through the last two fitting
-batches meets the capacity, when that is further) until one does not fit. From a batch that does not:
-batch 1 says whether anything fits. Then binary search over the bracket, each midpoint guessed by
-linear interpolation of the need (training memory grows about linearly with the batch, so this
-usually closes the bracket in two or three estimates), falling back to plain bisection whenever a
-guess does not halve the bracket, so the worst case stays logarithmic.
+``search_largest_batch`` finds the largest batch whose need fits a capacity: two probes (the job's
+batch and twice it, or batch 1 where it does not fit) give a line, affine in the batch as training
+memory is; where it meets the capacity is the answer, confirmed by a probe there (fits) and one a
+resolution step above (does not fit). Where a confirmation disagrees, one more line through the
+two batches nearest the boundary, then ``bisection_search`` (the search before: exponential steps
+up, then interpolation with a bisection fallback) finishes from what is known. The first two probes are shared by every GPU type of a capability class; a floor
+(parameters and optimizer state, which no batch shrinks) above the capacity answers "none" with no
+probe at all.
 
 ``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
 the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
@@ -55,6 +56,7 @@ SCRIPT_PREFIX = "script:"   # WorkloadSpec.model of a training script estimated 
 MAX_BATCH = 1 << 16          # the search never proposes a larger per-GPU batch
 ADVICE_BUDGET_S = 20.0       # vsbatch: the user waits for the refusal; advice stops starting traces after this
 ADVICE_MAX_TRACES = 16
+AFFINE_ROUNDS = 2            # lines tried (two probes each) before the search falls back to bisection
 
 
 # ---------------------------------------------------------------- site GPU types as profiles
@@ -80,6 +82,13 @@ def _trace_key(spec: WorkloadSpec) -> WorkloadSpec:
     return replace(spec, num_gpus=1, parallelism="ddp", alloc_conf="")
 
 
+def _floor_key(spec: WorkloadSpec) -> WorkloadSpec:
+    # What parameters and optimizer state do not depend on: the batch, the GPU count (data
+    # parallel), activation checkpointing, where zero_grad runs, the allocator settings.
+    return replace(spec, batch_size=1, num_gpus=1, parallelism="ddp", alloc_conf="", gradient_checkpointing="off",
+                   zero_grad="after-step", grad_accum=1, pre_forward="none")
+
+
 class Prober:
     """Estimates of a workload and its variants on the site's GPU types, traces shared and cached."""
 
@@ -99,6 +108,7 @@ class Prober:
         self.traces_made = 0
         self.trace_seconds = 0.0
         self.stopped = False           # a probe was refused for the budget
+        self.floored: set = set()      # (spec, gres type) answered by floor_needed, not traced
 
     @classmethod
     def for_site(cls, site: SiteConfig, **kw) -> "Prober":
@@ -188,8 +198,36 @@ class Prober:
                 failed[t] = e
         return ok, failed
 
+    def floor_needed(self, spec: WorkloadSpec, gres_type: str) -> int | None:
+        """A need no batch size, GPU count (data parallel) or activation checkpointing of ``spec``
+        goes below on ``gres_type``, with the site's headroom, from an estimate already made of a
+        sibling (the same model, optimizer and precision): what lives outside the allocator (CUDA
+        context, cuDNN) plus the parameters and optimizer state, which are all alive at the end of
+        every step and which none of those changes shrinks (DDP keeps a full copy per GPU). None
+        where no sibling was estimated, or where the job shards them (not DDP)."""
+        if spec.num_gpus > 1 and spec.parallelism not in ("ddp", "dp"):
+            return None
+        key = _floor_key(spec)
+        for (s, t), est in self._estimates.items():
+            if t == gres_type and _floor_key(s) == key and (s.num_gpus == 1 or s.parallelism in ("ddp", "dp")):
+                parts = dict(est.breakdown)
+                floor = (parts.get("cuda_context", 0) + parts.get("cudnn", 0) + parts.get("parameters", 0)
+                         + parts.get("optimizer_state", 0))
+                return needed_bytes(floor, self.headroom_percent, self.headroom_bytes)
+        return None
+
+    def is_floor(self, spec: WorkloadSpec, gres_type: str) -> bool:
+        return (spec, gres_type) in self.floored
+
     def needed(self, spec: WorkloadSpec, gres_type: str) -> int | None:
-        """Per-GPU need with the site's headroom (placement's rule), or None (budget / untraceable)."""
+        """Per-GPU need with the site's headroom (placement's rule), or None (budget / untraceable).
+        Where a sibling's floor (floor_needed) is already above the GPU, that floor, with no trace
+        (``is_floor`` says so: the need is at least that)."""
+        if (spec, gres_type) not in self._estimates:
+            floor = self.floor_needed(spec, gres_type)
+            if floor is not None and floor > self.capacity(gres_type):
+                self.floored.add((spec, gres_type))
+                return floor
         est = self.estimate(spec, gres_type)
         if est is None:
             return None
@@ -210,6 +248,7 @@ class BatchSearch:
     needed_bytes: int | None
     probes: tuple[int, ...]
     capped: bool = False
+    method: str = "bisection"   # affine (the line held), bisection (the fallback), floor (nothing can fit)
 
     def text(self) -> str:
         if self.batch is None:
@@ -227,8 +266,107 @@ def resolution(batch: int) -> int:
 
 
 def search_largest_batch(need: Callable[[int], int | None], capacity_bytes: int, start: int,
-                         max_batch: int = MAX_BATCH, known: Mapping[int, int] | None = None) -> BatchSearch:
+                         max_batch: int = MAX_BATCH, known: Mapping[int, int] | None = None,
+                         floor_bytes: int | None = None) -> BatchSearch:
     """The largest batch b in [1, max_batch] with need(b) <= capacity_bytes, to ``resolution(b)``:
+    the answer always fits, and a batch ``resolution`` larger is known not to.
+
+    ``need(b)`` gives the per-GPU need at batch b, or None when it cannot be had (budget); ``known``
+    holds needs already measured. ``start`` is where the search begins (the job's own batch).
+    ``floor_bytes``: a need no batch goes below (the parameters and optimizer state with what lives
+    outside the allocator, Prober.floor_needed); above the capacity, nothing fits and nothing is probed.
+
+    Training memory is affine in the batch between the allocator's rounding steps (every activation,
+    gradient of an activation and temporary has the batch as a factor; parameters, gradients,
+    optimizer state and workspaces do not). So: the need at ``start`` and at a second batch (twice
+    ``start`` where it fits, batch 1 where it does not) gives a line, and where the line meets the
+    capacity is the answer; one probe at the answer (it must fit) and one a resolution step above
+    (it must not) confirm it (or, where the answer does not fit, one a step below must). Where a
+    confirmation disagrees (a rounding step of the allocator, a cuDNN workspace that changes with the
+    batch), the line through the two batches now nearest the boundary is tried once more; only
+    then does the search fall back to ``bisection_search`` over what is known, so a wrong line
+    costs probes, never a wrong answer. Four probes where the line holds (two of them shared by
+    every GPU type of a capability class).
+    """
+    seen: dict[int, int] = dict(known or {})
+    probes: list[int] = []
+    start = max(1, min(start, max_batch))
+
+    def probe(b: int) -> int | None:
+        if b not in seen:
+            v = need(b)
+            if v is None:
+                return None
+            seen[b] = v
+            probes.append(b)
+        return seen[b]
+
+    def done(batch: int | None, exact: bool, complete: bool, method: str, capped: bool = False) -> BatchSearch:
+        return BatchSearch(batch, exact, complete, seen.get(batch) if batch else None, tuple(probes), capped, method)
+
+    if floor_bytes is not None and floor_bytes > capacity_bytes:
+        return done(None, True, True, "floor")
+    n0 = probe(start)
+    if n0 is None:
+        return done(None, False, False, "affine")
+    if n0 <= capacity_bytes and start >= max_batch:
+        return done(start, True, True, "affine", capped=True)
+    b1 = min(start * 2, max_batch) if n0 <= capacity_bytes else 1
+    n1 = probe(b1) if b1 != start else n0
+    if n1 is None:
+        return done(start if n0 <= capacity_bytes else None, False, False, "affine")
+    if n0 > capacity_bytes and n1 > capacity_bytes and b1 == 1:
+        return done(None, True, True, "affine")   # not even batch 1
+
+    def bracket() -> tuple[int, int | None]:
+        lo = max((b for b, v in seen.items() if v <= capacity_bytes), default=0)
+        return lo, min((b for b, v in seen.items() if v > capacity_bytes and b > lo), default=None)
+
+    for _ in range(AFFINE_ROUNDS):
+        lo, hi = bracket()
+        if hi is not None and hi - lo <= resolution(lo):
+            return done(lo, True, True, "affine")
+        # The line through the two known batches nearest the boundary: the bracket's ends where
+        # there is one, else the two largest that fit (extrapolating up).
+        if lo and hi is not None:
+            (ba, na), (bb, nb) = (lo, seen[lo]), (hi, seen[hi])
+        else:
+            pts = sorted(seen)[-2:] if hi is None else sorted(b for b in seen if b <= hi)[:2]
+            if len(pts) < 2:
+                break
+            (ba, na), (bb, nb) = [(b, seen[b]) for b in pts]
+        if nb <= na:
+            break   # flat: no line to follow
+        predicted = ba + (capacity_bytes - na) * (bb - ba) // (nb - na)
+        guess = min(max(predicted, lo, 1), max_batch if hi is None else hi - 1)
+        ng = probe(guess)
+        if ng is None:
+            return done(bracket()[0] or None, False, False, "affine")
+        if ng <= capacity_bytes:
+            if guess >= max_batch:
+                return done(guess, True, True, "affine", capped=True)
+            other = min(guess + resolution(guess), max_batch)   # must not fit
+        else:
+            other = max(guess - resolution(guess), lo + 1, 1)   # must fit
+            while other + resolution(other) < guess:
+                other += 1
+        if other != guess and probe(other) is None:
+            return done(bracket()[0] or None, False, False, "affine")
+        if other == max_batch and seen[other] <= capacity_bytes:
+            return done(other, True, True, "affine", capped=True)
+    lo, hi = bracket()
+    if hi is not None and hi - lo <= resolution(lo):
+        return done(lo, True, True, "affine")
+    # The line did not hold here: bisection over the bracket the probes made.
+    fit_known = max((b for b, v in seen.items() if v <= capacity_bytes), default=0)
+    rest = bisection_search(need, capacity_bytes, fit_known or min(seen), max_batch, known=seen)
+    return replace(rest, probes=tuple(probes) + rest.probes, method="bisection")
+
+
+def bisection_search(need: Callable[[int], int | None], capacity_bytes: int, start: int,
+                         max_batch: int = MAX_BATCH, known: Mapping[int, int] | None = None) -> BatchSearch:
+    """The search before issue 27, and the new one's fallback: the largest batch b in [1, max_batch]
+    with need(b) <= capacity_bytes, to ``resolution(b)``:
     the answer always fits, and a batch ``resolution`` larger is known not to.
 
     ``need(b)`` gives the per-GPU need at batch b, or None when it cannot be had (budget); ``known``
@@ -423,7 +561,8 @@ def _variant_advice(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_p
     if part is not None:
         return Advice(kind, f"{what(t)} fits {t} (partition {part}): needs {fmt_mib(n)} per GPU with headroom",
                       True, change(t), gpu_type=t, partition=part, needed_bytes=n, **extra)
-    return Advice(kind, f"{what(t)} alone does not fit: needs {fmt_mib(n)} per GPU on {t} "
+    least = "at least " if prober.is_floor(variant_on(t), t) else ""
+    return Advice(kind, f"{what(t)} alone does not fit: needs {least}{fmt_mib(n)} per GPU on {t} "
                         f"({fmt_mib(prober.capacity(t))})", False, gpu_type=t, needed_bytes=n, **extra)
 
 
@@ -456,13 +595,18 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
 
     # 1. The largest batch on the largest GPU.
     s = search_largest_batch(lambda b: prober.needed(spec.with_(batch_size=b), big), cap, spec.batch_size,
-                             max_batch=spec.batch_size)
+                             max_batch=spec.batch_size, floor_bytes=prober.floor_needed(spec, big))
     if s.batch is not None and s.batch < spec.batch_size:
         exact = "" if s.exact else " (search stopped early; a larger batch may fit)"
         out.append(Advice("batch", f"batch size {s.batch} per GPU fits {big} (partition {big_part}): needs "
                                    f"{fmt_mib(s.needed_bytes)} of {fmt_mib(cap)} with headroom{exact}",
                           True, f"#VEST --batch-size {s.batch}", batch_size=s.batch, gpu_type=big,
                           partition=big_part, needed_bytes=s.needed_bytes))
+    elif s.complete and s.batch is None and s.method == "floor":
+        n1 = prober.floor_needed(spec, big)
+        out.append(Advice("batch", f"no batch size fits {big}: the parameters and optimizer state alone need "
+                                   f"{fmt_mib(n1)} of {fmt_mib(cap)} with headroom",
+                          False, batch_size=None, gpu_type=big, needed_bytes=n1))
     elif s.complete and s.batch is None:
         n1 = prober.needed(spec.with_(batch_size=1), big)
         out.append(Advice("batch", f"no batch size fits {big}: even batch 1 needs "
@@ -511,13 +655,14 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
                               batch_size=variant.batch_size, num_gpus=variant.num_gpus, gpu_type=t, partition=part,
                               needed_bytes=n))
             break
-        last = (variant, n)
+        last = (variant, n, any(prober.is_floor(variant, t) for t in site.gpu_names))
         k *= 2
     else:
         if last is not None and last[1] is not None:
-            variant, n = last
+            variant, n, least = last
             out.append(Advice("gpus", f"more GPUs do not help: at {variant.num_gpus} GPUs and batch "
-                                      f"{variant.batch_size} per GPU it still needs {fmt_mib(n)} per GPU "
+                                      f"{variant.batch_size} per GPU it still needs {'at least ' if least else ''}"
+                                      f"{fmt_mib(n)} per GPU "
                                       "(data parallel keeps a full copy of the model, its gradients and "
                                       "optimizer state on every GPU)", False,
                               num_gpus=variant.num_gpus, batch_size=variant.batch_size, needed_bytes=n))

@@ -113,7 +113,8 @@ def cmd_check(ns) -> int:
         for t in sorted(estimates, key=lambda t: prober.capacity(t)):
             need0 = needed_bytes(estimate_need(estimates[t]), pol.headroom_percent, pol.headroom_bytes)
             searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
-                                               prober.capacity(t), spec.batch_size, known={spec.batch_size: need0})
+                                               prober.capacity(t), spec.batch_size, known={spec.batch_size: need0},
+                                               floor_bytes=prober.floor_needed(spec, t))
     slow = prober.slow_types(spec)
     result = place(estimates, request, partitions, site, slow=slow)
     advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1)) if isinstance(result, NoFit) else ()

@@ -137,6 +137,7 @@ class Decision:
     fix: str | None = None
     backend: str | None = None
     timing_cluster_query: float | None = None
+    not_estimated: list = field(default_factory=list)   # GPU types whose class could not change the choice
 
     def to_json(self) -> str:
         mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
@@ -152,7 +153,7 @@ class Decision:
             "workload": self.workload, "sbatch_argv": self.sbatch_argv, "dry_run": self.dry_run,
             "job_id": self.job_id, "sbatch": self.sbatch,
             "timing": {k: round(v, 4) for k, v in self.timing.items()}, "exit_code": self.exit_code,
-            "backend": self.backend,
+            "backend": self.backend, "not_estimated": self.not_estimated,
         }
         if self.error is not None:
             doc["error"], doc["fix"] = self.error, self.fix
@@ -316,11 +317,14 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     from .advice import Prober, advisor
 
     prober = Prober.for_site(site, cache=True)
+    classes = _class_order(prober, site)
     try:
         if train is not None:
             spec, request = _trace_script(train, request, effective, site, prober, cwd, out)
             d.workload = spec.to_dict()
-        estimates, failed = prober.estimates(spec)
+        # The GPU class placement is likeliest to choose first (one trace); the others only
+        # where they could change the choice (_settled).
+        estimates, failed = prober.estimates(spec, classes[0])
     except BaseException:
         query.join()
         raise
@@ -339,12 +343,23 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         if present and len(present) < len(site.partitions):
             site = replace(site, partitions=present)
     clock.lap("cluster_s")   # the wait for the query, if it outlasted the estimate
+    rest = [t for c in classes[1:] for t in c]
+    if rest and not _settled(spec, estimates, rest, request, partitions, site, prober, _user(),
+                             option_value(effective, "account")):
+        more, more_failed = prober.estimates(spec, rest)
+        estimates, failed = {**estimates, **more}, {**failed, **more_failed}
+        clock.lap("estimate_s")
+    elif rest:
+        d.not_estimated = rest
     if not estimates:
         raise next(iter(failed.values()))
     for t, e in failed.items():
         d.warnings.append(f"not placed on {t}: the workload cannot run there ({e.what})")
     d.estimates = estimates
     out.say(_estimate_line(spec, estimates, site, prober.trace_seconds))
+    if d.not_estimated:
+        out.say(f"(not estimated on {', '.join(d.not_estimated)}: placement would not choose "
+                f"{'it' if len(d.not_estimated) == 1 else 'them'} over {', '.join(estimates)} even if the job fit)")
 
     # --- placement (advice, when refused, is estimate time too)
     from .placement import NoFit, place
@@ -395,6 +410,63 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         # may not have that type. Name the partition placement found it in.
         overrides["partition"] = result.partition
     return _submit(cmd, js, script_path, overrides, estimates, spec, env, out, clock, d)
+
+
+def _class_order(prober, site) -> list[list[str]]:
+    """The site's GPU types grouped by capability class (one trace each), the class holding the
+    type placement ranks first (smallest, or cheapest with selection = "cost") first."""
+    from ..estimate.estimator import gpu_class
+
+    groups: dict[bool, list[str]] = {}
+    for t in site.gpu_names:
+        groups.setdefault(gpu_class(prober.profiles[t]), []).append(t)
+    rank = {t: _rank(site, prober, t) for t in site.gpu_names}
+    return sorted(groups.values(), key=lambda ts: min(rank[t] for t in ts))
+
+
+def _rank(site, prober, gpu_type: str, slow: bool = False) -> tuple:
+    """placement._best's order for the best candidate of ``gpu_type``: (slow, capacity, cost, position)
+    for smallest-fit, (slow, cost, capacity, position) for cost."""
+    import math
+
+    best = None
+    pos = 0
+    for part in site.partitions:
+        for t in part.gpu_types:
+            pos += 1
+            if t != gpu_type:
+                continue
+            gpu = site.gpu(t)
+            cost = part.cost if part.cost is not None else gpu.cost
+            cap = prober.capacity(t)
+            key = ((slow, math.inf if cost is None else cost, cap, pos) if site.policy.selection == "cost"
+                   else (slow, cap, 0 if cost is None else cost, pos))
+            best = key if best is None else min(best, key)
+    return best if best is not None else (True, math.inf, math.inf, math.inf)
+
+
+def _settled(spec, estimates, missing, request, partitions, site, prober, user, account) -> bool:
+    """Whether placement's choice on ``estimates`` (some GPU classes traced) stands whatever the
+    ``missing`` types' estimates are: the user left the choice to vsbatch (no partition or GPU
+    type), the chosen type fits, and every missing type ranks after it in placement's order even
+    at full speed and fitting. Then their classes are not traced (a refusal, or anything less
+    certain, traces them all: the closest fit and the advice need every type)."""
+    from .placement import Placement, place
+
+    if not estimates or partitions or request.gpu_type is not None:
+        return False
+    slow = {t: why for t, why in prober.slow_types(spec).items() if t in estimates}
+    result = place(estimates, request, partitions, site, user=user, account=account, slow=slow)
+    if not isinstance(result, Placement) or result.warnings:
+        return False
+    chosen = _rank(site, prober, result.gpu_type, result.gpu_type in slow)
+    per_node, total = max(request.gpus_per_node, 1), max(request.total_gpus, 1)
+    for t in missing:
+        usable = any(t in p.gpu_types and per_node <= p.gpus_per_node
+                     and (p.max_gpus_per_job is None or total <= p.max_gpus_per_job) for p in site.partitions)
+        if usable and _rank(site, prober, t) < chosen:
+            return False
+    return True
 
 
 class _Background:
