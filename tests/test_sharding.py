@@ -157,3 +157,38 @@ def test_advice_names_the_smallest_sharded_configuration_that_fits():
     cap = prober.capacity("big")
     assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=fsdp2.num_gpus), "big") <= cap
     assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=fsdp2.num_gpus // 2), "big") > cap
+
+
+def test_torchrun_fsdp2_script_agrees_with_its_declarative_spec(monkeypatch):
+    """scripts/examples/train_fsdp2.py (its own model class, fully_shard per block and the root,
+    MixedPrecisionPolicy bf16/fp32, AdamW) run unmodified as rank 0 of 4 (dynamic/fake_dist.py),
+    against the same workload declared: the same shards, the same tensors, peaks within 3%."""
+    import os
+
+    from vest_slurm.dynamic.launch import parse_train_command
+    from vest_slurm.dynamic.runner import estimate_command
+    from vest_slurm.estimate.estimator import estimate
+
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "examples")
+    monkeypatch.chdir(examples)
+    h100 = get_profile("h100-80gb")
+    cmd = parse_train_command("torchrun --nproc_per_node 4 train_fsdp2.py --dim 256 --layers 3 --seq 256 --batch-size 2")
+    (dyn,), run = estimate_command(cmd, [h100], cwd=examples)
+    assert run.spec.parallelism == "fsdp2" and run.spec.num_gpus == 4
+    assert (run.spec.param_dtype, run.spec.reduce_dtype, run.spec.optimizer) == ("bf16", "fp32", "adamw")
+    declared = parse_workload_args(["--model", "train_fsdp2.py:build_model", "--model-arg", "dim=256", "--model-arg",
+                                    "layers=3", "--input", "seq256", "--batch-size", "2", "--optimizer", "adamw",
+                                    "--parallelism", "fsdp2", "--num-gpus", "4", "--param-dtype", "bf16",
+                                    "--reduce-dtype", "fp32"])
+    (dec,) = estimate(declared, [h100])
+    d, c = dict(dyn.breakdown), dict(dec.breakdown)
+    # every parameter of the model, cut by torch.chunk over 4 ranks (rank 0's padded shards), fp32
+    model_shapes = [(32000, 256)] + [(768, 256), (256, 256), (256,), (256,), (256,), (256,), (1024, 256),
+                                     (256, 1024)] * 3 + [(256,), (256,), (32000, 256)]
+    padded = sum(_rank0_chunk(s, 4)[1] for s in model_shapes)
+    assert d["parameters"] == c["parameters"] == padded * 4
+    for part in ("gradients", "optimizer_state"):
+        assert d[part] == c[part], part
+    assert abs(d["live_tensor_peak"] - c["live_tensor_peak"]) <= 0.03 * c["live_tensor_peak"]
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
+    assert abs(dyn.required_bytes - dec.required_bytes) <= 0.03 * dec.required_bytes

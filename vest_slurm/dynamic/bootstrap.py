@@ -182,6 +182,9 @@ def run(ns) -> dict:
     result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
                         for e in trace.events]
     result["batch_hint"] = state.batch_hint
+    from . import fake_dist
+
+    result["fsdp"] = fake_dist.result(state)   # what fully_shard was asked (None: no FSDP2)
     result["notes"] = list(trace.notes)
     return result
 

@@ -52,6 +52,7 @@ class DynamicRun:
     seconds: float
     peak_rss_bytes: int
     redirected_writes: tuple[str, ...]
+    spec: object = None   # an FSDP2 script's per-rank WorkloadSpec (fake_dist.per_rank)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -151,8 +152,15 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())))
+        spec = None
+        if result.get("fsdp"):   # fully_shard in the script: the per-rank trace of its run
+            from .fake_dist import per_rank
+
+            base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, ()), world, "")
+            trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
+            trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
         return DynamicRun(trace, result["steps"], result.get("batch_hint"), seconds, peak_rss,
-                          tuple(result.get("redirected_writes", ())))
+                          tuple(result.get("redirected_writes", ())), spec)
     finally:
         if not os.environ.get("VEST_KEEP_TMP"):
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -201,6 +209,8 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
     """The WorkloadSpec that stands for a script in reports and placement (its trace is the script's)."""
     from ..estimate.workload import WorkloadSpec
 
+    if run.spec is not None:
+        return run.spec.with_(alloc_conf=alloc_conf)
     return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
                         parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps)
 

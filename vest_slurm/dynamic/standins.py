@@ -404,6 +404,9 @@ def patched(state: ScriptState):
     ]
     patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
     patches += fc.gpu_optimizer_defaults()
+    from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)
+
+    patches += fake_dist.patches(state)
     saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(pre_forward),

@@ -8,7 +8,7 @@ can search GPU counts without tracing again.
 
 Units (the wrapping policy): for transformers models each module whose class is in the model's
 ``_no_split_modules`` (its transformer blocks; what accelerate's and transformers' FSDP auto-wrap
-use), else each top-level child; the root holds the parameters left over (embeddings, final norm,
+use), else each block of a top-level nn.ModuleList, else each top-level child; the root holds the parameters left over (embeddings, final norm,
 head). Where the unit's forward and backward begin and end is read from hooks that allocate
 nothing: forward pre/post hooks, a gradient hook on the unit's output (the unit's backward begins
 when its output's gradient is ready: FSDP's pre-backward hook) and post-accumulate-grad hooks on its
@@ -59,6 +59,12 @@ def wrap_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if name and type(m).__name__ in classes and not any(name.startswith(t + ".") for t in taken):
                 out.append((name, m))
                 taken.append(name)
+    if not out:
+        # a model's stack of blocks (an nn.ModuleList child: GPT-style ``layers``/``blocks``, what a
+        # script wraps with ``for layer in model.layers: fully_shard(layer)``): each block, the root
+        # keeping the rest; else each top-level child
+        lists = [(n, m) for n, m in model.named_children() if isinstance(m, nn.ModuleList)]
+        out = [(f"{n}.{i}", b) for n, m in lists for i, b in m.named_children() if any(True for _ in b.parameters())]
     if not out:
         out = [(n, m) for n, m in model.named_children() if any(True for _ in m.parameters())]
     return out
