@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install vest-slurm and what it needs on a fresh Debian 12 machine (run as root, or with sudo).
 #   - Debian's Slurm 22.05 (controller, node daemon, client, Lua job_submit plugin), munge, and the
-#     Lua libraries the bridge uses; the daemons are not started (the test fixture starts its own).
+#     Lua libraries the bridge uses, slurmdbd and MariaDB (the accounting testbed: sacct, vest audit);
+#     the daemons are not started (the test fixture starts its own).
 #   - torch 2.14.1 + torchvision 0.29.1 with pip (pip finds them on this machine's disk), then
 #     vest-slurm itself, editable, with its test extras.
 # Idempotent: a second run installs nothing new.
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket slurmdbd mariadb-server)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -280,6 +280,10 @@ local function apply(a, job_desc, via, t0)
   if a.action == "modify" then
     for k, v in pairs(a.set) do job_desc[k] = v end
   end
+  -- vest's decision for `vest audit`, in the job's AdminComment (only admins can write that field)
+  if type(a.record) == "string" and #a.record <= 256 and a.record:match("^vest1:[%w_%.,:=+%-]+$") then
+    job_desc.admin_comment = a.record
+  end
   if a.msg ~= "" then slurm.log_user("%s", a.msg) end
   return slurm.SUCCESS
 end

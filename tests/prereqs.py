@@ -19,8 +19,10 @@ FIX = "bash scripts/install.sh"
 OPT_OUT = "VEST_SKIP_SLURM=1"
 # The programs vest_slurm.slurm.testbed starts or calls (its missing_binaries() checks the same):
 # munge and the Slurm daemons and client of Debian's packages.
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "squeue")
-DEBIAN_PACKAGES = "slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket"
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "squeue",
+            "slurmdbd", "mariadbd", "mariadb-install-db", "sacct", "sacctmgr")
+DEBIAN_PACKAGES = ("slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket "
+                   "slurmdbd mariadb-server")
 # Hard dependencies of the test suite (pyproject's dependencies and its [test] extra): imported at
 # the top of the test modules, so a missing one fails the run, as it should.
 PYTHON_MODULES = ("torch",)

@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bridge.cli import add_bridge_commands
     from .gpu.calibrate import add_calibrate_parser
+    from .site.audit_cmd import add_audit_parser
     from .site.check import add_check_parser
 
     p = _ArgParser(prog="vest", description=__doc__.splitlines()[0])
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_parser(sub)
     add_bridge_commands(sub)
     _add_site(sub)
+    add_audit_parser(sub)
     return p
 
 

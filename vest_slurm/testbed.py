@@ -1,9 +1,10 @@
-"""``python -m vest_slurm.testbed start|stop|status DIR [--bridge]``: a real Slurm on loopback,
+"""``python -m vest_slurm.testbed start|stop|status DIR [--bridge] [--accounting]``: a real Slurm on loopback,
 detached, for trying vest out by hand (``scripts/slurm-testbed.sh`` wraps it).
 
 ``start`` leaves a supervisor process (pid in DIR/testbed.pid) that owns the daemons of
 ``slurm.testbed.SlurmTestbed`` (or, with ``--bridge``, ``bridge.testbed.BridgeTestbed``: the same
-cluster with job_submit.lua and the decision server); ``stop`` ends it and them.
+cluster with job_submit.lua and the decision server; ``--accounting`` adds slurmdbd and MariaDB so
+that sacct and `vest audit` answer); ``stop`` ends it and them.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _read_pid(workdir: Path) -> int | None:
         return None
 
 
-def _supervise(workdir: Path, bridge: bool) -> int:
+def _supervise(workdir: Path, bridge: bool, accounting: bool = False) -> int:
     stop_requested = False
 
     def on_signal(signum, frame):
@@ -59,9 +60,9 @@ def _supervise(workdir: Path, bridge: bool) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     if bridge:
         from .bridge.testbed import BridgeTestbed
-        tb = BridgeTestbed(workdir)
+        tb = BridgeTestbed(workdir, accounting=accounting)
     else:
-        tb = SlurmTestbed(workdir)
+        tb = SlurmTestbed(workdir, accounting=accounting)
     try:
         tb.start()
     except SlurmError as e:
@@ -84,7 +85,7 @@ def _supervise(workdir: Path, bridge: bool) -> int:
     return 0
 
 
-def cmd_start(workdir: Path, bridge: bool, timeout_s: float = START_TIMEOUT_S + 5) -> int:
+def cmd_start(workdir: Path, bridge: bool, timeout_s: float = START_TIMEOUT_S + 5, accounting: bool = False) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     pid = _read_pid(workdir)
     if pid and _pid_alive(pid):
@@ -97,7 +98,8 @@ def cmd_start(workdir: Path, bridge: bool, timeout_s: float = START_TIMEOUT_S + 
     pkg_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     p = subprocess.Popen(
-        [sys.executable, "-m", "vest_slurm.testbed", "_supervise", str(workdir)] + (["--bridge"] if bridge else []),
+        [sys.executable, "-m", "vest_slurm.testbed", "_supervise", str(workdir)] + (["--bridge"] if bridge else [])
+        + (["--accounting"] if accounting else []),
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env=env, cwd=workdir,
     )
@@ -167,20 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("start", help="start a detached testbed in DIR")
     s.add_argument("dir")
     s.add_argument("--bridge", action="store_true", help="also run the job_submit.lua bridge")
+    s.add_argument("--accounting", action="store_true", help="also run slurmdbd with MariaDB (sacct, vest audit)")
     sub.add_parser("stop", help="stop the testbed in DIR").add_argument("dir")
     sub.add_parser("status", help="is the testbed in DIR running").add_argument("dir")
     sv = sub.add_parser("_supervise", help=argparse.SUPPRESS)
     sv.add_argument("dir")
     sv.add_argument("--bridge", action="store_true")
+    sv.add_argument("--accounting", action="store_true")
     a = ap.parse_args(argv)
     workdir = Path(a.dir).resolve()
     if a.cmd == "start":
-        return cmd_start(workdir, a.bridge)
+        return cmd_start(workdir, a.bridge, START_TIMEOUT_S + 60 if a.accounting else START_TIMEOUT_S + 5,
+                         accounting=a.accounting)
     if a.cmd == "stop":
         return cmd_stop(workdir)
     if a.cmd == "status":
         return cmd_status(workdir)
-    return _supervise(workdir, a.bridge)
+    return _supervise(workdir, a.bridge, a.accounting)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,23 @@ def _fields_for(overrides: Sequence[tuple[str, str | None]], req: JobRequest) ->
     return tuple(out.items())
 
 
+def decision_record(site: SiteConfig, gpu_type: str, est: MemoryEstimate) -> str:
+    """vest's record of a placed job for its AdminComment (`vest audit` reads it back): the type,
+    the estimate's need, the request after the site's headroom, and the floor in the estimate as
+    the site config gives it (calibrated context_mib, else the profile's default)."""
+    from ..site.placement import estimate_need, needed_bytes
+    from ..slurm.accounting import Record, encode_record
+
+    g = site.gpu(gpu_type)
+    if g is None:
+        return ""
+    need = estimate_need(est)
+    floor_mib, floor = ((g.context_mib, "calibrated") if g.context_mib is not None
+                        else (get_profile(g.profile).context_mib, "default"))
+    return encode_record(Record(gpu_type, need, needed_bytes(need, site.policy.headroom_percent,
+                                                             site.policy.headroom_bytes), floor_mib << 20, floor))
+
+
 def _capacity(g) -> int:
     """A site GPU type's capacity: its memory_mib, else its profile's usable memory."""
     return g.memory_bytes if g.memory_bytes is not None else get_profile(g.profile).usable_bytes
@@ -166,7 +183,7 @@ def decide(req: JobRequest, site: SiteConfig, *, users: UserLookup = passwd_user
     t0 = time.perf_counter()
     d = _decide(req, site, users, directives)
     ms = (time.perf_counter() - t0) * 1000
-    return Decision(d.action, d.reason, f"{d.log} ms={ms:.1f}", d.set, d.msg, d.errno, ms, d.detail)
+    return Decision(d.action, d.reason, f"{d.log} ms={ms:.1f}", d.set, d.msg, d.errno, ms, d.detail, d.record)
 
 
 def _unknown(site: SiteConfig, user: str | None, log: _Log, reason: str, note: str = "", detail: str = "") -> Decision:
@@ -232,14 +249,16 @@ def _decide(req: JobRequest, site: SiteConfig, users: UserLookup,
                                                           largest=result.largest_gpu),
                         msg=msg, errno=ESLURM_INVALID_GRES)
     msg = "\n".join(result.warnings)
+    record = decision_record(site, result.gpu_type, result.estimate)
     if not result.changed:
-        return Decision("allow", "fits", log.line("allow", "fits", source=source, gpu=result.gpu_type), msg=msg)
+        return Decision("allow", "fits", log.line("allow", "fits", source=source, gpu=result.gpu_type), msg=msg,
+                        record=record)
     fields = _fields_for(result.overrides, req)
     reason = "rerouted" if req.partition or request.gpu_type else "placed"
     if not msg:
         msg = f"vest: job placed on partition {result.partition} ({result.gres}): {result.reasons[0]}."
     return Decision("modify", reason, log.line("modify", reason, source=source, to_partition=result.partition,
-                                               to_gres=result.gres), set=fields, msg=msg)
+                                               to_gres=result.gres), set=fields, msg=msg, record=record)
 
 
 def _from_directives(script: str | None, request: GpuRequest, site: SiteConfig,

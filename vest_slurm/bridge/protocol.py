@@ -10,7 +10,10 @@ Answer (to job_submit.lua)::
 
     {"v": 1, "action": "allow"|"modify"|"refuse"|"error", "reason": "<code>",
      "set": {"partition": "...", "tres_per_node": "..."}, "msg": "<text for the user>",
-     "log": "<one greppable line for admins>", "errno": 0|2002|2072}
+     "log": "<one greppable line for admins>", "errno": 0|2002|2072, "record": "vest1:..."}
+
+``record`` (on allow and modify of a job vest placed): vest's decision, which job_submit.lua writes
+into the job's AdminComment for `vest audit` (format: slurm/accounting.py, encode_record).
 
 Strings from Lua are bytes (cjson does not check UTF-8); they are decoded with surrogateescape so
 that hashing the script gives back its exact bytes (attach.script_sha256 does the same).
@@ -81,10 +84,13 @@ class Decision:
     errno: int = 0
     elapsed_ms: float = field(default=0.0, compare=False)
     detail: str = field(default="", compare=False)   # why, in plain words, for `vest bridge test` (not on the wire)
+    record: str = ""                                  # AdminComment for `vest audit` (accounting.encode_record)
 
     def wire(self) -> bytes:
         obj = {"v": WIRE_VERSION, "action": self.action, "reason": self.reason, "set": dict(self.set),
                "msg": self.msg[:MAX_MESSAGE_CHARS], "log": self.log, "errno": self.errno}
+        if self.record:
+            obj["record"] = self.record
         return (json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
 
 

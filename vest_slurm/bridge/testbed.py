@@ -32,9 +32,10 @@ _SUN_PATH_MAX = 100
 
 
 class BridgeTestbed:
-    def __init__(self, workdir: str | os.PathLike, directives: bool = True, **bridge_overrides):
+    def __init__(self, workdir: str | os.PathLike, directives: bool = True, accounting: bool = False,
+                 **bridge_overrides):
         self.workdir = Path(workdir).resolve()
-        self.slurm = SlurmTestbed(self.workdir, job_submit_lua=str(JOB_SUBMIT_LUA))
+        self.slurm = SlurmTestbed(self.workdir, job_submit_lua=str(JOB_SUBMIT_LUA), accounting=accounting)
         self.env = self.slurm.env
         self.directives = directives
         self.config_path = self.workdir / "etc" / "vest-site.toml"

@@ -21,6 +21,10 @@ Known limitations:
 - needs root (munged, slurmd and mknod do); tests skip only when the Slurm binaries are missing.
 - the ports are picked free just before the daemons bind them; another process could take one in
   between (start() then fails with the daemon's log tail and can simply be retried).
+- ``accounting=True`` (``start DIR --accounting``) adds slurmdbd with a MariaDB of its own (Debian's
+  slurmdbd and mariadb-server), both on loopback, so that ``sacct`` answers: jobs' steps are
+  gathered (jobacct_gather/linux) and their batch scripts stored (AccountingStoreFlags=job_script).
+  MariaDB runs with --skip-grant-tables on 127.0.0.1 only: a throwaway database for one testbed.
 - ``--bridge`` runs the same cluster with job_submit.lua and the decision server through
   ``vest_slurm.bridge.testbed.BridgeTestbed`` (configured from site-config/testbed.toml).
 """
@@ -48,6 +52,7 @@ NODE_CPUS = 4
 NODE_REAL_MEMORY_MB = 4000
 
 START_TIMEOUT_S = 30.0      # from start() to every node idle
+ACCOUNTING_START_S = 90.0   # more with accounting: a fresh MariaDB data directory, slurmdbd's schema
 STOP_GRACE_S = 3.0          # SIGTERM, then SIGKILL after this long
 POLL_INTERVAL_S = 0.02
 # AF_UNIX paths are limited to 108 bytes (sun_path); munged's socket moves to a short temp dir
@@ -55,6 +60,7 @@ POLL_INTERVAL_S = 0.02
 _SUN_PATH_MAX = 107
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+ACCOUNTING_DAEMONS = ("mariadbd", "mariadb-install-db", "slurmdbd", "sacct", "sacctmgr")
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,9 @@ class SlurmTestbed:
     """munged + slurmctld + one slurmd per node, as foreground children, on 127.0.0.1."""
 
     def __init__(self, workdir: str | os.PathLike, job_submit_lua: str | None = None,
-                 extra_conf: str = ""):
+                 extra_conf: str = "", accounting: bool = False):
         self.workdir = Path(workdir).resolve()
+        self.accounting = accounting
         self.job_submit_lua = Path(job_submit_lua).resolve() if job_submit_lua else None
         self.extra_conf = extra_conf
         self.nodes = NODES
@@ -140,6 +147,7 @@ class SlurmTestbed:
         self.stop_seconds: float | None = None
         self._short_dir: str | None = None
         self.env = dict(os.environ, SLURM_CONF=str(self.conf_path))
+        # slurmdbd reads slurmdbd.conf beside $SLURM_CONF (get_extra_conf_path)
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -166,7 +174,7 @@ class SlurmTestbed:
         self.munge_socket = self._munge_socket()
         self.munge_socket.parent.mkdir(parents=True, exist_ok=True)
 
-        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        ctld_port, self.db_port, self.dbd_port, *node_ports = _free_ports(3 + len(self.nodes))
         self.ctld_port = ctld_port
         gres_lines = ["AutoDetect=off"]
         node_lines, part_lines = [], []
@@ -214,9 +222,11 @@ class SlurmTestbed:
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
+        ] + (self._accounting_conf() if self.accounting else [
             "JobAcctGatherType=jobacct_gather/none",
             # GPU TRES accounting makes slurmctld refuse to start without slurmdbd.
             "AccountingStorageType=accounting_storage/none",
+        ]) + [
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.log_dir / 'jobcomp.txt'}",
             "MailProg=/bin/true",
@@ -252,6 +262,59 @@ class SlurmTestbed:
         # keeps slurmd from looking at the system one.
         (self.etc / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
 
+    def _accounting_conf(self) -> list[str]:
+        """slurm.conf lines for slurmdbd, and slurmdbd.conf itself (mode 0600, as slurmdbd demands)."""
+        w = self.workdir
+        (w / "mysql").mkdir(parents=True, exist_ok=True)
+        dbd = self.etc / "slurmdbd.conf"
+        dbd.write_text("\n".join([
+            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}",
+            "DbdHost=localhost", "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", "SlurmUser=root",
+            f"LogFile={self.log_dir / 'slurmdbd.log'}", f"PidFile={w / 'run' / 'slurmdbd.pid'}", "DebugLevel=info",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={self.db_port}",
+            "StorageUser=root", "StorageLoc=slurm_acct_db",
+        ]) + "\n")
+        os.chmod(dbd, 0o600)
+        return [
+            # step usage (TRESUsageInMax) is gathered by polling each task's /proc
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherFrequency=task=1",
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=127.0.0.1",
+            f"AccountingStoragePort={self.dbd_port}",
+            # the connection to slurmdbd takes its munge socket from here, not from AuthInfo
+            f"AccountingStoragePass={self.munge_socket}",
+            # typed entries, so that AllocTRES says which GPU type a job ran on (vest audit groups by it)
+            "AccountingStorageTRES=gres/gpu," + ",".join(f"gres/gpu:{t}" for t in sorted({n.gpu_type for n in self.nodes})),
+            # the stored batch script carries vsbatch's #VEST-ESTIMATE line (vest audit reads it)
+            "AccountingStoreFlags=job_script,job_comment",
+        ]
+
+    def _start_accounting(self, timeout_s: float, t0: float) -> None:
+        """MariaDB (a fresh data directory), then slurmdbd, then the cluster's record."""
+        mariadbd, install, slurmdbd = (_which(p) for p in ACCOUNTING_DAEMONS[:3])
+        data = self.workdir / "mysql"
+        if not (data / "mysql").exists():
+            r = subprocess.run([install, "--no-defaults", f"--datadir={data}", "--user=root", "--skip-test-db",
+                                "--auth-root-authentication-method=normal"],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise SlurmError(f"testbed: mariadb-install-db failed: {r.stderr.strip()[-500:]}",
+                                 "install mariadb-server (scripts/install.sh does)")
+        self._spawn("mariadbd", [
+            mariadbd, "--no-defaults", f"--datadir={data}", "--user=root", "--bind-address=127.0.0.1",
+            f"--port={self.db_port}", f"--socket={data / 'mysqld.sock'}", f"--pid-file={data / 'mysqld.pid'}",
+            "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin",
+            f"--log-error={self.log_dir / 'mariadb.log'}",
+        ], "mariadb.out")
+        self._wait_for(lambda: _port_open(self.db_port), "MariaDB to listen", timeout_s, t0,
+                       self.log_dir / "mariadb.log")
+        self._spawn("slurmdbd", [slurmdbd, "-D"], "slurmdbd.out")
+        self._wait_for(lambda: _port_open(self.dbd_port), "slurmdbd to listen", timeout_s, t0,
+                       self.log_dir / "slurmdbd.log")
+        subprocess.run(["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME], env=self.env, capture_output=True,
+                       text=True, timeout=30)
+
     # --- lifecycle ----------------------------------------------------------------------------
 
     def _spawn(self, key: str, argv: list[str], log_name: str) -> None:
@@ -264,8 +327,10 @@ class SlurmTestbed:
         finally:
             out.close()
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> "SlurmTestbed":
+    def start(self, timeout_s: float | None = None) -> "SlurmTestbed":
         """Start munged, slurmctld and the slurmds; return once every node is idle."""
+        if timeout_s is None:
+            timeout_s = START_TIMEOUT_S + (ACCOUNTING_START_S if self.accounting else 0)
         t0 = time.monotonic()
         munged, slurmctld, slurmd = (_which(p) for p in DAEMONS)
         _which("sinfo")
@@ -279,6 +344,8 @@ class SlurmTestbed:
             ], "munged.out")
             self._wait_for(lambda: self.munge_socket.exists(), "munged", timeout_s, t0,
                            self.log_dir / "munged.log")
+            if self.accounting:
+                self._start_accounting(timeout_s, t0)
             self._spawn("slurmctld", [slurmctld, "-D", "-c", "-f", str(self.conf_path)],
                         "slurmctld.out")
             # A client that finds no controller retries after a second; wait for the port instead.
@@ -300,8 +367,8 @@ class SlurmTestbed:
         while True:
             for key, p in self.procs.items():
                 if p.poll() is not None:
-                    logname = "slurmctld.log" if key == "slurmctld" else (
-                        "munged.log" if key == "munged" else f"slurmd-{key.split(':', 1)[1]}.log")
+                    logname = {"slurmctld": "slurmctld.log", "munged": "munged.log", "slurmdbd": "slurmdbd.log",
+                               "mariadbd": "mariadb.log"}.get(key) or f"slurmd-{key.split(':', 1)[1]}.log"
                     raise SlurmError(
                         f"testbed: {key} exited with code {p.returncode} while waiting for {what}; "
                         f"last lines of its log:\n{log_tail(self.log_dir / logname)}\n"
@@ -336,8 +403,8 @@ class SlurmTestbed:
         t0 = time.monotonic()
         leftovers = self._job_processes()
         # Node daemons first, then the controller, then munge (the others need it to say goodbye).
-        order = [k for k in self.procs if k.startswith("slurmd:")] + ["slurmctld", "munged"]
-        for group in (order[:-2], ["slurmctld"], ["munged"]):
+        nodes = [k for k in self.procs if k.startswith("slurmd:")]
+        for group in (nodes, ["slurmctld"], ["slurmdbd"], ["mariadbd"], ["munged"]):
             live = [self.procs[k] for k in group if k in self.procs and self.procs[k].poll() is None]
             for p in live:
                 p.send_signal(signal.SIGTERM)

@@ -1,0 +1,176 @@
+"""`vest audit` end to end on the testbed with real accounting (slurmdbd + MariaDB on loopback):
+jobs placed by the bridge (which records its decision in AdminComment) and by vsbatch (whose
+estimate is in the stored batch script), one that dies of CUDA out of memory, a Jobstats-style
+epilog that replaces one job's AdminComment, measured peaks given as a CSV (no GPU here), and
+--apply on a copy of the site config.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from slurm_wait import wait_until
+from vest_slurm.cli import run as vest_run
+from vest_slurm.estimate.record import MemoryEstimate
+from vest_slurm.site import vsbatch
+from vest_slurm.slurm.accounting import decode_record, jobstats_comment
+from vest_slurm.slurm.attach import attach, make_payload
+
+pytestmark = pytest.mark.slurm
+GiB = 1 << 30
+USER = "vestbr-alice"
+ROOT = Path(__file__).resolve().parent.parent
+MLP = "#VEST --model 'mlp:[[\"Linear\",1024,1024],[\"ReLU\"],[\"Linear\",1024,10]]' --input 1024 --batch-size 8"
+
+
+@pytest.fixture(scope="module")
+def acct(bridge_users):
+    from vest_slurm.bridge.testbed import BridgeTestbed
+
+    workdir = tempfile.mkdtemp(prefix="vest-acct-tb-")
+    os.chmod(workdir, 0o755)
+    tb = BridgeTestbed(workdir, directives=False, accounting=True, exempt_users=["root"])
+    try:
+        tb.start()
+        yield tb
+    finally:
+        tb.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def attached(body: str, need_gib: float, partition="v100", gres="gpu:v100:1") -> str:
+    est = {t: MemoryEstimate(p, c * GiB, int(need_gib * GiB), int(need_gib * GiB))
+           for t, p, c in (("v100", "v100-16gb", 16), ("a100", "a100-40gb", 40), ("h100", "h100-80gb", 80))}
+    text = "\n".join(["#!/bin/bash", f"#SBATCH --partition={partition}", f"#SBATCH --gres={gres}", body, ""])
+    return attach(text, make_payload(est, num_gpus=1))
+
+
+def sbatch_as(tb, user: str, script: str, cwd: str) -> str:
+    argv = ["sbatch", f"--job-name=a-{uuid.uuid4().hex[:8]}", "--parsable"]
+    argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={tb.env['SLURM_CONF']}", *argv]
+    p = subprocess.run(argv, input=script.encode(), capture_output=True, env=tb.env, cwd=cwd, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.decode().strip().split(";")[0]
+
+
+def sacct(tb, *args: str) -> str:
+    r = subprocess.run(["sacct", "--allusers", "--parsable2", *args], capture_output=True, text=True,
+                       env=tb.env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def finished(tb, ids: list[str]) -> bool:
+    out = sacct(tb, "--format=JobID,State", f"--jobs={','.join(ids)}")
+    states = dict(ln.split("|")[:2] for ln in out.splitlines()[1:] if "." not in ln.split("|")[0])
+    return len(states) == len(ids) and all(s in ("COMPLETED", "FAILED") for s in states.values())
+
+
+def vest(env: dict, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    old = dict(os.environ)
+    os.environ.update(env)
+    import contextlib
+
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = vest_run(list(argv))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return rc, out.getvalue()
+
+
+def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
+    tb = acct
+    jobdir = tempfile.mkdtemp(prefix="vest-acct-jobs-")
+    os.chmod(jobdir, 0o777)
+    try:
+        # 1. the bridge places a user's job (6 GiB needed; v100 asked) and records its decision
+        placed = sbatch_as(tb, USER, attached("true", 6), jobdir)
+        # 2. another, whose AdminComment a Jobstats-style epilog will replace
+        replaced = sbatch_as(tb, USER, attached("true", 20, "a100", "gpu:a100:1"), jobdir)
+        # 3. a job that dies of CUDA out of memory (its stderr: slurm-<id>.out in its directory)
+        oom = sbatch_as(tb, USER, attached(
+            "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1", 4), jobdir)
+        # 4. vsbatch (root: exempt from the bridge, so the estimate lives only in the stored script).
+        # It runs 2 s: on 22.05 a job that ends within a second of its submission was seen stored
+        # without its script and eligible time (sacct --batch-script: NONE)
+        job = Path(jobdir) / "mlp.sh"
+        job.write_text("\n".join(["#!/bin/bash", "#SBATCH --time=5", MLP, "sleep 2", ""]))
+        out, err = io.StringIO(), io.StringIO()
+        cwd = os.getcwd()
+        os.chdir(jobdir)
+        try:
+            rc = vsbatch.run(["--site-config", str(tb.config_path), "--json", job.name], env=tb.env,
+                             stdin=io.StringIO(""), stdout=out, stderr=err)
+        finally:
+            os.chdir(cwd)
+        assert rc == 0, err.getvalue()
+        by_vsbatch = str(json.loads(out.getvalue())["job_id"])
+        ids = [placed, replaced, oom, by_vsbatch]
+        wait_until(lambda: finished(tb, ids), 120, "the four jobs finished in accounting")
+
+        # the bridge's record is in AdminComment (read back through the real slurmdbd)
+        ac = dict(ln.split("|")[:2] for ln in sacct(tb, "--format=JobID,AdminComment",
+                                                   f"--jobs={placed},{replaced}").splitlines()[1:])
+        rec = decode_record(ac[placed])
+        assert rec is not None and rec.gpu_type == "v100" and rec.need_bytes == 6 * GiB
+        assert rec.floor == "default" and rec.request_bytes > rec.need_bytes
+        # a Jobstats-style epilog (slurm/slurmctldepilog.sh: sacctmgr ... set AdminComment=JS1:...)
+        js = jobstats_comment({"nodes": {"a100-node1": {"gpu_used_memory": {"0": 19 * GiB}}}, "total_time": 5})
+        r = subprocess.run(["sacctmgr", "-i", "update", "job", "where", f"jobid={replaced}", "set",
+                            f"AdminComment={js}"], capture_output=True, text=True, env=tb.env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: "vest1:" not in sacct(tb, "--format=JobID,AdminComment", f"--jobs={replaced}"), 30,
+                   "the epilog's AdminComment replaced vest's")
+
+        measured = tmp_path / "measured.csv"
+        measured.write_text(f"job_id,peak_mib\n{placed},{5.5 * 1024:.0f}\n{replaced},{19 * 1024}\n"
+                            f"{oom},16000\n{by_vsbatch},700\n")
+        site = tmp_path / "site.toml"
+        site.write_text(tb.config_path.read_text())
+        rc, text = vest(tb.env, "audit", "--site-config", str(site), "--measured", str(measured),
+                        "--starttime", "now-1hours", "--json")
+        assert rc == 0
+        doc = json.loads(text)
+        jobs = {j["job_id"]: j for j in doc["jobs"]}
+        assert jobs[placed]["estimate_from"] == "admin_comment" and jobs[placed]["gpu_type"] == "v100"
+        # the record survived the epilog: the estimate comes from the stored script
+        assert jobs[replaced]["estimate_from"] == "script" and jobs[replaced]["gpu_type"] == "a100"
+        assert jobs[replaced]["need_mib"] == 20 * 1024 and jobs[replaced]["measured_mib"] == 19 * 1024
+        assert jobs[oom]["cuda_oom"] is True and jobs[placed]["cuda_oom"] is False
+        assert jobs[by_vsbatch]["estimate_from"] == "script" and jobs[by_vsbatch]["measured_from"] == "csv"
+        types = {t["gpu_type"]: t for t in doc["types"]}
+        assert types["v100"]["cuda_oom_jobs"] == 1 and types["v100"]["request_below_share"] > 0
+        assert types["a100"]["recommendation"]["jobs"] == 1
+
+        # --apply: validated first. The OOM job's 16000 MiB against a ~4.5 GiB request asks for a
+        # headroom over policy's 100% limit: refused, nothing written
+        before = site.read_text()
+        rc, text = vest(tb.env, "audit", "--site-config", str(site), "--measured", str(measured),
+                        "--starttime", "now-1hours", "--apply")
+        assert rc != 0 and site.read_text() == before and not list(tmp_path.glob("site.toml.bak-*"))
+        # measured peaks the policy can take: written, the old file kept
+        measured.write_text(f"job_id,peak_mib\n{placed},{5.5 * 1024:.0f}\n{replaced},{19 * 1024}\n"
+                            f"{oom},4700\n{by_vsbatch},700\n")
+        rc, text = vest(tb.env, "audit", "--site-config", str(site), "--measured", str(measured),
+                        "--starttime", "now-1hours", "--apply")
+        assert rc == 0 and "wrote" in text
+        backups = list(tmp_path.glob("site.toml.bak-*"))
+        assert len(backups) == 1 and backups[0].read_text() == before
+        from vest_slurm.site.config import load_site_config
+
+        new = load_site_config(str(site))
+        assert new.gpu("a100").context_mib is not None and new.gpu("v100").context_mib is not None
+    finally:
+        shutil.rmtree(jobdir, ignore_errors=True)
