@@ -11,7 +11,9 @@ import os
 import sys
 import time
 
+from . import progress
 from .errors import EXIT_BAD_INPUT, VestError
+from .estimate.timeline import add_picture_arguments, write_pictures
 from .estimate.workload import add_workload_arguments, spec_from_namespace
 
 EXIT_INTERNAL = 70   # a bug in vest-slurm (EX_SOFTWARE)
@@ -33,6 +35,8 @@ def _add_estimate(sub) -> None:
                    help="site configuration (else $VEST_SITE_CONFIG, else /etc/vest/site.toml where it exists): "
                         "its GPU types, with the floors the site measured (`vest calibrate`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_picture_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ... (dynamic analysis)")
     p.set_defaults(func=cmd_estimate)
 
@@ -59,6 +63,7 @@ def cmd_estimate(ns) -> int:
         check_train_command(cmd, os.getcwd(), None, site)
         gpus = int(ns.num_gpus) if ns.num_gpus else None
         steps = int(ns.steps) if ns.steps else Limits().steps
+        progress.step(f"running `{cmd.display}` with fake CUDA")
         spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),
                                              alloc_conf=ns.alloc_conf)
     else:
@@ -72,9 +77,11 @@ def cmd_estimate(ns) -> int:
     # where the trace computed in bf16 on a GPU that emulates it
     slow = slow_types(targets, lambda p: summaries.get(gpu_class(p)))
     seconds = time.perf_counter() - t0
+    progress.done()
     kw = dict(profiles={name: p.key for name, p in targets.items()}, site_config=site.path if site else None)
     print(estimate_json(spec, estimates, seconds, **kw) if ns.json else estimate_table(spec, estimates, slow, **kw),
           end="" if not ns.json else "\n")
+    write_pictures(ns, spec, lambda p: summaries.get(gpu_class(p)), targets)
     return 0
 
 
@@ -132,6 +139,7 @@ def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = 
     parser = parser or build_parser()
     try:
         ns = parser.parse_args(argv)
+        progress.set_quiet(getattr(ns, "quiet", False))
         if not getattr(ns, "func", None):
             parser.print_help(sys.stderr)
             return EXIT_BAD_INPUT
@@ -148,6 +156,8 @@ def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = 
         print(f"{parser.prog}: internal error: {type(e).__name__}: {e}\n"
               f"  fix: this is a bug in vest-slurm; rerun with VEST_DEBUG=1 and report the traceback", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        progress.done()
 
 
 def main(argv: list[str] | None = None) -> None:

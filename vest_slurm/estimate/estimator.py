@@ -148,8 +148,11 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + ("read from the trace cache",)), seconds)
+    from .. import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
+    progress.step(f"tracing {spec.model} at batch {spec.batch_size} on fake CUDA "
+                  f"(sm{profile.capability[0]}{profile.capability[1]} class)")
     t0 = time.perf_counter()
     try:
         trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
@@ -183,6 +186,13 @@ def _replayed(summary: TraceSummary, events: list[AllocEvent], spec: WorkloadSpe
         full, _ = _with_rest_of_run(events, summary, config)
         held[1][key] = (full, replay(full, config), min_capacity_bytes(_without_cudnn_workspaces(full), config))
     return held[1][key]
+
+
+def replayed_events(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile):
+    """(the events estimate_from_trace replays on ``profile``, the allocator settings): what the
+    timeline picture and the memory snapshot (timeline.py) show."""
+    config = parse_alloc_conf(spec.alloc_conf)
+    return _replayed(summary, _events_for(summary.trace.events, profile, spec, summary), spec, config)[0], config
 
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
@@ -249,6 +259,9 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
                   targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
     """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
     EstimateError} for the others)."""
+    from .. import progress
+
+    progress.step(f"allocator replay on {len(targets)} GPU type(s)")
     estimates, failed = [], {}
     for name, p in targets.items():
         summary = summaries[gpu_class(p)]

@@ -186,6 +186,10 @@ class Prober:
 
         return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), gpu_class(p))))
 
+    def summary(self, spec: WorkloadSpec, profile: DeviceProfile):
+        """The trace made for ``spec`` on ``profile``'s class (TraceSummary, the error, or None)."""
+        return self._traces.get((_trace_key(spec), gpu_class(profile)))
+
     def estimates(self, spec: WorkloadSpec, types: Iterable[str] | None = None
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:
         """The job's own estimate on every GPU type (or ``types``), unbounded: (estimates, errors).

@@ -19,7 +19,7 @@ import time
 
 from tabulate import tabulate
 
-from .. import __version__
+from .. import __version__, progress
 from ..errors import EXIT_NO_FIT, JobScriptError, WorkloadError
 from ..units import MiB
 from ..estimate.workload import WorkloadSpec, add_workload_arguments, spec_from_namespace
@@ -36,6 +36,10 @@ def add_check_parser(sub) -> None:
     p.add_argument("--site-config", metavar="PATH", help="site configuration (else $VEST_SITE_CONFIG, else /etc/vest/site.toml)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-search", action="store_true", help="skip the largest-batch search (one estimate per GPU class)")
+    from ..estimate.timeline import add_picture_arguments
+
+    add_picture_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress line on stderr (shown only on a terminal)")
     p.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S, metavar="SECONDS",
                    help=f"stop starting new estimates for the batch search after this long (default {SEARCH_BUDGET_S:g})")
     p.set_defaults(func=cmd_check)
@@ -99,6 +103,7 @@ def cmd_check(ns) -> int:
         from ..dynamic.runner import Limits, trace_command
 
         limits = Limits.for_site(site)
+        progress.step(f"running `{spec.display}` with fake CUDA")
         spec, summaries, _run = trace_command(spec, list(prober.profiles.values()), request.total_gpus, limits,
                                               cwd=os.getcwd())   # where sbatch would run it
         prober.add_script_traces(spec, summaries)
@@ -138,6 +143,10 @@ def cmd_check(ns) -> int:
                          largest_batch_text=s.text() if s else "(not searched)", partitions=parts,
                          note=slow.get(g.name, "")))
     seconds = time.perf_counter() - t0
+    from ..estimate.timeline import write_pictures
+
+    write_pictures(ns, spec, lambda p: prober.summary(spec, p), prober.profiles)
+    progress.done()
     if ns.json:
         print(_json(spec, site, source, rows, result, advice, seconds, prober))
     else:

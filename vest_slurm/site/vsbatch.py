@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
-from .. import __version__
+from .. import __version__, progress
 from ..errors import EXIT_NO_FIT, JobScriptError, SlurmError, VestError, WorkloadError
 from ..slurm.jobscript import (VSBATCH_OPTIONS, JobScript, effective_options, gpu_request, has_option,
                         option_value, options_from_env, parse_job_script, parse_sbatch_argv,
@@ -214,6 +214,7 @@ class _Out:
         self.stdout, self.stderr, self.as_json = stdout, stderr, as_json
 
     def say(self, text: str) -> None:
+        progress.done()   # the progress line (a terminal only) is cleared before a message
         for line in text.rstrip("\n").split("\n"):
             print(f"vsbatch: {line}", file=self.stderr)
 
@@ -242,6 +243,7 @@ def run(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
               f"  fix: this is a bug in vest-slurm; rerun with VEST_DEBUG=1 and report the traceback",
               file=out.stderr)
         d.action, d.error, code = "error", f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL
+    progress.done()
     d.exit_code = code
     d.timing = clock.result()
     if d.timing_cluster_query is not None:   # overlapped with the estimate: not on the critical path
@@ -256,6 +258,8 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     own = dict(cmd.own)
     out.as_json = "json" in own
     d.dry_run = "dry-run" in own
+    if has_option(cmd.options, "quiet"):   # sbatch's own --quiet/-Q: passed on, and no progress line
+        progress.set_quiet(True)
     if has_option(cmd.options, "help") or has_option(cmd.options, "usage"):
         print(USAGE, end="", file=out.stdout)
         return 0
@@ -508,6 +512,7 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     workdir = option_value(effective, "chdir") or cwd
     out.say(f"no #VEST line: estimating `{train.display}` by running it with fake CUDA "
             f"({limits.steps} optimizer steps, at most {limits.timeout_s:.0f} s)")
+    progress.step(f"running `{train.display}` with fake CUDA")
     spec, summaries, _run = trace_command(train, list(prober.profiles.values()), gpus, limits, cwd=workdir)
     prober.add_script_traces(spec, summaries)
     prober.trace_seconds += sum(s.seconds for s in summaries.values() if not isinstance(s, VestError))
