@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bridge.cli import add_bridge_commands
     from .gpu.calibrate import add_calibrate_parser
+    from .gpu.monitor import add_monitor_parser
     from .site.audit_cmd import add_audit_parser
     from .site.check import add_check_parser
 
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bridge_commands(sub)
     _add_site(sub)
     add_audit_parser(sub)
+    add_monitor_parser(sub)
     return p
 
 
