@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from . import progress
+from .estimate import progress
 from .errors import EXIT_BAD_INPUT, VestError
 from .estimate.timeline import add_picture_arguments, write_pictures
 from .estimate.workload import add_workload_arguments, spec_from_namespace

@@ -148,7 +148,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + ("read from the trace cache",)), seconds)
-    from .. import progress
+    from . import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
     progress.step(f"tracing {spec.model} at batch {spec.batch_size} on fake CUDA "
@@ -259,7 +259,7 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
                   targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
     """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
     EstimateError} for the others)."""
-    from .. import progress
+    from . import progress
 
     progress.step(f"allocator replay on {len(targets)} GPU type(s)")
     estimates, failed = [], {}

@@ -19,7 +19,8 @@ import time
 
 from tabulate import tabulate
 
-from .. import __version__, progress
+from .. import __version__
+from ..estimate import progress
 from ..errors import EXIT_NO_FIT, JobScriptError, WorkloadError
 from ..units import MiB
 from ..estimate.workload import WorkloadSpec, add_workload_arguments, spec_from_namespace

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
-from .. import __version__, progress
+from .. import __version__
+from ..estimate import progress
 from ..errors import EXIT_NO_FIT, JobScriptError, SlurmError, VestError, WorkloadError
 from ..slurm.jobscript import (VSBATCH_OPTIONS, JobScript, effective_options, gpu_request, has_option,
                         option_value, options_from_env, parse_job_script, parse_sbatch_argv,
