@@ -192,3 +192,35 @@ def test_torchrun_fsdp2_script_agrees_with_its_declarative_spec(monkeypatch):
     assert abs(d["live_tensor_peak"] - c["live_tensor_peak"]) <= 0.03 * c["live_tensor_peak"]
     assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
     assert abs(dyn.required_bytes - dec.required_bytes) <= 0.03 * dec.required_bytes
+
+
+def test_vest_check_names_the_smallest_gpu_and_node_count_per_gpu_type(tmp_path, capsys):
+    """vest check of a sharded job: per GPU type the smallest GPU count (and nodes of that type's
+    partition) at which it fits per rank; one count fewer does not fit there."""
+    import json
+
+    from vest_slurm.cli import run
+    from vest_slurm.site.advice import Prober
+    from vest_slurm.site.config import parse_site_config
+
+    text = SITE.replace("[policy]", '[gpu.small]\nprofile = "a100-40gb"\nmemory_mib = 700\ncontext_mib = 100\n'
+                        '[partition.q]\ngpu_types = ["small"]\ngpus_per_node = 2\n[policy]')
+    path = tmp_path / "site.toml"
+    path.write_text(text)
+    layers = json.dumps([["Linear", 2048, 2048]] * 16)
+    argv = ["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8", "--optimizer", "adam",
+            "--parallelism", "fsdp2", "--num-gpus", "2"]
+    assert run(["check", *argv, "--site-config", str(path), "--no-search", "--json"]) in (0, 3)
+    rows = {g["gpu"]: g for g in json.loads(capsys.readouterr().out)["gpus"]}
+    site = parse_site_config(text)
+    prober = Prober.for_site(site, budget_s=600)
+    spec = parse_workload_args(argv)
+    for gpu, per_node in (("big", 8), ("small", 2)):
+        sm = rows[gpu]["smallest_gpus"]
+        assert sm is not None, gpu
+        n = sm["gpus"]
+        assert sm["nodes"] == -(-n // per_node)
+        assert prober.needed(spec.with_(num_gpus=n), gpu) <= prober.capacity(gpu)
+        if n > 2:
+            assert prober.needed(spec.with_(num_gpus=n // 2), gpu) > prober.capacity(gpu)
+    assert rows["small"]["smallest_gpus"]["gpus"] >= rows["big"]["smallest_gpus"]["gpus"]

@@ -746,3 +746,26 @@ def advisor(spec: WorkloadSpec, site: SiteConfig, prober: Prober, gpus_per_node:
         return [a.text for a in items]
 
     return _advise
+
+
+def smallest_gpu_counts(spec: WorkloadSpec, site: SiteConfig, prober: Prober) -> dict[str, tuple[int, int, int] | None]:
+    """Per GPU type of the site, for a sharded job: (GPU count, node count, need per GPU) of the
+    smallest count in sharded_counts (2, 4, 8, ... up to what a partition takes) at which the job's
+    strategy fits per rank, or None where none does. Nodes: the count over the GPUs per node of the
+    type's partition (``--gpus-per-node`` where the job gives it). The per-GPU batch is the job's."""
+    out: dict[str, tuple[int, int, int] | None] = {}
+    counts = sharded_counts(spec.with_(num_gpus=1), site)
+    for g in site.gpus:
+        t = g.name
+        per_node = spec.gpus_per_node or max((p.gpus_per_node for p in site.partitions_with(t)), default=1)
+        out[t] = None
+        for n in counts:
+            if not _partitions_for(site, t, min(n, per_node), n):
+                break
+            need = prober.needed(spec.with_(num_gpus=n), t)
+            if need is None:
+                break
+            if need <= prober.capacity(t):
+                out[t] = (n, -(-n // per_node), need)
+                break
+    return out

@@ -23,7 +23,7 @@ from .. import __version__
 from ..estimate import progress
 from ..errors import EXIT_NO_FIT, JobScriptError, WorkloadError
 from ..units import MiB
-from ..estimate.workload import WorkloadSpec, add_workload_arguments, spec_from_namespace
+from ..estimate.workload import SHARDED, WorkloadSpec, add_workload_arguments, spec_from_namespace
 
 SEARCH_BUDGET_S = 60.0
 
@@ -121,6 +121,11 @@ def cmd_check(ns) -> int:
             searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
                                                prober.capacity(t), spec.batch_size, known={spec.batch_size: need0},
                                                floor_bytes=prober.floor_needed(spec, t))
+    smallest = {}
+    if spec.parallelism in SHARDED:   # per GPU type: the smallest GPU (and node) count that fits per rank
+        from .advice import smallest_gpu_counts
+
+        smallest = smallest_gpu_counts(spec, site, prober)
     slow = prober.slow_types(spec)
     result = place(estimates, request, partitions, site, slow=slow)
     advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1)) if isinstance(result, NoFit) else ()
@@ -142,7 +147,7 @@ def cmd_check(ns) -> int:
                          peak_bytes=e.peak_bytes, needed_bytes=need, headroom_bytes=cap - need, fits=need <= cap,
                          largest_batch=s.batch if s else None, largest_batch_exact=bool(s and s.exact),
                          largest_batch_text=s.text() if s else "(not searched)", partitions=parts,
-                         note=slow.get(g.name, "")))
+                         note=slow.get(g.name, ""), smallest_gpus=smallest.get(g.name)))
     seconds = time.perf_counter() - t0
     from ..estimate.timeline import write_pictures
 
@@ -180,6 +185,12 @@ def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
         tablefmt="simple", disable_numparse=True,
         colalign=("left", "left", "right", "right", "right", "right", "left", "right", "left"))
     notes = [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
+    if spec.parallelism in SHARDED:
+        for r in rows:
+            sm = r.get("smallest_gpus")
+            notes.append(f"{r['gpu']}: smallest {spec.parallelism} configuration that fits: " + (
+                f"{sm[0]} GPUs ({sm[1]} node{'s' if sm[1] > 1 else ''}), {_m(sm[2])} MiB per GPU with headroom"
+                if sm else "none up to the largest job a partition takes") + f" (batch {spec.batch_size} per GPU)")
     if isinstance(result, NoFit):
         verdict = result.message.replace("vsbatch refused the job", "vsbatch would refuse the job", 1)
     else:
@@ -200,7 +211,10 @@ def _json(spec, site, source, rows, result, advice, seconds, prober) -> str:
              "estimate_mib": mib(r["estimate_bytes"]), "peak_mib": mib(r["peak_bytes"]),
              "needed_mib": mib(r["needed_bytes"]), "headroom_mib": mib(r["headroom_bytes"]), "fits": r["fits"],
              "largest_batch": r["largest_batch"], "largest_batch_exact": r.get("largest_batch_exact", False),
-             "partitions": r["partitions"], "note": r["note"]} for r in rows]
+             "partitions": r["partitions"], "note": r["note"],
+             "smallest_gpus": (dict(zip(("gpus", "nodes", "needed_mib"), (r["smallest_gpus"][0], r["smallest_gpus"][1],
+                                                                          mib(r["smallest_gpus"][2]))))
+                               if r.get("smallest_gpus") else None)} for r in rows]
     if isinstance(result, NoFit):
         placement = {"action": "refuse", "reason": result.reason, "message": result.message,
                      "partition": None, "gres": None}
