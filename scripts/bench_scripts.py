@@ -69,14 +69,16 @@ def extract(mirror: str, repo: str, commit: str, tree: list[str], dest: str) -> 
 
 def _mnist_idx(workdir, root, train=512, test=256):
     """torchvision.datasets.MNIST finds raw/ idx files and does not download (its _check_exists)."""
+    import numpy as np
+
     raw = os.path.join(workdir, root, "MNIST", "raw")
     os.makedirs(raw, exist_ok=True)
-    rng = random.Random(0)
+    rng = np.random.default_rng(0)
     for prefix, n in (("train", train), ("t10k", test)):
         with open(os.path.join(raw, f"{prefix}-images-idx3-ubyte"), "wb") as f:
-            f.write(struct.pack(">IIII", 2051, n, 28, 28) + bytes(rng.randrange(256) for _ in range(n * 784)))
+            f.write(struct.pack(">IIII", 2051, n, 28, 28) + rng.integers(0, 256, n * 784, dtype=np.uint8).tobytes())
         with open(os.path.join(raw, f"{prefix}-labels-idx1-ubyte"), "wb") as f:
-            f.write(struct.pack(">II", 2049, n) + bytes(rng.randrange(10) for _ in range(n)))
+            f.write(struct.pack(">II", 2049, n) + rng.integers(0, 10, n, dtype=np.uint8).tobytes())
 
 
 def _words(n, vocab, seed=0):
