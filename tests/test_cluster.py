@@ -17,13 +17,15 @@ pytestmark = pytest.mark.slurm
 
 
 def test_cluster_info_shows_three_gpu_partitions(slurm):
+    from vest_slurm.slurm.testbed import NODES
+
     info = SlurmCLI(env=slurm.env).cluster_info()
     by_name = {p.name: p for p in info.partitions}
     assert set(by_name) == {"v100", "a100", "h100"}
     for gtype in ("v100", "a100", "h100"):
         p = by_name[gtype]
-        assert p.gpu_counts == {gtype: 4}
-        assert p.nodes == (f"{gtype}-node1",)
+        assert p.gpu_counts == {gtype: 4}, p.gpu_counts   # per node
+        assert p.nodes == tuple(n.name for n in NODES if n.partition == gtype)   # h100: two nodes
         assert p.state == "UP"
     assert info.default_partition.name == "v100"
     assert info.gpu_types == {"v100", "a100", "h100"}

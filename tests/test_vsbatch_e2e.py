@@ -276,3 +276,20 @@ def test_resolve_script_path_as_sbatch(tmp_path):
     assert vsbatch.resolve_script_path("./job.sh", cwd, path) == "./job.sh"
     assert vsbatch.resolve_script_path("nope.sh", cwd, path) == "nope.sh"
     assert vsbatch.resolve_script_path("job.sh", cwd, "") == "job.sh"
+
+
+def test_two_node_sharded_job_runs_to_completed(slurm, cli, tmp_path):
+    """A job over two nodes of one GPU type (the testbed's h100 partition has two): vsbatch places
+    the sharded workload (fsdp2 over 8 GPUs, 4 per node) and it runs to COMPLETED on both nodes."""
+    job = script(tmp_path, "two-node.sh", "#SBATCH --time=5", "#SBATCH --partition=h100", "#SBATCH --nodes=2",
+                 "#SBATCH --gres=gpu:h100:4", "#SBATCH --ntasks-per-node=1",
+                 SMALL + " --parallelism fsdp2 --num-gpus 8 --gpus-per-node 4",
+                 body='srun hostname; echo "NODES=$SLURM_JOB_NUM_NODES"')
+    rc, out, err = run_vsbatch(["--json", job.name], slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["action"] == "submit" and d["partition"] == "h100", d
+    rec = wait_done(cli, d["job_id"])
+    assert rec.state == "COMPLETED", rec
+    assert set(rec.node_list.replace("h100-node[1-2]", "h100-node1,h100-node2").split(",")) == {"h100-node1", "h100-node2"}
+    assert "NODES=2" in (tmp_path / f"slurm-{d['job_id']}.out").read_text()

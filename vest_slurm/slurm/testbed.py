@@ -12,6 +12,7 @@ Nodes (all on 127.0.0.1, each with its own port, fake GPUs as character devices 
     v100-node1  Gres=gpu:v100:4  partition v100 (default)
     a100-node1  Gres=gpu:a100:4  partition a100
     h100-node1  Gres=gpu:h100:4  partition h100
+    h100-node2  Gres=gpu:h100:4  partition h100 (a two-node job of one GPU type can run)
 
 Everything (config, munge key and socket, spool, state, logs) lives in ``workdir``. Jobs run as the
 user who submits them (root in the tests). ``python -m vest_slurm.testbed start|stop|status DIR``
@@ -76,6 +77,7 @@ NODES: tuple[TestNode, ...] = (
     TestNode("v100-node1", "v100", "v100", default=True),
     TestNode("a100-node1", "a100", "a100"),
     TestNode("h100-node1", "h100", "h100"),
+    TestNode("h100-node2", "h100", "h100"),   # a job over two nodes (sharded training) runs here
 )
 
 
@@ -196,9 +198,11 @@ class SlurmTestbed:
                 f"CPUs={NODE_CPUS} RealMemory={NODE_REAL_MEMORY_MB} "
                 f"Gres=gpu:{node.gpu_type}:{node.gpus} State=UNKNOWN"
             )
+        for part in dict.fromkeys(n.partition for n in self.nodes):   # one line per partition, its nodes
+            members = [n for n in self.nodes if n.partition == part]
             part_lines.append(
-                f"PartitionName={node.partition} Nodes={node.name} "
-                f"Default={'YES' if node.default else 'NO'} MaxTime=INFINITE State=UP"
+                f"PartitionName={part} Nodes={','.join(n.name for n in members)} "
+                f"Default={'YES' if any(n.default for n in members) else 'NO'} MaxTime=INFINITE State=UP"
             )
 
         lines = [
