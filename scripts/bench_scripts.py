@@ -288,6 +288,8 @@ def main() -> int:
     p.add_argument("--work", default=None, help="scratch folder for the scripts and their data (default: a temp dir)")
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "scripts-results.csv"))
+    p.add_argument("--merge", action="store_true",
+                   help="with --only: replace those scripts' rows in --out and keep the others (in corpus order)")
     args = p.parse_args()
     with open(args.corpus, "rb") as f:
         corpus = tomllib.load(f)["script"]
@@ -312,6 +314,14 @@ def main() -> int:
               f"{row['peak_rss_mib']:5d} MiB  {row['oracle'][:40]}  {row['message'][:100]}", flush=True)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
+    if args.merge and os.path.exists(args.out):
+        with open(args.out, newline="") as f:
+            kept = {r["script"]: r for r in csv.DictReader(f)}
+        kept.update({r["script"]: r for r in rows})
+        rows = [kept[n] for n in names if n in kept]
+        for r in rows:   # numbers read back from the CSV are text
+            r["peak_rss_mib"] = int(float(r["peak_rss_mib"] or 0))
+            r["seconds"] = float(r["seconds"] or 0)
     _report(rows, time.perf_counter() - t0)
     if args.out:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
