@@ -26,8 +26,8 @@ anyway (a ghost job). Hence:
     fallback_burst_ms, refilled at fallback_ms_per_s; a call that finds too little in it takes the
     fail mode at once, without trying anything;
   - a circuit breaker: after the server failed, it is tried again at most once a second (or at once
-    when vest-bridge.json is rewritten: a (re)started server writes it), logged when it opens and
-    closes ("vest-bridge: breaker=open|closed");
+    when vest-bridge.json is rewritten: a (re)started server writes it), within the bucket or, when
+    it is empty, within PROBE_FLOOR_S; logged when it opens and closes ("vest-bridge: breaker=...");
   - a request in flight when the server dies (an I/O error, not a timeout) is retried once through
     the per-call program within what is left of the call's limit.
 The state lives in this Lua state, which the plugin keeps from call to call (it reloads the script
@@ -59,6 +59,10 @@ local MAX_ANSWER_BYTES = 65536
 local MAX_TIMEOUT_S = 9                    -- below MessageTimeout (10 s)
 local RETRY_S = 1.0                        -- the breaker tries the server at most once a second
 local MIN_PROGRAM_S = 0.05                 -- less than this left: not worth a Python start
+-- A retry of the server while the bucket is empty still gets this long (drawn as debt): a healthy
+-- server answers in a few ms (a whole sbatch: p99 35 ms, benchmarks/bench_bridge.json), so this
+-- finds a restarted one, and a hung one costs at most this per retry, i.e. 100 ms a second.
+local PROBE_FLOOR_S = 0.1
 -- The per-call program is started only when the bucket holds what its recent runs took: a weighted
 -- mean of their durations (weight 0.3 for the newest: it follows a change of load within a few runs)
 -- with a quarter more for their spread. Until one has run, any positive amount will do (the first
@@ -253,9 +257,18 @@ local function parse_answer(text)
 end
 
 -- ---------------------------------------------------------------- the plugin
-local function fail_mode(facts, why, uid, t0, via, limit_s)
+-- A log value from the user (the job name): percent-encoded unless plain, as the server's kv() does,
+-- so that it cannot forge a field or a line.
+local function kv(v)
+  if type(v) ~= "string" or v == "" then return "-" end
+  if #v > 200 then v = v:sub(1, 200) .. "..." end
+  return (v:gsub("[^%w_%.,:/@+%-]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+local function fail_mode(facts, why, uid, t0, via, limit_s, job)
   local ms = (socket.gettime() - t0) * 1000
-  local budget = string.format("budget_ms=%.0f limit_ms=%.0f", bucket.ms or 0, (limit_s or 0) * 1000)
+  local budget = string.format("budget_ms=%.0f limit_ms=%.0f job=%s", bucket.ms or 0, (limit_s or 0) * 1000,
+                               kv(job))
   if facts.fail == "closed" then
     log(string.format("vest-bridge: action=refuse reason=bridge-%s fail=closed uid=%d via=%s ms=%.1f %s",
                       why, uid, via, ms, budget))
@@ -315,12 +328,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     breaker.next_try = 0
   end
   local ok, line = pcall(request_line, job_desc, submit_uid)
-  if not ok then return fail_mode(facts, "encode", submit_uid, t0, "lua") end
+  if not ok then return fail_mode(facts, "encode", submit_uid, t0, "lua", 0, nil) end
   local limit = math.min(facts.timeout_s, facts.fallback_burst_ms / 1000)
   local deadline = t0 + limit
   local answer, err, via = nil, nil, "server"
-  if not breaker.open or (t0 >= breaker.next_try and bucket.ms > 0) then
-    if breaker.open then limit = math.min(limit, bucket.ms / 1000) end
+  if not breaker.open or t0 >= breaker.next_try then
+    if breaker.open then limit = math.min(limit, math.max(bucket.ms / 1000, PROBE_FLOOR_S)) end
     deadline = t0 + limit
     answer, err = ask_server(facts, line, deadline)
     local a, why
@@ -330,7 +343,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       breaker_close(now, "answered")
       if a.action == "error" then
         log(a.log .. " via=server")
-        return fail_mode(facts, "error", submit_uid, t0, "server", limit)
+        return fail_mode(facts, "error", submit_uid, t0, "server", limit, job_desc.name)
       end
       return apply(a, job_desc, "server", t0)
     end
@@ -339,11 +352,11 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     breaker_open(err or why, submit_uid, now)
     if answer then                                    -- answered, but not a valid answer
       breaker.failed = breaker.failed + 1
-      return fail_mode(facts, why, submit_uid, t0, "server", limit)
+      return fail_mode(facts, why, submit_uid, t0, "server", limit, job_desc.name)
     end
     if err == "timeout" then                          -- the call's time is spent
       breaker.failed = breaker.failed + 1
-      return fail_mode(facts, err, submit_uid, t0, "server", limit)
+      return fail_mode(facts, err, submit_uid, t0, "server", limit, job_desc.name)
     end
     -- "connect" (nobody listens) or "io" (it died with our request in flight): once through the
     -- per-call program, within what is left of this call.
@@ -365,17 +378,17 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   if not answer then
     breaker.failed = breaker.failed + 1
-    return fail_mode(facts, err, submit_uid, t0, via, limit)
+    return fail_mode(facts, err, submit_uid, t0, via, limit, job_desc.name)
   end
   local a, why = parse_answer(answer)
   if not a then
     breaker.failed = breaker.failed + 1
-    return fail_mode(facts, why, submit_uid, t0, via, limit)
+    return fail_mode(facts, why, submit_uid, t0, via, limit, job_desc.name)
   end
   breaker.program = breaker.program + 1
   if a.action == "error" then
     log(a.log .. " via=" .. via)
-    return fail_mode(facts, "error", submit_uid, t0, via, limit)
+    return fail_mode(facts, "error", submit_uid, t0, via, limit, job_desc.name)
   end
   return apply(a, job_desc, via, t0)
 end

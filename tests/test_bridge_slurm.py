@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
@@ -76,13 +77,13 @@ def ctld_log(tb) -> str:
 @pytest.fixture
 def tb(bridge_slurm):
     """The bridge cluster reset to testbed.toml (reroute, unknown jobs allowed, fail open)."""
-    if not bridge_slurm.server_alive():
-        bridge_slurm.start_server()
-    bridge_slurm.configure()
-    yield bridge_slurm
-    if not bridge_slurm.server_alive():
-        bridge_slurm.start_server()
-    bridge_slurm.configure()
+    for _ in ("before", "after"):
+        if not bridge_slurm.server_alive():
+            bridge_slurm.write_site()           # a server binds only once its config loads
+            bridge_slurm.start_server()
+        bridge_slurm.configure()
+        if _ == "before":
+            yield bridge_slurm
 
 
 # ---------------------------------------------------------------- decisions
@@ -217,6 +218,7 @@ def _during(tb, fake_reply, fail):
     controller's log written since the submission began)."""
     tb.configure(fail=fail, timeout_s=BRIDGE_TIMEOUT_S)
     tb.stop_server()
+    tb.wait_budget_refilled()        # earlier faults drew on the bucket: this call must try the server
     fake = FakeServer(str(tb.socket_path), fake_reply)
     log_start = len(ctld_log(tb))
     try:
@@ -363,6 +365,33 @@ def test_budget_across_calls_with_the_server_down(tb, fail):
             assert r.returncode == 0, r.err
     assert after.returncode == 0 and job_of(tb, after.name)[0]["partition"] == "a100"
     assert "via=server" in lines[-1], lines[-1]
+
+
+def test_server_restarted_by_its_supervisor_is_found_without_a_controller_reload(tb):
+    """Restart=always, RestartSec=0 (the shipped unit) played by the testbed's supervisor: after a
+    SIGKILL the new server is asked again (its rewrite of vest-bridge.json closes the breaker) with
+    no `scontrol reconfigure`."""
+    before = tb.status()["pid"]
+    tb.supervise()
+    try:
+        tb.server.kill()
+        def new_server():
+            try:
+                return tb.status()["pid"] != before
+            except OSError:
+                return False
+        deadline = time.monotonic() + 60                  # a hang bound, not a speed check
+        while not new_server():
+            assert time.monotonic() < deadline, "the supervisor did not bring a server back"
+            time.sleep(0.05)
+        log_start = len(ctld_log(tb))
+        p = sbatch(tb, estimate_line_script(20))
+        assert p.returncode == 0 and job_of(tb, p.name)[0]["partition"] == "a100", p.err
+        line = [ln for ln in ctld_log(tb)[log_start:].splitlines() if f"job={p.name} " in ln][0]
+        assert "via=server" in line, line
+        assert tb.restarts == 1
+    finally:
+        tb.stop_server()
 
 
 def test_config_broken_while_serving_keeps_last_good(tb):

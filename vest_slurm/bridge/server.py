@@ -6,8 +6,12 @@
 - Concurrent-safe: every connection has its own thread; the loaded config is one immutable object
   swapped by a single assignment; the log file is written under a lock.
 - Reload: SIGHUP, or the config file's mtime changing (checked every second). A config that fails
-  to load is logged and the last good one stays; with none loaded at all, every answer is "error".
-  SIGHUP also reopens the log file (logrotate).
+  to load is logged and the last good one stays. SIGHUP also reopens the log file (logrotate).
+- Readiness: the socket is bound only once a site config has loaded (until then the server retries
+  every second and nothing listens, so job_submit.lua's connect fails at once and it falls back);
+  then, under systemd (Type=notify), READY=1 goes to $NOTIFY_SOCKET. A server restarted by its
+  unit (Restart=always, RestartSec=0) rewrites vest-bridge.json on load, which tells the Lua's
+  circuit breaker to try it at once.
 - ``#VEST`` directives (``bridge.allow_vest_directives``): read by the allow-list in the request
   thread; those allowed are traced in one confined worker process (directives.py, sandbox.py: its
   own unprivileged user, no network, no writes but a private tmpfs, CPU and memory limits), never in
@@ -65,14 +69,32 @@ class BridgeServer:
         self._log_lock = threading.Lock()
         self._log_file = None
         self._log_path_override = log_path
-        self.load()
-        self.socket_path = socket_path or (self.site.bridge.socket_path if self.site else None)
-        if not self.socket_path:
-            raise VestError(f"no socket path: the site config did not load ({self.problem})",
-                            "give --socket or fix the site config")
-        self._directives = DirectiveEstimator(lambda: self.site, self.log) if (
-            directives and self.site is not None and self.site.bridge.allow_vest_directives) else None
+        self._socket_override = socket_path
+        self._want_directives = directives
+        self._directives: DirectiveEstimator | None = None
         self._server: _UnixServer | None = None
+        self._reopen_log()                 # --log: failures before the first good load are logged too
+        self.load()
+
+    @property
+    def socket_path(self) -> str | None:
+        return self._socket_override or (self.site.bridge.socket_path if self.site else None)
+
+    def wait_for_config(self) -> None:
+        """Retry loading every WATCH_INTERVAL_S until a site config loads (or SIGTERM): nothing is
+        served before, so no answer ever comes from a server that has no rules."""
+        while self.site is None and not self._stop.is_set():
+            hup = self._reload.wait(WATCH_INTERVAL_S)
+            self._reload.clear()
+            try:
+                mtime = os.stat(self.config_path).st_mtime_ns
+            except OSError:
+                mtime = None
+            if not self._stop.is_set() and (hup or mtime != self.mtime_ns):
+                self.load()
+        if self.site is not None and self._directives is None and self._want_directives \
+                and self.site.bridge.allow_vest_directives:
+            self._directives = DirectiveEstimator(lambda: self.site, self.log)
 
     # --- config -------------------------------------------------------------------------------
 
@@ -175,7 +197,10 @@ class BridgeServer:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def bind(self) -> None:
+        self.wait_for_config()
         path = self.socket_path
+        if self.site is None or path is None:      # stopped before any config loaded
+            raise VestError(f"no site config loaded ({self.problem})", "fix the site config")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if os.path.exists(path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -195,13 +220,18 @@ class BridgeServer:
         self._server.bridge = self  # type: ignore[attr-defined]
 
     def serve_forever(self) -> None:
-        if self._server is None:
-            self.bind()
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
         signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=self.shutdown, daemon=True).start())
+        if self._server is None:
+            self.wait_for_config()
+            if self.site is None:                    # SIGTERM before any config loaded
+                self.log("vest-bridge: action=stop before_config=yes")
+                return
+            self.bind()
         watcher = threading.Thread(target=self._watch, daemon=True, name="config-watch")
         watcher.start()
         self.log(f"vest-bridge: action=start socket={self.socket_path} pid={os.getpid()}")
+        sd_notify(b"READY=1")
         try:
             self._server.serve_forever(poll_interval=0.2)
         finally:
@@ -216,8 +246,27 @@ class BridgeServer:
             self.log("vest-bridge: action=stop")
 
     def shutdown(self) -> None:
+        self._stop.set()
+        self._reload.set()
         if self._server:
             self._server.shutdown()
+
+
+def sd_notify(message: bytes) -> bool:
+    """Tell systemd (Type=notify units) our state: one datagram to $NOTIFY_SOCKET (sd_notify(3));
+    False where there is none (not under systemd)."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]          # abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(message)
+        return True
+    except OSError:
+        return False
 
 
 def query_status(socket_path: str, timeout_s: float = 2.0) -> dict:

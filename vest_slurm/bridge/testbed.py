@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class BridgeTestbed:
         self.base = toml.loads(TESTBED_TOML.read_text())
         self.server: subprocess.Popen | None = None
         self._overrides = dict(bridge_overrides)
+        self._supervisor: threading.Thread | None = None
+        self._supervising = False
+        self._server_lock = threading.Lock()
+        self.restarts = 0
 
     # --- config -------------------------------------------------------------------------------
 
@@ -100,7 +105,7 @@ class BridgeTestbed:
 
     # --- server -------------------------------------------------------------------------------
 
-    def start_server(self) -> None:
+    def _spawn_server(self) -> subprocess.Popen:
         argv = [sys.executable, "-m", "vest_slurm.bridge", "serve", "--site-config", str(self.config_path),
                 "--lua-conf", str(self.lua_conf), "--socket", str(self.socket_path)]
         if not self.directives:
@@ -108,9 +113,36 @@ class BridgeTestbed:
         env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + os.environ["PYTHONPATH"]
                                                         if os.environ.get("PYTHONPATH") else ""))
         out = open(self.workdir / "log" / "bridge-server.out", "ab")
-        self.server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                       env=env, cwd=self.workdir)
-        out.close()
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, cwd=self.workdir)
+        finally:
+            out.close()
+
+    def supervise(self) -> None:
+        """Restart the server at once whenever it exits, as the shipped unit does (Restart=always,
+        RestartSec=0), until stop_server(); ``restarts`` counts them."""
+        if self._supervisor is not None:
+            return
+        self._supervising = True
+
+        def loop() -> None:
+            while self._supervising:
+                proc = self.server
+                if proc is None:
+                    return
+                proc.wait()
+                with self._server_lock:
+                    if not self._supervising:
+                        return
+                    self.server = self._spawn_server()
+                    self.restarts += 1
+
+        self._supervisor = threading.Thread(target=loop, daemon=True, name="bridge-supervisor")
+        self._supervisor.start()
+
+    def start_server(self) -> None:
+        self.server = self._spawn_server()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
@@ -130,7 +162,15 @@ class BridgeTestbed:
         return query_status(str(self.socket_path))
 
     def stop_server(self, kill: bool = False) -> None:
-        """Stop the server (SIGKILL leaves its socket file behind, as a crash would)."""
+        """Stop the server (SIGKILL leaves its socket file behind, as a crash would) and its
+        supervisor, if any."""
+        with self._server_lock:
+            self._supervising = False
+        if self._supervisor is not None:
+            if self.server is not None and self.server.poll() is None:
+                self.server.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            self._supervisor.join(10)
+            self._supervisor = None
         if self.server is None:
             return
         if self.server.poll() is None:

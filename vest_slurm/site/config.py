@@ -148,9 +148,11 @@ class Bridge:
 
     @property
     def worst_wait_s(self) -> float:
-        """The longest a submission can queue behind the plugin's calls (bucket and one call that
-        overruns it, at the refill rate): (burst + limit) / (1 - rate). Kept below MessageTimeout."""
-        return (self.fallback_burst_ms / 1000 + self.call_limit_s) / (1 - self.fallback_ms_per_s / 1000)
+        """The longest a submission can queue behind the plugin's calls: the bucket and one call that
+        overruns it, while fallbacks take the refill rate plus the Lua's retries of the server with
+        an empty bucket (PROBE_FLOOR_S, 0.1 s once a second): (burst + limit) / (1 - rate - 0.1).
+        Kept below MessageTimeout."""
+        return (self.fallback_burst_ms / 1000 + self.call_limit_s) / (1 - self.fallback_ms_per_s / 1000 - 0.1)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""The decision server as a process, without Slurm: readiness (nothing listens before a site config
+has loaded; READY=1 to systemd after), and answers after a restart."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import toml
+
+from vest_slurm.bridge.server import query_status
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _wait(cond, limit_s: float = 60.0, what: str = "") -> None:
+    """Wait for a state (a hang bound, not a speed check)."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {limit_s} s: {what}"
+        time.sleep(0.05)
+
+
+def test_server_listens_only_once_its_config_loads_then_tells_systemd(tmp_path):
+    short = tempfile.mkdtemp(prefix="vest-srv-")          # AF_UNIX paths are short
+    sock, notify = os.path.join(short, "bridge.sock"), os.path.join(short, "notify")
+    cfg, lua = tmp_path / "site.toml", tmp_path / "vest-bridge.json"
+    cfg.write_text("this is [not toml\n")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # stands where systemd's socket is
+    listener.bind(notify)
+    listener.settimeout(60)
+    env = dict(os.environ, NOTIFY_SOCKET=notify, PYTHONPATH=str(REPO))
+    log = tmp_path / "bridge.log"
+    p = subprocess.Popen([sys.executable, "-m", "vest_slurm.bridge", "serve", "--site-config", str(cfg),
+                          "--socket", sock, "--lua-conf", str(lua), "--log", str(log), "--no-directives"],
+                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: log.exists() and "result=failed" in log.read_text(), what="the failed load logged")
+        assert p.poll() is None and not os.path.exists(sock) and not lua.exists()   # up, not serving
+        data = toml.loads((REPO / "site-config" / "testbed.toml").read_text())
+        data["bridge"].update(socket_path=sock, log_path=str(log))
+        cfg.write_text(toml.dumps(data))
+        assert listener.recv(4096) == b"READY=1"
+        assert os.path.exists(sock) and lua.exists()
+        st = query_status(sock)
+        assert st["generation"] == 1 and st["problem"] == "" and st["pid"] == p.pid
+    finally:
+        p.terminate()
+        p.wait(30)
+        listener.close()
+        for f in (sock, notify):
+            if os.path.exists(f):
+                os.unlink(f)
+        os.rmdir(short)
