@@ -322,3 +322,22 @@ def test_benchmark_cache_is_per_thread():
                      ("backward", "dgrad", second), ("backward", "wgrad", second), ("backward", "wgrad", first)]
     runs = [e for e in tr.events if e.module == "cudnn" and e.action == "alloc"]
     assert len(runs) == 2 * len(found)   # the second step runs every one of them without timing
+
+
+def test_cudnn_version_text_and_which_cudnn_is_assumed():
+    """cudnn.h's version numbers; the note says which cuDNN's heuristics the workspaces are where
+    the job's torch ships another (or none: a CPU build), and nothing where they agree."""
+    from vest_slurm.estimate.cudnn_ws import _frontend, assumed_note, job_cudnn_version, version_text
+
+    assert version_text(92400) == "9.24.0" and version_text(90800) == "9.8.0" and version_text(8902) == "8.9.2"
+    fe = _frontend()
+    job = job_cudnn_version()
+    note = assumed_note()
+    if fe is None:
+        assert note == ""
+    elif job is None:
+        assert "CPU build" in note and version_text(fe.backend_version()) in note
+    elif job == fe.backend_version():
+        assert note == ""
+    else:
+        assert version_text(job) in note and version_text(fe.backend_version()) in note

@@ -107,6 +107,43 @@ def available() -> bool:
     return _frontend() is not None
 
 
+def version_text(v: int) -> str:
+    """cuDNN's version number as text: 9.x encodes major*10000 + minor*100 + patch (92400 ->
+    9.24.0), 8.x major*1000 + minor*100 + patch (8902 -> 8.9.2) (cudnn.h CUDNN_VERSION)."""
+    if v >= 90000:
+        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+
+
+def job_cudnn_version() -> int | None:
+    """The cuDNN of the torch this process runs (the user's), None for a CPU build of torch."""
+    import torch
+
+    if torch.version.cuda is None:
+        return None
+    try:
+        return torch.backends.cudnn.version()
+    except Exception:
+        return None
+
+
+def assumed_note() -> str:
+    """Which cuDNN's heuristics the workspaces are (issue 25 item 2: said, not yet bounded):
+    "" where the job's torch ships the same cuDNN the heuristics come from."""
+    fe = _frontend()
+    if fe is None:
+        return ""
+    here = fe.backend_version()
+    job = job_cudnn_version()
+    if job is None:
+        return (f"cuDNN workspaces are cuDNN {version_text(here)}'s choice (nvidia-cudnn-frontend here); this torch is "
+                "a CPU build, so the job's cuDNN is assumed to be that one")
+    if job != here:
+        return (f"cuDNN workspaces are cuDNN {version_text(here)}'s choice, the job's torch ships cuDNN "
+                f"{version_text(job)}: it may pick other engines with other workspaces")
+    return ""
+
+
 @functools.lru_cache(maxsize=16)
 def _device_property(props_json: str):
     return _frontend().create_device_properties(props_json)

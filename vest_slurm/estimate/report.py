@@ -90,6 +90,8 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
         if not cudnn_ws.available():
             notes.append("note: cuDNN's convolution workspaces are not in this estimate (it needs cuDNN >= 9.8 and "
                          "nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend)")
+        elif assumed := cudnn_ws.assumed_note():
+            notes.append(f"note: {assumed}")
     note = "\n" + "\n".join(notes) + "\n" if notes else ""
     return f"{head}\n\n{table}\n\n{breakdown}\n{note}"
 
@@ -137,6 +139,11 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
     }
     if notes := floor_notes(estimates):
         doc["floor_notes"] = notes
+    if estimates and "cudnn_workspace_max" in dict(estimates[0].breakdown):
+        from . import cudnn_ws
+
+        if cudnn_ws.available() and (assumed := cudnn_ws.assumed_note()):
+            doc["cudnn_note"] = assumed
     if seconds is not None:
         doc["seconds"] = round(seconds, 3)
     return json.dumps(doc, indent=2)
