@@ -98,3 +98,20 @@ def test_device_generic_script_runs_on_the_stand_ins():
     assert run.batch_hint == 16
     params = (64 * 256 + 256 + 256 * 10 + 10) * 4
     assert dict(est.breakdown)["parameters"] == params
+
+
+def _shape(sig):
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def test_grad_scaler_stand_ins_have_every_public_method_with_its_signature():
+    from vest_slurm.dynamic import standins
+
+    for real, fake in ((torch.amp.GradScaler, standins.FakeGradScaler),
+                       (torch.cuda.amp.GradScaler, standins.FakeCudaGradScaler)):
+        for name in ["__init__", *(n for n in dir(real) if not n.startswith("_"))]:
+            assert hasattr(fake, name), f"{fake.__name__}.{name}"
+            assert _shape(inspect.signature(getattr(fake, name))) == _shape(inspect.signature(getattr(real, name))), name
+    scaler = standins.FakeGradScaler("cuda", growth_interval=100)
+    scaler.set_growth_factor(4.0)
+    assert scaler.get_growth_factor() == 4.0 and scaler.get_growth_interval() == 100

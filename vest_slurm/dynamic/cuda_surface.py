@@ -2,7 +2,7 @@
 
 In: the installed torch (its namespaces ``torch.cuda``, ``torch.cuda.amp``, ``torch.cuda.profiler``,
 ``torch.accelerator``, the classes ``torch.Stream``/``torch.Event``/``torch.cuda.Stream``/
-``torch.cuda.Event``/``torch.Generator``, pinned memory: ``Tensor.pin_memory``/``is_pinned`` and the
+``torch.cuda.Event``/``torch.Generator``/the two ``GradScaler``s, pinned memory: ``Tensor.pin_memory``/``is_pinned`` and the
 ``pin_memory=`` argument of torch's factories).
 Also ``Tensor.record_stream``. Out: ``surface()``, every public callable and class there with its real signature; ``DECISIONS``,
 one decision per API; ``patches(answers)``, the (object, attribute, replacement) list that
@@ -60,7 +60,8 @@ class Decision:
 # ---- the surface -------------------------------------------------------------------------------------
 
 NAMESPACES = ("torch.cuda", "torch.cuda.amp", "torch.cuda.profiler", "torch.accelerator")
-CLASSES = ("torch.Stream", "torch.Event", "torch.cuda.Stream", "torch.cuda.Event", "torch.Generator")
+CLASSES = ("torch.Stream", "torch.Event", "torch.cuda.Stream", "torch.cuda.Event", "torch.Generator",
+           "torch.amp.GradScaler", "torch.cuda.amp.GradScaler")
 
 
 def _resolve(dotted: str):
@@ -577,6 +578,7 @@ DECISIONS: dict[str, Decision] = {
     # classes
     "torch.Stream": _d(FAKE, "FakeStream"), "torch.Event": _d(FAKE, "FakeEvent"),
     "torch.Generator": _d(FAKE, "FakeGenerator"),
+    "torch.amp.GradScaler": _d(FAKE, "standins.FakeGradScaler (installed by standins.patched)"),
     # pinned memory
     "torch.Tensor.pin_memory": _d(FAKE, "the tensor itself: pinned memory is host memory, and pinning needs a driver"),
     "torch.Tensor.is_pinned": _d(FAKE, "true for a tensor pinned through the stand-in"),
@@ -593,9 +595,16 @@ def decision(api: str) -> Decision | None:
     if api.endswith("(pin_memory=)"):
         return Decision(FAKE, "pin_memory=True is dropped: the host tensor is made unpinned (no device bytes either way)")
     cls, _, method = api.rpartition(".")
+    if cls in ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler") and method:
+        from . import standins   # it imports this module: looked up at call time
+
+        fake = standins.FakeCudaGradScaler if cls.startswith("torch.cuda") else standins.FakeGradScaler
+        if hasattr(fake, method):
+            return Decision(FAKE, f"standins.{fake.__name__}.{method}")
+        return None
     if cls in CLASS_STANDINS:
         fake = CLASS_STANDINS[cls]
-        if any(method in k.__dict__ for k in fake.__mro__ if k.__module__ == __name__):
+        if any(method in k.__dict__ for k in fake.__mro__ if k.__module__.startswith("vest_slurm.")):
             return Decision(FAKE, f"{fake.__name__}.{method}")
         if method in _INHERITED_OK:
             return Decision(REAL, "inherited: a field or a CPU-generator method, no driver call")
@@ -735,7 +744,7 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         if dec is None or dec.kind not in (FAKE, UNSUPPORTED) or "(" in api:
             continue
         owner_name, _, attr = api.rpartition(".")
-        if owner_name in CLASS_STANDINS:
+        if owner_name in CLASS_STANDINS or owner_name.endswith("GradScaler"):
             continue   # methods live on the fake class
         owner = _resolve(owner_name) if owner_name != "torch.Tensor" else torch.Tensor
         if dec.kind == UNSUPPORTED:

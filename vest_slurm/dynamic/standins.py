@@ -136,6 +136,7 @@ class FakeGradScaler:
         self._enabled = bool(enabled)
         self._scale = None
         self._init_scale = init_scale
+        self._growth_factor, self._backoff_factor, self._growth_interval = growth_factor, backoff_factor, growth_interval
 
     def is_enabled(self):
         return self._enabled
@@ -173,8 +174,27 @@ class FakeGradScaler:
     def state_dict(self):
         return {"scale": self.get_scale()} if self._enabled else {}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state_dict):
         pass
+
+    # the schedule's settings: kept and answered (no inf ever appears, so they change nothing here)
+    def get_growth_factor(self):
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor):
+        self._growth_factor = new_factor
+
+    def get_backoff_factor(self):
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor):
+        self._backoff_factor = new_factor
+
+    def get_growth_interval(self):
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval):
+        self._growth_interval = new_interval
 
 
 class FakeCudaGradScaler(FakeGradScaler):
