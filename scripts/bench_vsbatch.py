@@ -45,6 +45,15 @@ TARGET_OTHER_S = 0.3
 PHASES = ("parse_s", "cluster_s", "place_s", "sbatch_s")
 
 
+def checkout_relative(path: Path) -> str:
+    """A path as a results file keeps it: relative to the checkout, never the machine's own path."""
+    path = path.resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
 def one_run(script: Path, site: Path, env: dict, cwd: Path) -> dict:
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "vest_slurm.vsbatch", "--json", "--site-config", str(site), script.name],
@@ -129,7 +138,7 @@ def main() -> int:
           f"(inside vsbatch: {summary['other_in_process_s']['median']:.3f} s; start-up: {summary['startup_s']['median']:.3f} s)")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({
-        "script": str(a.script), "site_config": str(a.site_config), "runs": rows, "summary": summary,
+        "script": checkout_relative(a.script), "site_config": checkout_relative(a.site_config), "runs": rows, "summary": summary,
         "target_other_s": TARGET_OTHER_S, "python": sys.version.split()[0], "machine": platform.platform(),
         "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
     }, indent=2))
