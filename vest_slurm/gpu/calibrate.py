@@ -43,6 +43,9 @@ JOBS: tuple[tuple[str, list[str]], ...] = (
     ("attention amp", _ATTENTION),   # amp-bf16 from sm80, amp-fp16 before (_argv)
 )
 STEPS = 3
+# The dry run checks that each job builds and trains here; one step shows that, and the CPU's
+# fp16 convolutions (no tensor cores, a reference kernel) make each further step cost a minute.
+DRY_RUN_STEPS = 1
 JOB_TIMEOUT_S = 600
 
 
@@ -73,7 +76,8 @@ def calibrate_job(index: int, device: str = "cuda") -> JobResult:
     from .measure import measure
     from ..estimate.workload import parse_workload_args
 
-    m = measure(parse_workload_args(_argv(index, device)), device=device, steps=STEPS)
+    steps = DRY_RUN_STEPS if device == "cpu" else STEPS
+    m = measure(parse_workload_args(_argv(index, device)), device=device, steps=steps)
     return JobResult(JOBS[index][0], m.outside_allocator_mib, m.device_name, m.total_mib, m.torch_version,
                      m.cuda_version, m.seconds)
 
