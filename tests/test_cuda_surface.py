@@ -105,13 +105,13 @@ def _shape(sig):
 
 
 def test_grad_scaler_stand_ins_have_every_public_method_with_its_signature():
-    from vest_slurm.dynamic import standins
+    import vest_slurm.dynamic.grad_scaler as gs
 
-    for real, fake in ((torch.amp.GradScaler, standins.FakeGradScaler),
-                       (torch.cuda.amp.GradScaler, standins.FakeCudaGradScaler)):
+    for real, fake in ((torch.amp.GradScaler, gs.FakeGradScaler),
+                       (torch.cuda.amp.GradScaler, gs.FakeCudaGradScaler)):
         for name in ["__init__", *(n for n in dir(real) if not n.startswith("_"))]:
             assert hasattr(fake, name), f"{fake.__name__}.{name}"
             assert _shape(inspect.signature(getattr(fake, name))) == _shape(inspect.signature(getattr(real, name))), name
-    scaler = standins.FakeGradScaler("cuda", growth_interval=100)
+    scaler = gs.FakeGradScaler("cuda", growth_interval=100)
     scaler.set_growth_factor(4.0)
     assert scaler.get_growth_factor() == 4.0 and scaler.get_growth_interval() == 100

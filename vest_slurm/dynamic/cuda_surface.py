@@ -542,7 +542,7 @@ DECISIONS: dict[str, Decision] = {
                  "DoubleTensor", "FloatStorage", "FloatTensor", "HalfStorage", "HalfTensor", "IntStorage", "IntTensor",
                  "LongStorage", "LongTensor", "ShortStorage", "ShortTensor")},
     # torch.cuda.amp
-    "torch.cuda.amp.GradScaler": _d(FAKE, "standins.FakeCudaGradScaler (installed by standins.patched)"),
+    "torch.cuda.amp.GradScaler": _d(FAKE, "grad_scaler.FakeCudaGradScaler (installed by standins.patched)"),
     "torch.cuda.amp.autocast": _d(REAL, "torch.amp.autocast, whose CUDA op lists _fakecuda emulates"),
     "torch.cuda.amp.custom_fwd": _d(REAL, "a decorator"),
     "torch.cuda.amp.custom_bwd": _d(REAL, "a decorator"),
@@ -578,7 +578,7 @@ DECISIONS: dict[str, Decision] = {
     # classes
     "torch.Stream": _d(FAKE, "FakeStream"), "torch.Event": _d(FAKE, "FakeEvent"),
     "torch.Generator": _d(FAKE, "FakeGenerator"),
-    "torch.amp.GradScaler": _d(FAKE, "standins.FakeGradScaler (installed by standins.patched)"),
+    "torch.amp.GradScaler": _d(FAKE, "grad_scaler.FakeGradScaler (installed by standins.patched)"),
     # pinned memory
     "torch.Tensor.pin_memory": _d(FAKE, "the tensor itself: pinned memory is host memory, and pinning needs a driver"),
     "torch.Tensor.is_pinned": _d(FAKE, "true for a tensor pinned through the stand-in"),
@@ -596,11 +596,11 @@ def decision(api: str) -> Decision | None:
         return Decision(FAKE, "pin_memory=True is dropped: the host tensor is made unpinned (no device bytes either way)")
     cls, _, method = api.rpartition(".")
     if cls in ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler") and method:
-        from . import standins   # it imports this module: looked up at call time
+        from . import grad_scaler   # torch-heavy: imported when a scaler method is asked about
 
-        fake = standins.FakeCudaGradScaler if cls.startswith("torch.cuda") else standins.FakeGradScaler
+        fake = grad_scaler.FakeCudaGradScaler if cls.startswith("torch.cuda") else grad_scaler.FakeGradScaler
         if hasattr(fake, method):
-            return Decision(FAKE, f"standins.{fake.__name__}.{method}")
+            return Decision(FAKE, f"grad_scaler.{fake.__name__}.{method}")
         return None
     if cls in CLASS_STANDINS:
         fake = CLASS_STANDINS[cls]

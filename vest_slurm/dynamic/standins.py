@@ -16,6 +16,7 @@ from torch import nn
 
 from ..estimate import _fakecuda as fc
 from . import cuda_surface
+from .grad_scaler import FakeCudaGradScaler, FakeGradScaler
 
 
 @dataclass
@@ -125,85 +126,7 @@ def _to_cuda(*args, **kwargs) -> bool:
     return device is not None and device.type == "cuda"
 
 
-# ---- GradScaler --------------------------------------------------------------------------------------
-
-class FakeGradScaler:
-    """torch.amp.GradScaler's memory behaviour: a scale tensor on the device, loss * scale, grads
-    unscaled in place before the step (found_inf checks need values: never inf here)."""
-
-    def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, enabled=True):
-        self._enabled = bool(enabled)
-        self._scale = None
-        self._init_scale = init_scale
-        self._growth_factor, self._backoff_factor, self._growth_interval = growth_factor, backoff_factor, growth_interval
-
-    def is_enabled(self):
-        return self._enabled
-
-    def scale(self, outputs):
-        if not self._enabled:
-            return outputs
-        if self._scale is None:
-            self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=fc.DEVICE)
-        if isinstance(outputs, torch.Tensor):
-            return outputs * self._scale
-        return type(outputs)(self.scale(o) for o in outputs)
-
-    def unscale_(self, optimizer):
-        if not self._enabled or self._scale is None or getattr(optimizer, "_vest_unscaled", False):
-            return
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if grads:
-            inv = self._scale.double().reciprocal().float()
-            torch._foreach_mul_(grads, inv)
-        optimizer._vest_unscaled = True
-
-    def step(self, optimizer, *args, **kwargs):
-        if self._enabled:
-            self.unscale_(optimizer)
-        optimizer._vest_unscaled = False
-        return optimizer.step(*args, **kwargs)
-
-    def update(self, new_scale=None):
-        pass
-
-    def get_scale(self):
-        return self._init_scale if self._enabled else 1.0
-
-    def state_dict(self):
-        return {"scale": self.get_scale()} if self._enabled else {}
-
-    def load_state_dict(self, state_dict):
-        pass
-
-    # the schedule's settings: kept and answered (no inf ever appears, so they change nothing here)
-    def get_growth_factor(self):
-        return self._growth_factor
-
-    def set_growth_factor(self, new_factor):
-        self._growth_factor = new_factor
-
-    def get_backoff_factor(self):
-        return self._backoff_factor
-
-    def set_backoff_factor(self, new_factor):
-        self._backoff_factor = new_factor
-
-    def get_growth_interval(self):
-        return self._growth_interval
-
-    def set_growth_interval(self, new_interval):
-        self._growth_interval = new_interval
-
-
-class FakeCudaGradScaler(FakeGradScaler):
-    """torch.cuda.amp.GradScaler's signature (no device argument)."""
-
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True):
-        super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
-
+# ---- GradScaler: grad_scaler.FakeGradScaler, FakeCudaGradScaler ---------------------------------------
 
 # ---- DistributedDataParallel -----------------------------------------------------------------------
 
