@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Install vest-slurm and what it needs on a fresh Debian 12 machine (run as root, or with sudo).
+#   - bubblewrap (the dynamic analysis runs the training script under it: vest_slurm/dynamic/bwrap.py);
 #   - Debian's Slurm 22.05 (controller, node daemon, client, Lua job_submit plugin), munge, and the
 #     Lua libraries the bridge uses, slurmdbd and MariaDB (the accounting testbed: sacct, vest audit);
 #     the daemons are not started (the test fixture starts its own).
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket slurmdbd mariadb-server)
+APT_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge lua-cjson lua-socket slurmdbd mariadb-server bubblewrap)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

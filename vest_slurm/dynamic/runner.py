@@ -4,7 +4,9 @@ fake CUDA (vest_slurm/dynamic/bootstrap.py) and turn what it recorded into an Al
 Limits that keep a shared login node safe, per child: wall time and resident memory (defaults
 120 s and 4 GiB; a site sets its own in site config), its own process session (killed whole at
 the end, so nothing is left behind), a fresh temp dir that is the only place it may write, no
-network, no subprocesses (the child's audit hook refuses them).
+network, no subprocesses (the child's audit hook refuses them), and, where it can run, bubblewrap
+around the child (bwrap.py: read-only mounts but the temp dir, no network, its own PID namespace),
+which also holds against code outside Python.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import EstimateError
+from .bwrap import sandbox_argv, tree_rss_bytes
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
 from ..estimate.trace import AllocEvent, AllocTrace
@@ -53,17 +56,6 @@ class DynamicRun:
     peak_rss_bytes: int
     redirected_writes: tuple[str, ...]
     spec: object = None   # an FSDP2 script's per-rank WorkloadSpec (fake_dist.per_rank)
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
 
 
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
@@ -117,6 +109,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         argv += ["--module", cmd.module, "--", *cmd.args]
     else:
         argv += ["--", cmd.script, *cmd.args]
+    # bubblewrap where it can run (bwrap.py), else the audit hook alone, said once
+    argv, _confined = sandbox_argv(argv, tmpdir, where)
     t0 = time.perf_counter()
     log_path = os.path.join(tmpdir, "output.log")
     peak_rss = 0
@@ -126,7 +120,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             limit_hit = None
             while proc.poll() is None:
-                rss = _rss_bytes(proc.pid)
+                rss = tree_rss_bytes(proc.pid)      # under bubblewrap the child is a grandchild
                 peak_rss = max(peak_rss, rss)
                 if rss > limits.memory_bytes:
                     limit_hit = f"memory limit: the estimate used {rss / GiB:.1f} GiB of host memory (limit {limits.memory_bytes / GiB:.1f} GiB)"
