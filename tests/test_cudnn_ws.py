@@ -324,20 +324,48 @@ def test_benchmark_cache_is_per_thread():
     assert len(runs) == 2 * len(found)   # the second step runs every one of them without timing
 
 
-def test_cudnn_version_text_and_which_cudnn_is_assumed():
-    """cudnn.h's version numbers; the note says which cuDNN's heuristics the workspaces are where
-    the job's torch ships another (or none: a CPU build), and nothing where they agree."""
-    from vest_slurm.estimate.cudnn_ws import _frontend, assumed_note, job_cudnn_version, version_text
+def test_cudnn_version_text_and_which_cudnn_is_assumed(monkeypatch):
+    """cudnn.h's version numbers; whether the heuristics asked here are the job's cuDNN's: this
+    torch's cuDNN, or $VEST_JOB_CUDNN where the job runs another."""
+    from vest_slurm.estimate.cudnn_ws import (_frontend, assumed_note, heuristics_are_the_jobs, job_cudnn_version,
+                                              version_text)
 
     assert version_text(92400) == "9.24.0" and version_text(90800) == "9.8.0" and version_text(8902) == "8.9.2"
-    fe = _frontend()
-    job = job_cudnn_version()
-    note = assumed_note()
-    if fe is None:
-        assert note == ""
-    elif job is None:
-        assert "CPU build" in note and version_text(fe.backend_version()) in note
-    elif job == fe.backend_version():
-        assert note == ""
-    else:
-        assert version_text(job) in note and version_text(fe.backend_version()) in note
+    here = _frontend().backend_version()
+    monkeypatch.delenv("VEST_JOB_CUDNN", raising=False)
+    ok, why = heuristics_are_the_jobs()
+    assert ok == (job_cudnn_version() == here) and (assumed_note() == "") == ok
+    monkeypatch.setenv("VEST_JOB_CUDNN", version_text(here))
+    assert heuristics_are_the_jobs() == (True, "") and assumed_note() == ""
+    monkeypatch.setenv("VEST_JOB_CUDNN", "8.9.7")
+    ok, why = heuristics_are_the_jobs()
+    assert not ok and "8.9.7" in why and "without a GPU" in why and "largest workspace" in assumed_note()
+    monkeypatch.setenv("VEST_JOB_CUDNN", "unknown")
+    ok, why = heuristics_are_the_jobs()
+    assert not ok and "unknown" in why and version_text(here) in why
+
+
+def test_placement_bounds_the_engines_where_the_cudnn_asked_is_not_the_jobs(monkeypatch):
+    """peak stays the first plan's; placement takes the peak with every convolution at the largest
+    workspace over the engines (heuristics A + fallback), and the attached estimate carries it."""
+    from vest_slurm.site.placement import estimate_need
+    from vest_slurm.slurm.attach import make_payload
+
+    require_cudnn()
+    p = get_profile("a100-40gb")
+    sp = spec("--model", "torchvision:resnet18", "--batch-size", "16", "--input", "3x128x128")
+    summary = trace_for(sp, p)
+    monkeypatch.setenv("VEST_JOB_CUDNN", cudnn_ws.version_text(cudnn.backend_version()))
+    same = estimate_from_trace(summary, sp, p)
+    assert same.placement_bytes == 0 and "cudnn_engines_bound_peak" not in dict(same.breakdown)
+    monkeypatch.setenv("VEST_JOB_CUDNN", "9.1.0")
+    other = estimate_from_trace(summary, sp, p)
+    bound = dict(other.breakdown)["cudnn_engines_bound_peak"]
+    assert other.peak_bytes == same.peak_bytes and other.placement_bytes == bound > 0
+    assert estimate_need(other) == max(other.peak_bytes, other.required_bytes, bound)
+    # each convolution's largest engine workspace is at least the first plan's, and larger somewhere
+    keys = {e.detail for e in summary.trace.events if e.module == "cudnn" and e.action == "alloc" and e.detail}
+    sizes = [(cudnn_ws.workspace_for(p, k), cudnn_ws.workspace_for(p, k, benchmark=True)) for k in keys]
+    assert all(b >= a for a, b in sizes) and any(b > a for a, b in sizes)
+    payload = make_payload({"a100": other})
+    assert payload.gpu("a100").peak_bytes == max(other.peak_bytes, bound)

@@ -26,8 +26,12 @@ needs the cuDNN that the installed torch ships (nvidia-cudnn-cu*) and its Python
 (nvidia-cudnn-frontend); without them the workspaces stay unmodelled (size 0) and the estimate
 says so.
 
-Heuristics are those of the installed cuDNN: a site whose jobs run another cuDNN version may see
-other engines (benchmarks/README.md).
+Heuristics are those of the installed cuDNN. Where that is not the job's cuDNN (the job's torch
+ships another, one before 9.8 that cannot answer without a GPU, or a CPU build of torch, where it
+is unknown; $VEST_JOB_CUDNN names it where the job runs another torch than this one), placement
+takes the largest workspace over the engines cuDNN may pick for each convolution
+(heuristics_are_the_jobs, estimator._engines_bound) and the estimate says so; the peak stays the
+first plan's.
 """
 
 from __future__ import annotations
@@ -127,21 +131,53 @@ def job_cudnn_version() -> int | None:
         return None
 
 
-def assumed_note() -> str:
-    """Which cuDNN's heuristics the workspaces are (issue 25 item 2: said, not yet bounded):
-    "" where the job's torch ships the same cuDNN the heuristics come from."""
+JOB_CUDNN_ENV = "VEST_JOB_CUDNN"   # the job's cuDNN where the login node's torch is not the job's: 9.1.0, 90100 or "unknown"
+
+
+def _parse_version(text: str) -> int | None:
+    t = text.strip().lower()
+    if not t or t == "unknown":
+        return None
+    if t.isdigit():
+        return int(t)
+    parts = [int(x) for x in t.split(".")[:3] if x.isdigit()] + [0, 0]
+    return parts[0] * 10000 + parts[1] * 100 + parts[2] if parts[0] >= 9 else parts[0] * 1000 + parts[1] * 100 + parts[2]
+
+
+def jobs_cudnn() -> tuple[int | None, str]:
+    """(the job's cuDNN version or None, where that comes from)."""
+    env = os.environ.get(JOB_CUDNN_ENV)
+    if env is not None:
+        return _parse_version(env), f"${JOB_CUDNN_ENV}"
+    return job_cudnn_version(), "this torch"
+
+
+def heuristics_are_the_jobs() -> tuple[bool, str]:
+    """(the workspaces asked here are those the job's cuDNN picks, why not). cuDNN answers without
+    a GPU from 9.8 on; an older or unknown cuDNN, or another version than the one asked, may pick
+    other engines: placement then takes the largest workspace over the engines (estimator.py)."""
     fe = _frontend()
     if fe is None:
-        return ""
+        return True, ""            # nothing is asked: the estimate says the workspaces are not modelled
     here = fe.backend_version()
-    job = job_cudnn_version()
+    job, src = jobs_cudnn()
     if job is None:
-        return (f"cuDNN workspaces are cuDNN {version_text(here)}'s choice (nvidia-cudnn-frontend here); this torch is "
-                "a CPU build, so the job's cuDNN is assumed to be that one")
+        return False, (f"the job's cuDNN is unknown ({src}: a CPU build of torch); cuDNN {version_text(here)} "
+                       "was asked")
+    if job < 90800:
+        return False, f"the job's cuDNN {version_text(job)} ({src}) cannot be asked without a GPU (9.8 and newer can)"
     if job != here:
-        return (f"cuDNN workspaces are cuDNN {version_text(here)}'s choice, the job's torch ships cuDNN "
-                f"{version_text(job)}: it may pick other engines with other workspaces")
-    return ""
+        return False, f"the job's cuDNN {version_text(job)} ({src}) is not the one asked ({version_text(here)})"
+    return True, ""
+
+
+def assumed_note() -> str:
+    """What the cuDNN workspaces rest on, where they may not be the job's ("" where they are)."""
+    ok, why = heuristics_are_the_jobs()
+    if ok:
+        return ""
+    return (f"cuDNN workspaces: {why}; peak is that cuDNN's first plan, placement takes the largest workspace "
+            "over the engines cuDNN may pick for each convolution")
 
 
 @functools.lru_cache(maxsize=16)

@@ -221,8 +221,12 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         ("allocator_peak_reserved", result.peak_reserved_bytes),
         ("allocator_required", need),
     )
+    placement = 0
     if summary.uses_cudnn:
         breakdown += (("cudnn_workspace_max", cudnn_ws_max),)
+        placement = _engines_bound(events, profile, config, fixed)
+        if placement:
+            breakdown += (("cudnn_engines_bound_peak", placement),)
     if cudnn_find_max is not None:
         breakdown += (("cudnn_benchmark_workspace_max", cudnn_find_max),)
     return MemoryEstimate(
@@ -232,7 +236,25 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         peak_bytes=_peak_on(profile, fixed + result.peak_reserved_bytes, fixed + need),
         breakdown=breakdown,
         floor=profile.floor,
+        placement_bytes=placement,
     )
+
+
+def _engines_bound(events: list[AllocEvent], profile: DeviceProfile, config, fixed: int) -> int:
+    """Where the cuDNN asked is not the job's (cudnn_ws.heuristics_are_the_jobs), the peak with each
+    convolution's workspace at the largest over the engines cuDNN may pick for it (heuristics mode
+    A and the fallback list: cudnn_ws.find_workspace_bytes); 0 where it is the job's. Placement
+    takes the larger of this and the first plan's peak (placement.estimate_need): the caching
+    allocator's peak is not monotone in the request sizes (larger workspaces can fragment less), so
+    neither alone bounds the other, and a mix of engines is bounded only approximately."""
+    from . import cudnn_ws
+
+    ok, _ = cudnn_ws.heuristics_are_the_jobs()
+    if ok:
+        return 0
+    bounded = [replace(e, size_bytes=max(e.size_bytes, cudnn_ws.workspace_for(profile, e.detail, benchmark=True)))
+               if e.module == "cudnn" and e.action == "alloc" and e.detail else e for e in events]
+    return fixed + replay(bounded, config).peak_reserved_bytes
 
 
 def gpu_class(profile: DeviceProfile) -> bool:

@@ -17,6 +17,9 @@ class MemoryEstimate:
     ``floor``: where the CUDA-context floor came from: "calibrated" (the site measured this GPU
     type) or "default" (profiles.py's bound for a type no site calibrated); "" for records from
     before it was kept (an attached estimate of an older vsbatch).
+    ``placement_bytes``: where the cuDNN that answered is not the job's, the peak with every
+    convolution's workspace at the largest over the engines cuDNN may pick; placement uses it
+    (placement.estimate_need), ``peak_bytes`` stays the first plan's. 0 where not needed.
     """
 
     gpu: str
@@ -25,6 +28,7 @@ class MemoryEstimate:
     peak_bytes: int
     breakdown: tuple[tuple[str, int], ...] = ()
     floor: str = ""
+    placement_bytes: int = 0
 
     @property
     def fits(self) -> bool:

@@ -25,6 +25,7 @@ _BREAKDOWN_LABELS = {
     "allocator_required": "allocator need after flush-and-retry",
     "cudnn_workspace_max": "largest cuDNN workspace (in the allocator)",
     "cudnn_benchmark_workspace_max": "largest cuDNN benchmark-mode timing workspace",
+    "cudnn_engines_bound_peak": "peak with cuDNN's largest engines (placement uses it)",
 }
 
 
@@ -131,6 +132,7 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
                 "peak_mib": round(e.peak_bytes / MiB, 1),
                 "required_mib": round(e.required_bytes / MiB, 1),
                 "fits": e.fits,
+                "placement_mib": round(max(e.peak_bytes, e.required_bytes, e.placement_bytes) / MiB, 1),
                 "floor": {"context_mib": round(_context(e) / MiB, 1), "source": e.floor or "unknown"},
                 "breakdown": {k: round(v / MiB, 1) for k, v in e.breakdown},
             }

@@ -49,6 +49,7 @@ from ..slurm.accounting import AcctJob, Record, decode_record, jobstats_peak_byt
 MiB = 1 << 20
 ALPHA = 0.01                  # issue 25: requests below the measurement on at most 1% of jobs
 SMALL_SHARE = 4               # the floor from the smallest quarter of the jobs
+MIN_FLOOR_JOBS = 4            # at least one job in that quarter; fewer: the floor is kept
 OOM_PATTERNS = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError|"
                           r"CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED")
 STDERR_TAIL_BYTES = 256 * 1024
@@ -75,6 +76,7 @@ class Recommendation:
     bound: float                   # the probability of a request below the peak it guarantees
     would_below: int               # past jobs the recommendation would have requested below
     would_over: float              # their median over-provisioning with it
+    floor_from_jobs: bool = True   # False: too few jobs, the current floor kept
 
 
 @dataclass(frozen=True)
@@ -190,22 +192,28 @@ def conformal_quantile(errors: Sequence[float], alpha: float = ALPHA) -> tuple[f
 
 
 def recommend(rest_mib: Sequence[float], measured_mib: Sequence[float], min_floor_mib: int,
-              alpha: float = ALPHA) -> Recommendation | None:
+              alpha: float = ALPHA, current_floor_mib: int | None = None) -> Recommendation | None:
     """The floor and headroom of one GPU type from its past jobs (``rest``: each estimate without
-    its floor; ``measured``: each measured peak; MiB). See the module docstring."""
+    its floor; ``measured``: each measured peak; MiB). See the module docstring. With fewer than
+    MIN_FLOOR_JOBS jobs the floor is not taken from them (one job's estimate error would become the
+    floor): ``current_floor_mib`` is kept and only the headroom is fitted."""
     n = len(rest_mib)
     if n == 0:
         return None
     order = sorted(range(n), key=lambda i: rest_mib[i])
     small = order[:max(1, n // SMALL_SHARE)]
-    f = max(float(min_floor_mib), statistics.median(measured_mib[i] - rest_mib[i] for i in small))
+    from_jobs = n >= MIN_FLOOR_JOBS or current_floor_mib is None
+    if from_jobs:
+        f = max(float(min_floor_mib), statistics.median(measured_mib[i] - rest_mib[i] for i in small))
+    else:
+        f = float(current_floor_mib)
     f = math.ceil(f)
     errs = [m / max(r + f, 1.0) - 1 for r, m in zip(rest_mib, measured_mib)]
     h, ok = conformal_quantile(errs, alpha)
     pct = math.ceil(max(h, 0.0) * 1000) / 10     # up to a tenth of a percent: never below the quantile
     below = sum((r + f) * (1 + pct / 100) < m for r, m in zip(rest_mib, measured_mib))
     over = statistics.median((r + f) * (1 + pct / 100) / m - 1 for r, m in zip(rest_mib, measured_mib))
-    return Recommendation(int(f), pct, n, ok, alpha if ok else 1 / (n + 1), below, over)
+    return Recommendation(int(f), pct, n, ok, alpha if ok else 1 / (n + 1), below, over, from_jobs)
 
 
 def audit_types(jobs: Sequence[AuditJob], site=None, alpha: float = ALPHA) -> list[TypeAudit]:
@@ -242,7 +250,7 @@ def audit_types(jobs: Sequence[AuditJob], site=None, alpha: float = ALPHA) -> li
                         break
         rest = [(j.record.need_bytes - j.record.floor_bytes) / MiB for j in js]
         lm = local_memory_mib(p.capability, p.sm_count) if p is not None else 0
-        rec = recommend(rest, [x / MiB for x in m], lm, alpha)
+        rec = recommend(rest, [x / MiB for x in m], lm, alpha, current_floor_mib=floor_mib if p is not None else None)
         out.append(TypeAudit(
             t, len(js), sum(j.oom for j in js),
             statistics.median(abs(n_ - mm) / mm for n_, mm in zip(need, m)), below / len(js),
@@ -264,7 +272,7 @@ def report_text(jobs: Sequence[AuditJob], types: Sequence[TypeAudit]) -> str:
         r = a.recommendation
         rows.append([a.gpu_type, a.jobs, a.oom_jobs, _pct(a.median_abs_err), _pct(a.below_share), _pct(a.median_over),
                      a.smaller_type_jobs, f"{a.floor_mib} {a.floor}",
-                     "" if r is None else r.context_mib, "" if r is None else f"{r.headroom_percent:g}%",
+                     "" if r is None else f"{r.context_mib}{'' if r.floor_from_jobs else ' (kept)'}", "" if r is None else f"{r.headroom_percent:g}%",
                      "" if r is None else (f"<= {100 * r.bound:.1f}% (n={r.n})" + ("" if r.guaranteed else ", max")),
                      "" if r is None else f"{r.would_below} / {_pct(r.would_over)}"])
     hdr = ["GPU type", "jobs", "CUDA OOM", "median |err|", "request < meas", "median over-prov", "fit a smaller type",
@@ -284,6 +292,9 @@ def report_text(jobs: Sequence[AuditJob], types: Sequence[TypeAudit]) -> str:
             lines.append(f"job {j.job_id}: {j.note}")
     for a in types:
         r = a.recommendation
+        if r is not None and not r.floor_from_jobs:
+            lines.append(f"{a.gpu_type}: {r.n} job(s), fewer than {MIN_FLOOR_JOBS}: the floor is kept, only the headroom "
+                         "is fitted")
         if r is not None and not r.guaranteed:
             lines.append(f"{a.gpu_type}: {r.n} jobs; the {100 * ALPHA:g}% bound needs at least "
                          f"{math.ceil(1 / ALPHA) - 1}: the headroom is the largest error seen")
@@ -292,7 +303,8 @@ def report_text(jobs: Sequence[AuditJob], types: Sequence[TypeAudit]) -> str:
 
 def report_json(jobs: Sequence[AuditJob], types: Sequence[TypeAudit]) -> dict:
     def rec(r):
-        return None if r is None else {"context_mib": r.context_mib, "headroom_percent": r.headroom_percent,
+        return None if r is None else {"context_mib": r.context_mib, "context_from_jobs": r.floor_from_jobs,
+                                       "headroom_percent": r.headroom_percent,
                                        "jobs": r.n, "alpha": ALPHA, "guaranteed": r.guaranteed, "bound": r.bound,
                                        "past_jobs_below": r.would_below, "past_jobs_median_over": r.would_over}
     return {
@@ -332,8 +344,8 @@ def _set_key(text: str, table: str, key: str, value: str) -> str:
 
 
 def apply(path: str, types: Sequence[TypeAudit], now: str) -> tuple[str, str]:
-    """Write the recommendations into the site config at ``path``: ``context_mib`` per GPU type,
-    the policy's ``headroom_percent`` as the largest of the types' (one policy for the site). The
+    """Write the recommendations into the site config at ``path``: ``context_mib`` per GPU type
+    (where the floor came from its jobs: MIN_FLOOR_JOBS), the policy's ``headroom_percent`` as the largest of the types' (one policy for the site). The
     new text is validated as the site config before anything is written; the old file is kept as
     ``<path>.bak-<now>``. Returns (backup path, the new text)."""
     from .config import parse_site_config
@@ -346,7 +358,8 @@ def apply(path: str, types: Sequence[TypeAudit], now: str) -> tuple[str, str]:
         raise VestError("vest audit --apply: no GPU type has jobs with both an estimate and a measured peak",
                         "give measurements (--measured CSV, gres/gpumem accounting, Jobstats) and audit again")
     for a in recs:
-        new = _set_key(new, f"gpu.{a.gpu_type}", "context_mib", str(a.recommendation.context_mib))
+        if a.recommendation.floor_from_jobs:     # a floor kept for want of jobs is not a measurement
+            new = _set_key(new, f"gpu.{a.gpu_type}", "context_mib", str(a.recommendation.context_mib))
     new = _set_key(new, "policy", "headroom_percent", f"{max(a.recommendation.headroom_percent for a in recs):g}")
     parse_site_config(new, path)     # raises SiteConfigError listing every problem; nothing written then
     backup = f"{path}.bak-{now}"

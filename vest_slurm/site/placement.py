@@ -105,8 +105,9 @@ def needed_bytes(peak_bytes: int, headroom_percent: float, headroom_bytes: int) 
 
 
 def estimate_need(est: MemoryEstimate) -> int:
-    """What the headroom rule is applied to: the peak (never below what the job requires)."""
-    return max(est.peak_bytes, est.required_bytes)
+    """What the headroom rule is applied to: the peak (never below what the job requires, nor below
+    the cuDNN engines' bound where the cuDNN asked is not the job's: record.py)."""
+    return max(est.peak_bytes, est.required_bytes, est.placement_bytes)
 
 
 # ---------------------------------------------------------------- context and rules

@@ -83,7 +83,10 @@ class AttachedEstimate:
 def make_payload(estimates: Mapping[str, object], num_gpus: int = 1, batch_size: int | None = None,
                  now: datetime | None = None) -> AttachedEstimate:
     """From ``{gres type: MemoryEstimate}`` (``.gpu`` is the profile key)."""
-    gpus = tuple(GpuEstimate(t, e.gpu, int(e.required_bytes), int(e.peak_bytes)) for t, e in sorted(estimates.items()))
+    # The bridge places on max(peak, required): the peak sent is the one placement uses, with the
+    # cuDNN engines' bound where the estimate has one (MemoryEstimate.placement_bytes).
+    gpus = tuple(GpuEstimate(t, e.gpu, int(e.required_bytes), int(max(e.peak_bytes, getattr(e, "placement_bytes", 0))))
+                 for t, e in sorted(estimates.items()))
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return AttachedEstimate(gpus, num_gpus, batch_size, __version__, when)
 
