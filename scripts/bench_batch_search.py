@@ -60,7 +60,7 @@ def example_workloads(site_path: Path) -> list[tuple[str, WorkloadSpec, Prober, 
     return out
 
 
-def accuracy_workloads(paths: list[str]) -> list[tuple[str, WorkloadSpec, Prober, list[str]]]:
+def accuracy_workloads(paths: list[str], one_per_model: bool = False) -> list[tuple[str, WorkloadSpec, Prober, list[str]]]:
     from bench_accuracy import row_profile
     from groundtruth import RowSkip, is_amd, row_to_spec
 
@@ -70,9 +70,10 @@ def accuracy_workloads(paths: list[str]) -> list[tuple[str, WorkloadSpec, Prober
             for r in csv.DictReader(f):
                 if r.get("confidence") not in ("high", "medium") or is_amd(r):
                     continue
-                k = (r["source"], r["gpu"], r["model_kind"], r["model_name"], r["precision"], r.get("num_gpus", "1"))
+                k = (r["model_kind"], r["model_name"], r["precision"], r.get("num_gpus", "1")) if one_per_model else \
+                    (r["source"], r["gpu"], r["model_kind"], r["model_name"], r["precision"], r.get("num_gpus", "1"))
                 b = int(r["batch_size"])
-                if k not in best or b < best[k][0]:
+                if k not in best or (b < best[k][0] and not one_per_model):
                     best[k] = (b, r)
     pol = Policy()
     out = []
@@ -125,13 +126,20 @@ def main() -> int:
     ap.add_argument("--data", action="append", default=[], help="ground-truth CSV (repeatable); none: examples only")
     ap.add_argument("--site-config", type=Path, default=ROOT / "site-config" / "testbed.toml")
     ap.add_argument("--filter", default="", help="only workloads whose name contains this")
+    ap.add_argument("--one-per-model", action="store_true",
+                    help="one accuracy workload per model and precision (the first source's row), not per GPU too")
+    ap.add_argument("--max-seconds", type=float, default=None, help="start no workload after this long")
     ap.add_argument("--out", type=Path, default=Path("bench-results") / "batch-search-compare.csv")
     a = ap.parse_args()
     work = [("example", *w) for w in example_workloads(a.site_config)]
-    work += [("accuracy", *w) for w in accuracy_workloads(a.data)]
+    work += [("accuracy", *w) for w in accuracy_workloads(a.data, a.one_per_model)]
     rows = []
+    t0, left = time.perf_counter(), 0
     for source, name, spec, prober, types in work:
         if a.filter and a.filter not in name:
+            continue
+        if a.max_seconds is not None and time.perf_counter() - t0 > a.max_seconds:
+            left += 1
             continue
         rows += [dict(r, source=source) for r in compare(name, spec, prober, types)]
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -151,6 +159,8 @@ def main() -> int:
           f"(bisection); affine held in {sum(r['new_method'] == 'affine' for r in searched)}, floor in "
           f"{sum(r['new_method'] == 'floor' for r in searched)}, bisection fallback in "
           f"{sum(r['new_method'] == 'bisection' for r in searched)}")
+    if left:
+        print(f"{left} workload(s) not started: --max-seconds {a.max_seconds:g} reached")
     print(f"results written to {a.out}")
     return 0
 

@@ -9,7 +9,8 @@ the peak resident memory of the command's process (wait4's ru_maxrss).
 
     import      python -c "import torch, torchvision"              (the yardstick)
     help        vest --help                                         (nothing heavy may load)
-    bad-input   vest estimate --model nosuch:x                      (refused before any import of torch)
+    pre-trace   the imports `vest estimate` of a torchvision model makes before its first trace
+    bad-input   vest estimate with a malformed --input               (refused before any import of torch)
     estimate    vest estimate resnet50 b128 Adam, cold             (trace cache off)
     check       vest check scripts/examples/resnet50-amp.sbatch on site-config/testbed.toml, cold
     check-llama vest check scripts/examples/llama3-8b-finetune.sbatch, cold
@@ -39,6 +40,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vest_slurm.estimate import progress  # noqa: E402  (a line on a terminal's stderr, nothing otherwise)
 EXAMPLE = "scripts/examples/resnet50-amp.sbatch"
 LLAMA = "scripts/examples/llama3-8b-finetune.sbatch"
 SITE = "site-config/testbed.toml"
@@ -48,7 +52,12 @@ VEST = [sys.executable, "-m", "vest_slurm.cli"]
 FIGURES = [
     ("import", [sys.executable, "-c", "import torch, torchvision"], "off", None, None),
     ("help", VEST + ["--help"], "off", None, None),
-    ("bad-input", VEST + ["estimate", "--model", "nosuch:x", "--batch-size", "1"], "off", None, None),
+    # what `vest estimate` of a torchvision model imports before its first trace starts
+    ("pre-trace", [sys.executable, "-c", "import vest_slurm.cli, vest_slurm.estimate.estimator, "
+                   "vest_slurm.estimate.tracing, vest_slurm.estimate.models, vest_slurm.estimate.cudnn_ws, "
+                   "vest_slurm.site.targets, torchvision.models"], "off", None, None),
+    ("bad-input", VEST + ["estimate", "--model", "torchvision:resnet50", "--batch-size", "8", "--input", "3xAx224"],
+     "off", None, None),
     ("estimate", VEST + ["estimate", "--model", "torchvision:resnet50", "--batch-size", "128",
                          "--input", "3x224x224", "--optimizer", "adam"], "off", 1.0, 1 << 30),
     ("check", VEST + ["check", EXAMPLE, "--site-config", SITE], "off", 3.0, None),
@@ -81,6 +90,7 @@ def main() -> int:
         base = dict(os.environ)
         base["PYTHONPATH"] = str(ROOT) + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
         base.pop("VEST_SITE_CONFIG", None)
+        base["VEST_QUIET"] = "1"
         envs = {"off": dict(base, VEST_CACHE_DIR="off"), "warm": dict(base, VEST_CACHE_DIR=warm_dir)}
         if any(f[2] == "warm" for f in figures):   # fill the cache once, not timed
             run_once(next(f for f in FIGURES if f[0] == "check-warm")[1], envs["warm"])
@@ -89,7 +99,8 @@ def main() -> int:
             for name, argv, cache, _, _ in figures:
                 wall, rss, rc = run_once(argv, envs[cache])
                 rows.append({"round": r, "figure": name, "wall_s": round(wall, 3), "rss_bytes": rss, "exit": rc})
-                print(f"  round {r + 1}/{a.runs} {name:12s} {wall:7.2f} s  exit {rc}", file=sys.stderr)
+                progress.step(f"round {r + 1}/{a.runs} {name}: {wall:.1f} s")
+    progress.done()
     imports = {row["round"]: row["wall_s"] for row in rows if row["figure"] == "import"}
     summary = {}
     lines = [f"{'figure':12s} {'median s':>9s} {'beyond import s':>16s} {'x import':>9s} {'RSS MiB':>8s} "

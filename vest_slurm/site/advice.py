@@ -28,8 +28,12 @@ models, through their own switch); an 8-bit Adam/AdamW state (bitsandbytes, wher
 more GPUs (data parallel, the per-GPU batch divided so the global batch stays).
 
 Known limitations:
-- The search assumes the need does not shrink as the batch grows (true of training memory; a
-  model whose kernels change with the batch could make the answer off by the width of that step).
+- The search assumes the need does not shrink as the batch grows. The allocator's peak can: the
+  example MLP (scripts/examples/mlp-too-big-for-v100.sbatch) on the testbed's A100 fits at batch
+  41,894 and 50,000-52,312 but not at 42,548-46,000 (its cached blocks fragment there, the peak
+  reserved 2-4 GiB above what is required). A search then answers one boundary where the need
+  crosses the capacity (the answer fits, a resolution step above does not), not necessarily the
+  largest batch that fits: this one 41,894, the bisection before it 52,312.
 - Data-parallel advice replicates the model on each GPU (DDP): it never helps a job whose
   parameters, gradients and optimizer state alone exceed the GPU; sharding (FSDP/ZeRO) is not
   estimated yet.
