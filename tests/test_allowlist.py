@@ -189,3 +189,53 @@ def test_generated_lines_never_reach_an_import(hostile):
     build_model(parse_workload_args(["--model", f"{d}/factory.py:build", "--batch-size", "1", "--input", "4"]))
     assert imported and imported[0].endswith("factory.py")
     marker.unlink()
+
+
+def test_num_gpus_auto_has_a_bounded_meaning():
+    """``--num-gpus auto`` passes the allow-list as that word only, meaning the job's Slurm GPU count
+    (the caller's: decide.py passes the request's total); it is still one option (no repeats), and
+    anything else in its place is refused. The user's own parser refuses it with what to do instead."""
+    from vest_slurm.errors import WorkloadError
+    from vest_slurm.estimate.workload import split_num_gpus_auto
+
+    base = ["--model", "torchvision:resnet18", "--batch-size", "8", "--parallelism", "fsdp2"]
+    spec = parse_untrusted(base + ["--num-gpus", "auto"])
+    assert spec.num_gpus == 1 and "--num-gpus" not in spec.to_argv()
+    assert parse_untrusted(base + ["--num-gpus=auto"]).num_gpus == 1
+    for bad in (["--num-gpus", "auto", "--num-gpus", "4"], ["--num-gpus", "AUTO"], ["--num-gpus", "auto;x"],
+                ["--num-gpus", str(1 << 20)]):
+        with pytest.raises(DirectiveRefused):
+            parse_untrusted(base + bad)
+    with pytest.raises(WorkloadError, match="vsbatch and `vest check`"):
+        parse_workload_args(base + ["--num-gpus", "auto"])
+    assert split_num_gpus_auto(base + ["--num-gpus", "auto"]) == (tuple(base), True)
+    assert split_num_gpus_auto(base + ["--num-gpus", "4"]) == (tuple(base + ["--num-gpus", "4"]), False)
+
+
+def test_bridge_reads_auto_as_the_jobs_gpu_count():
+    """decide.py traces ``#VEST --num-gpus auto`` at the job's own GPU count, and refuses a count past
+    the allow-list's bound instead of asking the worker for it."""
+    from pathlib import Path
+
+    from vest_slurm.bridge.decide import _from_directives
+    from vest_slurm.estimate.allowlist import MAX_NUM_GPUS
+    from vest_slurm.site.config import load_site_config
+    from vest_slurm.slurm.jobscript import gpu_request
+
+    site = load_site_config(str(Path(__file__).resolve().parent.parent / "site-config" / "testbed.toml"))
+    text = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --gres=gpu:h100:4\n"
+            "#VEST --model torchvision:resnet18 --batch-size 8 --parallelism fsdp2 --num-gpus auto\nhostname\n")
+    asked = []
+
+    def worker(argv, num_gpus, profiles):   # the directive worker's interface: what decide asks it for
+        asked.append((argv, num_gpus))
+        return None   # "over budget": decide goes on without an estimate
+
+    request = gpu_request(parse_job_script(text, "<job>").options)
+    assert _from_directives(text, request, site, worker)[1] == "directives-over-budget"
+    assert asked and asked[0][1] == 8 and "auto" not in asked[0][0]
+    from dataclasses import replace
+
+    asked.clear()
+    too_many = replace(request, total_gpus=MAX_NUM_GPUS + 1)
+    assert _from_directives(text, too_many, site, worker)[1] == "directives-refused-bad-value" and not asked

@@ -224,3 +224,32 @@ def test_vest_check_names_the_smallest_gpu_and_node_count_per_gpu_type(tmp_path,
         if n > 2:
             assert prober.needed(spec.with_(num_gpus=n // 2), gpu) > prober.capacity(gpu)
     assert rows["small"]["smallest_gpus"]["gpus"] >= rows["big"]["smallest_gpus"]["gpus"]
+
+
+def test_vest_check_num_gpus_auto_estimates_at_the_smallest_count(tmp_path, capsys):
+    """vest check --num-gpus auto: the workload is estimated at the fewest GPUs at which some GPU type
+    holds it per rank (the smallest of the per-type counts), and placement is shown at that count."""
+    import json
+
+    from vest_slurm.cli import run
+
+    path = tmp_path / "site.toml"
+    path.write_text(SITE)
+    layers = json.dumps([["Linear", 2048, 2048]] * 16)
+    argv = ["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8", "--optimizer", "adam",
+            "--parallelism", "fsdp2"]
+    assert run(["check", *argv, "--num-gpus", "auto", "--site-config", str(path), "--no-search", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    n = doc["workload"]["num_gpus"]
+    assert doc["num_gpus_auto"].startswith(f"--num-gpus auto: {n} GPU(s)")
+    assert doc["placement"]["action"] != "refuse"
+    counts = [g["smallest_gpus"]["gpus"] for g in doc["gpus"] if g["smallest_gpus"]]
+    assert counts and n <= min(counts)   # smallest_gpu_counts doubles (2, 4, ...); auto tries every count on a node
+    if n > 1:
+        spec = parse_workload_args(argv)
+        from vest_slurm.site.advice import Prober
+        from vest_slurm.site.config import parse_site_config
+
+        site = parse_site_config(SITE)
+        prober = Prober.for_site(site, budget_s=600)
+        assert all(prober.needed(spec.with_(num_gpus=n - 1), g.name) > prober.capacity(g.name) for g in site.gpus)

@@ -293,3 +293,65 @@ def test_two_node_sharded_job_runs_to_completed(slurm, cli, tmp_path):
     assert rec.state == "COMPLETED", rec
     assert set(rec.node_list.replace("h100-node[1-2]", "h100-node1,h100-node2").split(",")) == {"h100-node1", "h100-node2"}
     assert "NODES=2" in (tmp_path / f"slurm-{d['job_id']}.out").read_text()
+
+
+_BLOCK = '["Linear",32768,32768]'
+# 16 x 32768^2 fp32 Linear layers with Adam under fsdp2 at batch 4: ~66 GiB per rank over 8 GPUs with the
+# testbed's headroom (vest check), more than an H100's 80 GB over 4; a100 and v100 partitions have one node.
+SHARDED_BIG = (f"#VEST --model 'mlp:[{','.join([_BLOCK] * 16)}]' --input 32768 --batch-size 4 --optimizer adam "
+               "--parallelism fsdp2")
+
+
+def test_num_gpus_auto_chooses_the_smallest_count_and_nodes_and_runs(slurm, cli, tmp_path):
+    """#VEST --num-gpus auto: vsbatch chooses the fewest GPUs at which the sharded job fits per rank over
+    the nodes Slurm has (h100: two nodes of 4), rewrites --nodes and --gres to match the script's torchrun
+    line (which follows Slurm), and the job runs to COMPLETED on both nodes. At half the count it does
+    not fit; the attached estimate is for the chosen count."""
+    from vest_slurm.estimate.workload import parse_vest_line
+    from vest_slurm.site.advice import Prober
+    from vest_slurm.site.config import load_site_config
+
+    job = script(tmp_path, "auto.sh", "#SBATCH --time=5", "#SBATCH --gres=gpu:1", "#SBATCH --ntasks-per-node=1",
+                 SHARDED_BIG + " --num-gpus auto",
+                 body=': torchrun --nnodes=$SLURM_NNODES --nproc_per_node=gpu train.py\n'
+                      'srun hostname; echo "NODES=$SLURM_JOB_NUM_NODES GPUS=$SLURM_GPUS_ON_NODE"')
+    rc, out, err = run_vsbatch(["--json", job.name], slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["action"] == "submit" and d["partition"] == "h100" and d["gres"] == "gpu:h100:4", d
+    assert d["workload"]["num_gpus"] == 8 and "--nodes=2" in d["sbatch_argv"], d["sbatch_argv"]
+    assert "--gres=gpu:h100:4" in d["sbatch_argv"] and "--ntasks-per-node=1" in d["sbatch_argv"]
+    assert "--num-gpus auto: 8 GPU(s), 2 node(s) x 4" in err and "global batch is 8 x 4" in err
+    site = load_site_config(str(TESTBED))
+    prober = Prober.for_site(site)
+    spec = parse_vest_line(SHARDED_BIG[len("#VEST "):])
+    need4 = prober.needed(spec.with_(num_gpus=4), "h100")
+    assert need4 is not None and need4 > prober.capacity("h100")
+    rec = wait_done(cli, d["job_id"])
+    assert rec.state == "COMPLETED", rec
+    assert set(rec.node_list.replace("h100-node[1-2]", "h100-node1,h100-node2").split(",")) == {"h100-node1", "h100-node2"}
+    text = (tmp_path / f"slurm-{d['job_id']}.out").read_text()
+    assert "NODES=2 GPUS=4" in text, text
+
+
+@pytest.mark.parametrize("line, code, words", [
+    (": torchrun --nproc_per_node=$NGPU train.py", 2, ["line 6: torchrun --nproc_per_node '$NGPU'",
+                                                        "--nproc_per_node=$SLURM_GPUS_ON_NODE"]),
+    (": torchrun --nnodes=1 --nproc_per_node=4 train.py", 3, ["--num-gpus auto", "Nothing was queued"]),
+])
+def test_num_gpus_auto_refuses_what_the_torchrun_line_does_not_allow(slurm, tmp_path, line, code, words):
+    """A torchrun count vsbatch cannot read is refused with its line and what to write; a fixed one node
+    of 4 where the job needs 8 GPUs is refused as not fitting (the script's count is never overridden)."""
+    job = script(tmp_path, "auto.sh", "#SBATCH --time=5", "#SBATCH --gres=gpu:1", "#SBATCH --ntasks-per-node=1",
+                 SHARDED_BIG + " --num-gpus auto", body=line)
+    rc, out, err = run_vsbatch(["--json", job.name], slurm.env, tmp_path)
+    assert rc == code, err
+    for w in words:
+        assert w in err, err
+    assert json.loads(out)["job_id"] is None
+
+
+def test_num_gpus_auto_is_for_sharded_jobs(slurm, tmp_path):
+    job = script(tmp_path, "auto.sh", "#SBATCH --time=5", SMALL + " --num-gpus auto")
+    rc, out, err = run_vsbatch([job.name], slurm.env, tmp_path)
+    assert rc == 2 and "applies to sharded jobs" in err and "--parallelism fsdp2" in err, err

@@ -61,7 +61,9 @@ def cmd_estimate(ns) -> int:
                             "drop --model to estimate the command, or drop the command")
         cmd = parse_train_command(ns.command)
         check_train_command(cmd, os.getcwd(), None, site)
-        gpus = int(ns.num_gpus) if ns.num_gpus else None
+        from .estimate.workload import _num_gpus
+
+        gpus = _num_gpus(ns.num_gpus) if ns.num_gpus else None   # "auto": refused, it is vsbatch's / vest check's
         steps = int(ns.steps) if ns.steps else Limits().steps
         progress.step(f"running `{cmd.display}` with fake CUDA")
         spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),

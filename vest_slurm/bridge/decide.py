@@ -276,7 +276,7 @@ def _from_directives(script: str | None, request: GpuRequest, site: SiteConfig,
     if not argv:
         return None, "no-estimate", ""
     # Only jobs with #VEST lines and no attached estimate pay for these imports.
-    from ..estimate.allowlist import DirectiveRefused, parse_untrusted
+    from ..estimate.allowlist import MAX_NUM_GPUS, DirectiveRefused, parse_untrusted
     from .directives import DirectiveFailed
 
     try:
@@ -285,6 +285,8 @@ def _from_directives(script: str | None, request: GpuRequest, site: SiteConfig,
         return None, f"directives-refused-{e.reason}", f"{e.what}; {e.fix}"
     except VestError as e:
         return None, "directives-invalid", e.what
+    if request.total_gpus > MAX_NUM_GPUS:   # the count the trace runs at (#VEST --num-gpus auto means it)
+        return None, "directives-refused-bad-value", f"the job asks for {request.total_gpus} GPUs, more than {MAX_NUM_GPUS}"
     if directives is None:
         return None, "directives-not-here", ""    # the per-call program has no time for a trace
     try:

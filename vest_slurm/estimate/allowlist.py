@@ -15,6 +15,7 @@ Allowed, and nothing else:
   ASCII words without a path separator, numbers are bounded, nesting is at most two levels; keys
   that name files, directories, URLs, checkpoints, hubs or code (``checkpoint_path``,
   ``pretrained_cfg_overlay``, ``trust_remote_code``, ``cache_dir``) are refused as well;
+- ``--num-gpus auto``: the job's own Slurm GPU count (the caller's), which vsbatch chose and wrote;
 - every other option with the values ``vest estimate`` accepts, bounded (batch, steps, GPUs, shapes)
   so that a directive cannot ask for unbounded work; ``--alloc-conf`` only in the grammar of
   ``PYTORCH_CUDA_ALLOC_CONF``.
@@ -36,7 +37,7 @@ from ..errors import WorkloadError
 from .workload import (CUDNN_BENCHMARK, CUDNN_TF32, GRADIENT_CHECKPOINTING, LOSSES, OPTIMIZER_IMPLS,
                        OPTIMIZERS, PARALLELISMS, PRE_FORWARDS, PRECISIONS, ZERO_GRADS, WorkloadSpec,
                        SHARDINGS, SHARD_DTYPES, OFFLOADS, ON_OFF,
-                       spec_from_namespace)
+                       spec_from_namespace, NUM_GPUS_AUTO)
 
 # Bounds on what a directive may ask for. They keep a hostile line from asking the worker for
 # unbounded work; a real job beyond them is estimated by vsbatch, as its own user.
@@ -255,7 +256,7 @@ _OPTIONS = {
     "--precision": ("precision", lambda v: _choice("--precision", v, PRECISIONS)),
     "--channels-last": ("channels_last", None),
     "--grad-accum": ("grad_accum", lambda v: _int("--grad-accum", v, MAX_GRAD_ACCUM)),
-    "--num-gpus": ("num_gpus", lambda v: _int("--num-gpus", v, MAX_NUM_GPUS)),
+    "--num-gpus": ("num_gpus", lambda v: v if v == NUM_GPUS_AUTO else _int("--num-gpus", v, MAX_NUM_GPUS)),
     "--parallelism": ("parallelism", lambda v: _choice("--parallelism", v, PARALLELISMS)),
     "--alloc-conf": ("alloc_conf", _alloc_conf),
     "--steps": ("steps", lambda v: _int("--steps", v, MAX_STEPS)),
@@ -318,6 +319,11 @@ def parse_untrusted(argv: Sequence[str]) -> WorkloadSpec:
             setattr(ns, field, value)
     if ns.model is None:
         raise DirectiveRefused("no-model", "no --model given")
+    if ns.num_gpus == NUM_GPUS_AUTO:
+        # ``--num-gpus auto`` (that word exactly) has a bounded meaning here: the GPU count the job
+        # asks Slurm for, which vsbatch wrote and the caller passes (decide.py: the request's total),
+        # so it asks for no more work than a number would. The spec carries the default until then.
+        ns.num_gpus = None
     spec = spec_from_namespace(ns)
     for k, v in spec.model_kwargs.items():   # --model-args and --model-arg merged
         check_model_arg(k, v)

@@ -238,7 +238,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--precision", default=None, help=", ".join(PRECISIONS))
     g.add_argument("--channels-last", action="store_true", default=None)
     g.add_argument("--grad-accum", type=str, default=None, help="gradient accumulation steps")
-    g.add_argument("--num-gpus", type=str, default=None, help="GPUs of the job (data parallel; batch size is per GPU)")
+    g.add_argument("--num-gpus", type=str, default=None, help="GPUs of the job (data parallel; batch size is per GPU); "
+                   "auto (sharded jobs, vsbatch and vest check): the smallest count that fits")
     g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS) + " (fsdp: FSDP1, fsdp2: fully_shard, "
                    "hsdp: fully_shard over a 2-D mesh, zero1/2/3: DeepSpeed ZeRO stages; modelled per rank)")
     g.add_argument("--sharding", default=None, help="fsdp only: full-shard (default) or shard-grad-op")
@@ -275,6 +276,27 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                         "SGD and Adam with weight decay take a temporary copy of the gradients")
 
 
+NUM_GPUS_AUTO = "auto"
+
+
+def split_num_gpus_auto(argv) -> tuple[tuple[str, ...], bool]:
+    """(argv without ``--num-gpus auto`` / ``--num-gpus=auto``, whether it was there). ``auto`` is
+    not a count: vsbatch and ``vest check`` resolve it (site/autogpus.py) and the bridge reads it as
+    the GPU count the job asks Slurm for (which vsbatch wrote); every other parser sees a number."""
+    words, out, auto, i = list(argv), [], False, 0
+    while i < len(words):
+        w = words[i]
+        if w == "--num-gpus" and i + 1 < len(words) and words[i + 1] == NUM_GPUS_AUTO:
+            auto, i = True, i + 2
+            continue
+        if w == "--num-gpus=" + NUM_GPUS_AUTO:
+            auto, i = True, i + 1
+            continue
+        out.append(w)
+        i += 1
+    return tuple(out), auto
+
+
 def _positive_int(name: str, text, minimum: int = 1) -> int:
     try:
         v = int(str(text))
@@ -283,6 +305,13 @@ def _positive_int(name: str, text, minimum: int = 1) -> int:
     if v < minimum:
         raise WorkloadError(f"--{name} {v} must be at least {minimum}", f"give --{name} a value of {minimum} or more")
     return v
+
+
+def _num_gpus(value) -> int:
+    if value == NUM_GPUS_AUTO:
+        raise WorkloadError("--num-gpus auto is chosen by vsbatch and `vest check` (the smallest GPU count at which "
+                            "a sharded job fits)", "give --num-gpus N here, or run vsbatch / vest check on the script")
+    return _positive_int("num-gpus", value)
 
 
 def _weight_decay(value) -> float | None:
@@ -352,7 +381,7 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         precision=_choice("precision", pick("precision", "fp32"), PRECISIONS),
         channels_last=bool(pick("channels_last", False)),
         grad_accum=_positive_int("grad-accum", pick("grad_accum", 1)),
-        num_gpus=_positive_int("num-gpus", pick("num_gpus", 1)),
+        num_gpus=_num_gpus(pick("num_gpus", 1)),
         parallelism=_choice("parallelism", pick("parallelism", "ddp"), PARALLELISMS),
         alloc_conf=str(pick("alloc_conf", "")),
         steps=_positive_int("steps", pick("steps", 2), minimum=1),

@@ -53,6 +53,11 @@ def _workload(ns, site=None):
     from ..slurm.jobscript import GpuRequest, gpu_request, read_job_script
     from .trust import check_train_command, parse_directives
 
+    from ..estimate.workload import NUM_GPUS_AUTO, split_num_gpus_auto
+
+    ns.num_gpus_auto = ns.num_gpus == NUM_GPUS_AUTO   # resolved by cmd_check (autogpus.py)
+    if ns.num_gpus_auto:
+        ns.num_gpus = None
     if ns.script is None:
         spec = spec_from_namespace(ns)
         n = spec.num_gpus
@@ -62,7 +67,9 @@ def _workload(ns, site=None):
     if js.vest_directives:
         lines = ", ".join(str(v.lineno) for v in js.vest_directives)
         try:
-            base = parse_directives(js.vest_argv, js.path, site)
+            vest_argv, auto = split_num_gpus_auto(js.vest_argv)
+            ns.num_gpus_auto = ns.num_gpus_auto or (auto and ns.num_gpus is None)   # a count given here wins
+            base = parse_directives(vest_argv, js.path, site)
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
     elif not ns.model:
@@ -82,6 +89,8 @@ def _workload(ns, site=None):
     spec = spec_from_namespace(ns, base)
     request = gpu_request(js.options)
     said = ns.num_gpus is not None or any(w.startswith("--num-gpus") for w in js.vest_argv)
+    if ns.num_gpus_auto:
+        return spec, request, js.partitions, js.path
     if request.wants_gpu and not said:
         spec = spec.with_(num_gpus=request.total_gpus)
     elif not request.wants_gpu:
@@ -100,6 +109,18 @@ def cmd_check(ns) -> int:
     if ns.search_budget <= 0:
         raise WorkloadError("--search-budget must be positive", "e.g. --search-budget 30, or --no-search")
     prober = Prober.for_site(site, cache=True)
+    auto_text = None
+    if getattr(ns, "num_gpus_auto", False) and isinstance(spec, WorkloadSpec):
+        from ..slurm.jobscript import read_job_script
+        from .autogpus import LaunchShape, choose, launch_shape
+
+        shape = launch_shape(read_job_script(ns.script)) if ns.script else LaunchShape()
+        pick = choose(spec, request, partitions, site, prober, shape, {}, source)   # node counts: Slurm's, in vsbatch
+        if pick is None:
+            auto_text = (f"--num-gpus auto: {spec.parallelism} fits per rank at no GPU count up to what the "
+                         f"partitions take; shown at {spec.num_gpus} GPU(s)")
+        else:
+            spec, request, auto_text = pick.spec, pick.request, pick.text
     if not isinstance(spec, WorkloadSpec):   # a training command: dynamic analysis, batch set by the script
         from ..dynamic.runner import Limits, trace_command
 
@@ -154,9 +175,9 @@ def cmd_check(ns) -> int:
     write_pictures(ns, spec, lambda p: prober.summary(spec, p), prober.profiles)
     progress.done()
     if ns.json:
-        print(_json(spec, site, source, rows, result, advice, seconds, prober))
+        print(_json(spec, site, source, rows, result, advice, seconds, prober, auto_text))
     else:
-        print(_table(spec, site, source, rows, result, advice, seconds, prober), end="")
+        print(_table(spec, site, source, rows, result, advice, seconds, prober, auto_text), end="")
     return EXIT_NO_FIT if isinstance(result, NoFit) else 0
 
 
@@ -164,7 +185,7 @@ def _m(b) -> str:
     return "-" if b is None else f"{b / MiB:,.0f}"
 
 
-def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
+def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=None) -> str:
     from .placement import NoFit
 
     gpus = f"  {spec.num_gpus} GPUs" if spec.num_gpus > 1 else ""
@@ -184,7 +205,7 @@ def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
                  "largest batch", "partitions"],
         tablefmt="simple", disable_numparse=True,
         colalign=("left", "left", "right", "right", "right", "right", "left", "right", "left"))
-    notes = [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
+    notes = [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]] + ([auto_text] if auto_text else [])
     if spec.parallelism in SHARDED:
         for r in rows:
             sm = r.get("smallest_gpus")
@@ -203,7 +224,7 @@ def _table(spec, site, source, rows, result, advice, seconds, prober) -> str:
     return "\n\n".join([head, table] + (["\n".join(notes)] if notes else []) + [verdict] + tail) + "\n"
 
 
-def _json(spec, site, source, rows, result, advice, seconds, prober) -> str:
+def _json(spec, site, source, rows, result, advice, seconds, prober, auto_text=None) -> str:
     from .placement import NoFit
 
     mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
@@ -223,6 +244,6 @@ def _json(spec, site, source, rows, result, advice, seconds, prober) -> str:
                      "gpu_type": result.gpu_type, "changed": result.changed, "reasons": list(result.reasons),
                      "warnings": list(result.warnings)}
     return json.dumps({"tool": "vest check", "version": __version__, "source": source, "site_config": site.path,
-                       "workload": spec.to_dict(), "gpus": gpus, "placement": placement,
+                       "workload": spec.to_dict(), "gpus": gpus, "placement": placement, "num_gpus_auto": auto_text,
                        "advice": [a.to_dict() for a in advice], "traces": prober.traces_made,
                        "search_stopped": prober.stopped, "seconds": round(seconds, 3)}, indent=2)

@@ -298,13 +298,18 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     request = gpu_request(effective)
     partitions = partitions_of(effective)
     spec = None
+    auto = False
     if train is None:
+        from ..estimate.workload import split_num_gpus_auto
+
         lines = ", ".join(str(v.lineno) for v in js.vest_directives)
+        vest_argv, auto = split_num_gpus_auto(js.vest_argv)
         try:
-            spec = parse_directives(js.vest_argv, script_path, site)
+            spec = parse_directives(vest_argv, script_path, site)
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
-        spec, request = _reconcile_gpus(spec, request, js, d)
+        if not auto:   # auto: the count is chosen below, once Slurm has said how many nodes there are
+            spec, request = _reconcile_gpus(spec, request, js, d)
         d.workload = spec.to_dict()
     else:
         check_train_command(train, option_value(effective, "chdir") or cwd, script_path, site)
@@ -323,7 +328,15 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
 
     prober = Prober.for_site(site, cache=True)
     classes = _class_order(prober, site)
+    pick = None
     try:
+        if auto:
+            pick = _choose_gpus(spec, request, partitions, site, prober, js, query, d)
+            if pick is None:
+                return _refuse_auto(spec, request, partitions, site, out, d)
+            spec, request = pick.spec, pick.request
+            d.workload = spec.to_dict()
+            out.say(pick.text)
         if train is not None:
             spec, request = _trace_script(train, request, effective, site, prober, cwd, out)
             d.workload = spec.to_dict()
@@ -410,6 +423,11 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     for w in d.warnings:
         out.say(f"warning: {w}")
     overrides = dict(result.overrides)
+    if pick is not None:   # --num-gpus auto: the chosen count, in the GPU option the user used, and nodes, tasks
+        overrides.update(pick.overrides)
+        overrides.update(dict(request.overrides_for(result.gpu_type)))
+        d.changed = True
+        d.reasons.insert(0, pick.text)
     if not partitions and "partition" not in overrides:
         # The user chose a GPU type but no partition: Slurm would use its default partition, which
         # may not have that type. Name the partition placement found it in.
@@ -518,6 +536,38 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     prober.add_script_traces(spec, summaries)
     prober.trace_seconds += sum(s.seconds for s in summaries.values() if not isinstance(s, VestError))
     return spec, request
+
+
+def _choose_gpus(spec, request, partitions, site, prober, js: JobScript, query, d: Decision):
+    """#VEST --num-gpus auto (autogpus.py): the smallest count that fits, over the nodes Slurm has."""
+    from .autogpus import choose, launch_shape
+
+    try:
+        info = query.result()
+    except SlurmError as e:
+        if not d.dry_run:
+            raise
+        info = None
+        d.warnings.append(f"Slurm not asked (dry run): {e.what}; node counts not checked")
+    nodes = {} if info is None else {p.name: len(info.partition(p.name).nodes) for p in site.partitions
+                                     if info.partition(p.name) is not None}
+    return choose(spec, request, partitions, site, prober, launch_shape(js), nodes, js.path)
+
+
+def _refuse_auto(spec, request, partitions, site, out: "_Out", d: Decision) -> int:
+    from .autogpus import MAX_AUTO_GPUS
+
+    where = ", ".join(filter(None, ["partition " + ",".join(partitions) if partitions else "",
+                                    f"GPU type {request.gpu_type}" if request.gpu_type else ""])) or "any GPU of this site"
+    d.action, d.reason = "refuse", "no-fit"
+    d.message = (f"vsbatch refused the job: #VEST --num-gpus auto: {spec.parallelism} at batch {spec.batch_size} per "
+                 f"GPU fits per rank at no GPU count up to what the partitions take (at most {MAX_AUTO_GPUS}, "
+                 f"the nodes Slurm has) on {where}. Lower the per-GPU batch, add --offload optimizer, "
+                 "or ask `vest check` for what fits.")
+    for w in d.warnings:
+        out.say(f"warning: {w}")
+    print(d.message + "\nNothing was queued.", file=out.stderr)
+    return EXIT_NO_FIT
 
 
 def _reconcile_gpus(spec, request, js: JobScript, d: Decision):
