@@ -20,7 +20,7 @@ scheduler) waits for all of them, and every new reader (sinfo, squeue) waits beh
 (locks.c: a read lock waits while a write lock is pending). So what stalls the controller is the SUM
 of the calls, and past MessageTimeout (10 s) sbatch reports a failure while the job is created
 anyway (a ghost job). Hence:
-  - one call never waits longer than min(timeout_s, fallback_burst_ms);
+  - one call never waits longer than min(timeout_s, fallback_burst_ms), but for the retry below;
   - time spent on anything but a healthy server's answer (the per-call program; a server that is
     gone, hangs, dies mid-answer or answers garbage) is drawn from a token bucket: at most
     fallback_burst_ms, refilled at fallback_ms_per_s; a call that finds too little in it takes the
@@ -29,7 +29,7 @@ anyway (a ghost job). Hence:
     when vest-bridge.json is rewritten: a (re)started server writes it), within the bucket or, when
     it is empty, within PROBE_FLOOR_S; logged when it opens and closes ("vest-bridge: breaker=...");
   - a request in flight when the server dies (an I/O error, not a timeout) is retried once through
-    the per-call program within what is left of the call's limit.
+    the per-call program within what is left of timeout_s (into the bucket's debt if need be).
 The state lives in this Lua state, which the plugin keeps from call to call (it reloads the script
 only when its mtime changes).
 
@@ -302,9 +302,10 @@ local function apply(a, job_desc, via, t0)
 end
 
 -- The per-call program within the bucket and the call's deadline: (answer, err, ran).
-local function fallback(facts, line, deadline, need_s)
+local function fallback(facts, line, deadline, need_s, into_debt)
   local now = socket.gettime()
   local until_ = math.min(deadline, now + math.max(bucket.ms, 0) / 1000)
+  if into_debt and bucket.ms > 0 then until_ = deadline end
   if until_ - now < need_s then return nil, "budget", false end
   local answer, err = ask_program(facts, line, until_)
   local ran = socket.gettime() - now
@@ -363,7 +364,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     via = (err == "io") and "program after=server-io" or "program"
     local ran
     if err == "io" then
-      answer, err, ran = fallback(facts, line, t0 + limit, MIN_PROGRAM_S)
+      -- A server that died (not one that hangs) with our request: this call may take what is left
+      -- of timeout_s, into debt if the bucket holds less; the debt then stops further fallbacks
+      -- until the refill has paid it back, so this happens at most once per debt.
+      answer, err, ran = fallback(facts, line, t0 + facts.timeout_s, MIN_PROGRAM_S, true)
     elseif program_affordable(facts) then
       answer, err, ran = fallback(facts, line, t0 + limit, MIN_PROGRAM_S)
     else

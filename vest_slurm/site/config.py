@@ -149,10 +149,11 @@ class Bridge:
     @property
     def worst_wait_s(self) -> float:
         """The longest a submission can queue behind the plugin's calls: the bucket and one call that
-        overruns it, while fallbacks take the refill rate plus the Lua's retries of the server with
-        an empty bucket (PROBE_FLOOR_S, 0.1 s once a second): (burst + limit) / (1 - rate - 0.1).
+        overruns it (the retry of a request in flight when the server died may take the whole
+        timeout), while fallbacks take the refill rate plus the Lua's retries of the server with an
+        empty bucket (PROBE_FLOOR_S, 0.1 s once a second): (burst + timeout) / (1 - rate - 0.1).
         Kept below MessageTimeout."""
-        return (self.fallback_burst_ms / 1000 + self.call_limit_s) / (1 - self.fallback_ms_per_s / 1000 - 0.1)
+        return (self.fallback_burst_ms / 1000 + self.timeout_s) / (1 - self.fallback_ms_per_s / 1000 - 0.1)
 
 
 @dataclass(frozen=True)
@@ -373,7 +374,7 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
     if bridge.worst_wait_s > MAX_BRIDGE_TIMEOUT_S - 1:
         c.problems.append(f"bridge: fallback_burst_ms, fallback_ms_per_s and timeout_s let a submission queue "
                           f"{bridge.worst_wait_s:.1f} s behind the plugin, past Slurm's MessageTimeout "
-                          f"({MAX_BRIDGE_TIMEOUT_S:.0f} s) less a second: lower fallback_burst_ms or fallback_ms_per_s")
+                          f"({MAX_BRIDGE_TIMEOUT_S:.0f} s) less a second: lower timeout_s, fallback_burst_ms or fallback_ms_per_s")
     if bridge.directive_user in ("root", "0", ""):
         c.problems.append("bridge.directive_user must be an unprivileged user (the worker that traces #VEST "
                           "directives runs as it), e.g. \"nobody\"")
