@@ -57,3 +57,21 @@ def test_server_listens_only_once_its_config_loads_then_tells_systemd(tmp_path):
             if os.path.exists(f):
                 os.unlink(f)
         os.rmdir(short)
+
+
+def test_the_shipped_unit_restarts_at_once_and_waits_for_readiness(tmp_path):
+    """site-config/vest-bridge.service: Type=notify (READY=1 above), Restart=always, RestartSec=0,
+    a start limit; and systemd itself reads it without complaint (systemd-analyze verify, with the
+    program path pointed at one that exists here)."""
+    import shutil
+    unit = (REPO / "site-config" / "vest-bridge.service").read_text()
+    settings = dict(ln.split("=", 1) for ln in unit.splitlines() if "=" in ln and not ln.startswith("#"))
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
+    assert settings["Restart"] == "always" and settings["RestartSec"] == "0"
+    assert int(settings["StartLimitBurst"]) >= 5 and "--lua-conf" in settings["ExecStart"]
+    analyze = shutil.which("systemd-analyze")
+    if analyze:                      # Debian's systemd package; the settings above are checked anyway
+        copy = tmp_path / "vest-bridge.service"
+        copy.write_text(unit.replace("/usr/local/bin/vest ", "/bin/true "))
+        r = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr.strip() == "", r.stderr

@@ -114,6 +114,8 @@ def cmd_site_validate(ns) -> int:
           f"a choice too small: {pol.on_user_choice_too_small}")
     print(f"  bridge: timeout {b.timeout_s:g} s, fail {b.fail}, unknown jobs {b.unknown_jobs}, "
           f"directives {'traced as ' + b.directive_user if b.allow_vest_directives else 'off'}")
+    print(f"  bridge budget across calls: {b.fallback_ms_per_s} ms/s of fallback, bucket {b.fallback_burst_ms} ms; "
+          f"one call at most {b.call_limit_s:g} s; a submission waits at most {b.worst_wait_s:.1f} s behind the plugin")
     return 0
 
 
