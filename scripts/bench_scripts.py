@@ -30,7 +30,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 
@@ -172,14 +171,52 @@ RECIPES = {
 
 # ---- running vest --------------------------------------------------------------------------------
 
-_MEASURE = (
-    "import json, resource, subprocess, sys, time\n"
-    "t = time.perf_counter()\n"
-    "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-    "dt = time.perf_counter() - t\n"
-    "print(json.dumps({'rc': r.returncode, 'seconds': dt, 'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
-    " 'stdout': r.stdout, 'stderr': r.stderr[-4000:]}))\n"
-)
+# The process tree's peak: the largest VmHWM (a process's own resident high-water mark) of any
+# descendant, polled. getrusage(RUSAGE_CHILDREN) would miss the script: it runs under bubblewrap in
+# its own PID namespace, and bwrap's waited children are not the script.
+_MEASURE = r"""
+import json, os, subprocess, sys, time
+
+def tree(root):
+    kids = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+def hwm_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+t = time.perf_counter()
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+peak = 0
+import threading
+out = {}
+reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), p.communicate())))
+reader.start()
+while reader.is_alive():
+    peak = max([peak, *(hwm_kib(q) for q in tree(p.pid))])
+    reader.join(0.2)
+dt = time.perf_counter() - t
+print(json.dumps({"rc": p.returncode, "seconds": dt, "maxrss_kib": peak, "stdout": out.get("stdout", ""),
+                  "stderr": out.get("stderr", "")[-4000:]}))
+"""
 
 
 def measure(argv: list[str], cwd: str) -> dict:
@@ -285,7 +322,10 @@ def main() -> int:
     p.add_argument("--mirror", required=True, help="folder of bare mirrors OWNER+NAME/repo")
     p.add_argument("--corpus", default=CORPUS)
     p.add_argument("--only", action="append", default=[], help="run the scripts whose name contains this (repeatable)")
-    p.add_argument("--work", default=None, help="scratch folder for the scripts and their data (default: a temp dir)")
+    # not under /tmp or /var/tmp: the estimate's child runs under bubblewrap with fresh tmpfs there
+    # (vest_slurm/dynamic/bwrap.py), so a job directory in them does not exist for the script
+    p.add_argument("--work", default=os.path.join(os.path.expanduser("~"), ".cache", "vest-slurm", "corpus"),
+                   help="scratch folder for the scripts and their data (default: ~/.cache/vest-slurm/corpus)")
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "scripts-results.csv"))
     p.add_argument("--merge", action="store_true",
@@ -297,7 +337,8 @@ def main() -> int:
     if len(set(names)) != len(names):
         raise SystemExit("corpus: duplicate script names")
     chosen = [e for e in corpus if not args.only or any(s in e["name"] for s in args.only)]
-    work = args.work or tempfile.mkdtemp(prefix="vest-corpus-")
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = ROOT + (os.pathsep + env_path if env_path else "")
     rows = []
@@ -312,8 +353,6 @@ def main() -> int:
         rows.append(row)
         print(f"{row['script']:45s} {row['outcome']:9s} {row['kind']:16s} {row['seconds']:6.1f}s "
               f"{row['peak_rss_mib']:5d} MiB  {row['oracle'][:40]}  {row['message'][:100]}", flush=True)
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
     if args.merge and os.path.exists(args.out):
         with open(args.out, newline="") as f:
             kept = {r["script"]: r for r in csv.DictReader(f)}
