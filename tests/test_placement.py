@@ -166,3 +166,33 @@ def test_admin_line_cannot_be_forged(user):
     r = place(ests(100 * GiB), req(("gres", "gpu:1")), (), site(), user=user)
     assert "\n" not in r.admin_line
     assert r.admin_line.count(" reason=") == 1
+
+
+def test_the_jobs_nodes_are_checked_against_the_partitions_nodes():
+    """--nodes with the GPUs per node (--gres per node, --gpus-per-node): a partition with fewer nodes
+    than the job asks for does not take it; the refusal names each partition's shape."""
+    data = toml.loads((ROOT / "site-config/testbed.toml").read_text())
+    for name, n in (("v100", 1), ("a100", 1), ("h100", 2)):
+        data["partition"][name]["nodes"] = n
+    data["policy"]["exempt_users"] = []
+    s = site_config_from_dict(data)
+    assert [p.nodes for p in s.partitions] == [1, 1, 2]
+    two = req(("nodes", "2"), ("gpus-per-node", "4"))
+    assert (two.gpus_per_node, two.total_gpus, two.nodes) == (4, 8, 2)
+    p = place(ests(4 * GiB), two, (), s)   # fits a V100's memory, but only the h100 partition has 2 nodes
+    assert isinstance(p, Placement) and p.partition == "h100" and p.gres == "gpu:h100:4", p
+    p = place(ests(4 * GiB), req(("nodes", "2"), ("gres", "gpu:2")), (), s)
+    assert isinstance(p, Placement) and p.partition == "h100" and p.gres == "gpu:h100:2"
+    assert isinstance(place(ests(4 * GiB), req(("nodes", "1"), ("gres", "gpu:4")), (), s), Placement)
+    r = place(ests(4 * GiB), req(("nodes", "3"), ("gres", "gpu:4")), (), s)
+    assert isinstance(r, NoFit) and r.reason == "too-many-gpus", r
+    assert "4 GPU(s) per node, 12 in all on 3 nodes" in r.message and "h100: 4 per node, 2 nodes" in r.message
+    unknown = site()   # no node counts known: not refused on nodes (vsbatch fills them in from Slurm)
+    assert isinstance(place(ests(4 * GiB), req(("nodes", "3"), ("gres", "gpu:4")), (), unknown), Placement)
+
+
+def test_partition_nodes_key_is_checked():
+    data = toml.loads((ROOT / "site-config/testbed.toml").read_text())
+    data["partition"]["h100"]["nodes"] = 0
+    with pytest.raises(Exception, match="nodes"):
+        site_config_from_dict(data)

@@ -355,3 +355,26 @@ def test_num_gpus_auto_is_for_sharded_jobs(slurm, tmp_path):
     job = script(tmp_path, "auto.sh", "#SBATCH --time=5", SMALL + " --num-gpus auto")
     rc, out, err = run_vsbatch([job.name], slurm.env, tmp_path)
     assert rc == 2 and "applies to sharded jobs" in err and "--parallelism fsdp2" in err, err
+
+
+def test_nodes_and_gpus_per_node_are_placed_over_the_partitions_nodes(slurm, tmp_path, strict_site):
+    """The per-node count and nodes come from #VEST --gpus-per-node (or #SBATCH --gres per node and
+    --nodes) and are checked against the nodes Slurm reports: a two-node job goes to the only partition
+    with two nodes (h100), asked for as --nodes=2 --gres=gpu:h100:4; three nodes are refused (naming each
+    partition's shape); a --nodes that disagrees with #VEST's count is refused with the fix."""
+    job = script(tmp_path, "shape.sh", "#SBATCH --time=5", SMALL + " --parallelism fsdp2 --num-gpus 8 --gpus-per-node 4")
+    rc, out, err = run_vsbatch(["--dry-run", "--json", job.name], slurm.env, tmp_path, strict_site)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["partition"] == "h100" and "--nodes=2" in d["sbatch_argv"] and "--gres=gpu:h100:4" in d["sbatch_argv"], d
+    job = script(tmp_path, "three.sh", "#SBATCH --time=5", "#SBATCH --nodes=3", "#SBATCH --gres=gpu:4",
+                 SMALL + " --parallelism fsdp2")
+    rc, out, err = run_vsbatch(["--dry-run", "--json", job.name], slurm.env, tmp_path, strict_site)
+    assert rc == 3, err
+    d = json.loads(out)
+    assert d["reason"] == "too-many-gpus" and "12 in all on 3 nodes" in d["message"]
+    assert "h100: 4 per node, 2 nodes" in d["message"], d["message"]
+    job = script(tmp_path, "bad.sh", "#SBATCH --time=5", "#SBATCH --nodes=3",
+                 SMALL + " --parallelism fsdp2 --num-gpus 8 --gpus-per-node 4")
+    rc, out, err = run_vsbatch([job.name], slurm.env, tmp_path, strict_site)
+    assert rc == 2 and "#SBATCH --nodes=3 but #VEST --num-gpus 8 with 4 per node needs 2 node(s)" in err, err

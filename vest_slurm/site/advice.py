@@ -35,8 +35,8 @@ Known limitations:
   crosses the capacity (the answer fits, a resolution step above does not), not necessarily the
   largest batch that fits: this one 41,894, the bisection before it 52,312.
 - Data-parallel advice replicates the model on each GPU (DDP): it never helps a job whose
-  parameters, gradients and optimizer state alone exceed the GPU; sharding (FSDP/ZeRO) is not
-  estimated yet.
+  parameters, gradients and optimizer state alone exceed the GPU; the sharded alternatives
+  (sharded_alternatives, per rank) are the advice for those.
 """
 
 from __future__ import annotations

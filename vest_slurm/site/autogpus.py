@@ -139,10 +139,10 @@ def choose(spec: WorkloadSpec, request: GpuRequest, partitions: Sequence[str], s
     pool = [(p, t) for p in site.partitions for t in p.gpu_types
             if (not partitions or p.name in partitions) and (request.gpu_type is None or t == request.gpu_type)]
     options = sorted({(n, per, nodes, p.name, t) for p, t in pool
-                      for n, per, nodes in _shapes(p.gpus_per_node, node_counts.get(p.name, MAX_AUTO_GPUS),
+                      for n, per, nodes in _shapes(p.gpus_per_node, node_counts.get(p.name, p.nodes or MAX_AUTO_GPUS),
                                                    fixed_per_node, shape.nodes)
                       if p.max_gpus_per_job is None or n <= p.max_gpus_per_job})
-    from .placement import needed_bytes
+    from .placement import estimate_need, needed_bytes
 
     pol = site.policy
     for n, per, nodes, _part, t in options:
@@ -152,7 +152,7 @@ def choose(spec: WorkloadSpec, request: GpuRequest, partitions: Sequence[str], s
         est = prober.estimate(at, t)
         if est is None:
             continue
-        need = needed_bytes(max(est.peak_bytes, est.required_bytes), pol.headroom_percent, pol.headroom_bytes)
+        need = needed_bytes(estimate_need(est), pol.headroom_percent, pol.headroom_bytes)
         if need <= prober.capacity(t):
             return _result(at, request, shape, n, per, nodes)
     return None
@@ -177,3 +177,36 @@ def _result(spec: WorkloadSpec, request: GpuRequest, shape: LaunchShape, n: int,
     text = (f"--num-gpus auto: {n} GPU(s), {nodes} node(s) x {per} ({spec.parallelism} fits per rank at {n}, "
             f"not at fewer); the global batch is {n} x {spec.batch_size}")
     return AutoGpus(n, nodes, per, spec, req, tuple(overrides), text)
+
+
+def reconcile_shape(spec: WorkloadSpec, request: GpuRequest, said_gpus: bool, where: str
+                    ) -> tuple[WorkloadSpec, GpuRequest, list[str]]:
+    """The job's GPU count and per-node shape from ``#VEST`` and ``#SBATCH`` (a given count, not
+    ``auto``): (spec, request, warnings).
+
+    - #SBATCH's GPUs when #VEST names no count; #VEST's count when #SBATCH asks for no GPU, placed
+      ``--gpus-per-node`` per node (#VEST's; else over #SBATCH's ``--nodes``), the nodes following
+      (a ``--nodes`` that disagrees is refused: vsbatch does not choose between them);
+    - both given and different: #VEST's is estimated, with a warning (the user's count is not changed);
+    - a sharded job over several nodes without #VEST ``--gpus-per-node`` is estimated at #SBATCH's
+      GPUs per node (HSDP's default shard group and NCCL's intra-node rings are one node's GPUs)."""
+    warnings: list[str] = []
+    if request.wants_gpu and not said_gpus and request.total_gpus != spec.num_gpus:
+        spec = spec.with_(num_gpus=request.total_gpus)
+    elif not request.wants_gpu and spec.num_gpus > 1:
+        per = spec.gpus_per_node or -(-spec.num_gpus // max(request.nodes, 1))
+        nodes = -(-spec.num_gpus // per)
+        if request.nodes > 1 and nodes != request.nodes:
+            raise JobScriptError(f"{where}: #SBATCH --nodes={request.nodes} but #VEST --num-gpus {spec.num_gpus} "
+                                 f"with {per} per node needs {nodes} node(s)",
+                                 "make --nodes x --gpus-per-node equal --num-gpus, or drop --nodes")
+        request = replace(request, gpus_per_node=min(per, spec.num_gpus), total_gpus=spec.num_gpus, nodes=nodes)
+    elif request.wants_gpu and said_gpus and request.total_gpus != spec.num_gpus:
+        warnings.append(f"#VEST --num-gpus {spec.num_gpus} but the job asks Slurm for {request.total_gpus} "
+                        "GPU(s); estimated for #VEST's count")
+    if request.wants_gpu and spec.gpus_per_node and spec.gpus_per_node != request.gpus_per_node:
+        warnings.append(f"#VEST --gpus-per-node {spec.gpus_per_node} but the job asks Slurm for "
+                        f"{request.gpus_per_node} per node; estimated for #VEST's")
+    elif spec.parallelism in SHARDED and not spec.gpus_per_node and request.nodes > 1 and request.gpus_per_node:
+        spec = spec.with_(gpus_per_node=request.gpus_per_node)
+    return spec, request, warnings

@@ -58,10 +58,12 @@ def _workload(ns, site=None):
     ns.num_gpus_auto = ns.num_gpus == NUM_GPUS_AUTO   # resolved by cmd_check (autogpus.py)
     if ns.num_gpus_auto:
         ns.num_gpus = None
+    from .autogpus import reconcile_shape
+
     if ns.script is None:
         spec = spec_from_namespace(ns)
-        n = spec.num_gpus
-        return spec, GpuRequest(None, None, n, n), (), "options"
+        spec, request, _ = reconcile_shape(spec, GpuRequest(None, None, 0, 0), True, "options")
+        return spec, request if request.wants_gpu else GpuRequest(None, None, 1, 1), (), "options"
     js = read_job_script(ns.script)
     base = None
     if js.vest_directives:
@@ -91,10 +93,9 @@ def _workload(ns, site=None):
     said = ns.num_gpus is not None or any(w.startswith("--num-gpus") for w in js.vest_argv)
     if ns.num_gpus_auto:
         return spec, request, js.partitions, js.path
-    if request.wants_gpu and not said:
-        spec = spec.with_(num_gpus=request.total_gpus)
-    elif not request.wants_gpu:
-        request = GpuRequest(None, None, spec.num_gpus, spec.num_gpus, request.nodes)
+    spec, request, _ = reconcile_shape(spec, request, said, js.path)
+    if not request.wants_gpu:
+        request = GpuRequest(None, None, 1, 1, request.nodes)
     return spec, request, js.partitions, js.path
 
 

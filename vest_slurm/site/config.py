@@ -73,6 +73,7 @@ class Partition:
     gpus_per_node: int
     max_gpus_per_job: int | None = None
     cost: float | None = None         # overrides the GPU types' cost for this partition
+    nodes: int | None = None          # nodes in the partition (None: unknown); vsbatch sets Slurm's count
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ class _Checker:
 TOP_KEYS = ("gpu", "partition", "policy", "bridge", "dynamic")
 GPU_KEYS = ("profile", "memory_mib", "cost", "context_mib", "cudnn_mib")
 DYNAMIC_KEYS = ("timeout_s", "memory_mib", "steps")
-PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost")
+PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost", "nodes")
 POLICY_KEYS = ("headroom_percent", "headroom_mib", "selection", "on_user_choice_too_small",
                "exempt_users", "exempt_accounts", "help_url", "messages")
 BRIDGE_KEYS = ("timeout_s", "fail", "unknown_jobs", "allow_vest_directives", "socket_path", "log_path",
@@ -314,8 +315,9 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         per_node = c.get(t, w, "gpus_per_node", "int", required=True, minimum=1)
         max_job = c.get(t, w, "max_gpus_per_job", "int", minimum=1)
         cost = c.get(t, w, "cost", "number", minimum=0)
+        nodes = c.get(t, w, "nodes", "int", minimum=1)
         if types is not None and per_node is not None:
-            partitions.append(Partition(name, types, per_node, max_job, cost))
+            partitions.append(Partition(name, types, per_node, max_job, cost, nodes))
 
     p = c.keys(top.get("policy", {}), "policy", POLICY_KEYS)
     m = c.keys(p.get("messages", {}), "policy.messages", tuple(MESSAGE_FIELDS))

@@ -9,8 +9,8 @@ The policy, stated once:
   ``required_bytes``, the least it could run in, is never more) and ``capacity_bytes`` is the site's
   ``memory_mib`` for the type when set, else the device profile's capacity from the estimate.
 - A candidate is a (partition, GPU type) of the site config with an estimate for that type. It fits
-  when the memory is acceptable and the job's GPUs per node and total fit the partition
-  (``gpus_per_node``, ``max_gpus_per_job``).
+  when the memory is acceptable and the job's GPUs per node, total and nodes fit the partition
+  (``gpus_per_node``, ``max_gpus_per_job``, ``nodes`` where known: the site's, or Slurm's in vsbatch).
 - Rules run in order; the first refusal wins (``RULES``). Exempt users and accounts turn the
   refusals of exemptable rules into warnings.
 - Selection among fitting candidates: the smallest GPU (ties: cost, then config order), or with
@@ -173,8 +173,10 @@ def _rule_gpu_count(ctx: _Ctx) -> _Refusal | None:
     pool = ctx.chosen if ctx.constrained and ctx.site.policy.on_user_choice_too_small == "refuse" else ctx.candidates
     if pool and not any(c.gpus_ok for c in pool):
         r = ctx.request
+        nodes = f" on {r.nodes} nodes" if r.nodes > 1 else ""
         return _Refusal("too-many-gpus", f"the job asks for {max(r.gpus_per_node, 1)} GPU(s) per node, "
-                        f"{max(r.total_gpus, 1)} in all, more than any partition allows.")
+                        f"{max(r.total_gpus, 1)} in all{nodes}, more than any partition allows "
+                        f"({_shapes(ctx)}).")
     return None
 
 
@@ -189,6 +191,13 @@ def _rule_user_choice(ctx: _Ctx) -> _Refusal | None:
             and not any(c.fits for c in ctx.chosen):
         return _Refusal("user-choice-too-small", f"the job does not fit on the GPUs you asked for ({_choice_text(ctx)}).")
     return None
+
+
+def _shapes(ctx: _Ctx) -> str:
+    return "; ".join(f"{p.name}: {p.gpus_per_node} per node" + (f", {p.nodes} node{'s' if p.nodes > 1 else ''}"
+                                                                   if p.nodes is not None else "")
+                     + (f", at most {p.max_gpus_per_job} a job" if p.max_gpus_per_job is not None else "")
+                     for p in ctx.site.partitions)
 
 
 # (rule, exemptable): the first refusal wins; exempt users get exemptable refusals as warnings.
@@ -236,7 +245,8 @@ def _candidates(site: SiteConfig, estimates: Mapping[str, MemoryEstimate], reque
             if est is None or gpu is None:
                 continue
             capacity = gpu.memory_bytes if gpu.memory_bytes is not None else est.capacity_bytes
-            gpus_ok = per_node <= part.gpus_per_node and (part.max_gpus_per_job is None or total <= part.max_gpus_per_job)
+            gpus_ok = (per_node <= part.gpus_per_node and (part.max_gpus_per_job is None or total <= part.max_gpus_per_job)
+                       and (part.nodes is None or max(request.nodes, 1) <= part.nodes))
             out.append(Candidate(part.name, t, capacity, needed_bytes(estimate_need(est), pol.headroom_percent,
                                                                       pol.headroom_bytes),
                                  part.cost if part.cost is not None else gpu.cost, gpus_ok))

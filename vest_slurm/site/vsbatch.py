@@ -309,7 +309,11 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
         if not auto:   # auto: the count is chosen below, once Slurm has said how many nodes there are
-            spec, request = _reconcile_gpus(spec, request, js, d)
+            from .autogpus import reconcile_shape
+
+            said = any(w == "--num-gpus" or w.startswith("--num-gpus=") for w in js.vest_argv)
+            spec, request, warned = reconcile_shape(spec, request, said, js.path)
+            d.warnings += warned
         d.workload = spec.to_dict()
     else:
         check_train_command(train, option_value(effective, "chdir") or cwd, script_path, site)
@@ -360,6 +364,10 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         present = tuple(p for p in site.partitions if info.partition(p.name) and info.partition(p.name).nodes)
         if present and len(present) < len(site.partitions):
             site = replace(site, partitions=present)
+        # Slurm's node count of each partition (placement refuses a job asking for more nodes)
+        site = replace(site, partitions=tuple(replace(p, nodes=len(info.partition(p.name).nodes))
+                                              if info.partition(p.name) and info.partition(p.name).nodes else p
+                                              for p in site.partitions))
     clock.lap("cluster_s")   # the wait for the query, if it outlasted the estimate
     rest = [t for c in classes[1:] for t in c]
     if rest and not _settled(spec, estimates, rest, request, partitions, site, prober, _user(),
@@ -423,6 +431,9 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     for w in d.warnings:
         out.say(f"warning: {w}")
     overrides = dict(result.overrides)
+    if pick is None and request.nodes != gpu_request(effective).nodes:   # #VEST's count over its --gpus-per-node
+        overrides["nodes"] = str(request.nodes)
+        overrides.update(dict(request.overrides_for(result.gpu_type)))
     if pick is not None:   # --num-gpus auto: the chosen count, in the GPU option the user used, and nodes, tasks
         overrides.update(pick.overrides)
         overrides.update(dict(request.overrides_for(result.gpu_type)))
@@ -486,7 +497,8 @@ def _settled(spec, estimates, missing, request, partitions, site, prober, user, 
     per_node, total = max(request.gpus_per_node, 1), max(request.total_gpus, 1)
     for t in missing:
         usable = any(t in p.gpu_types and per_node <= p.gpus_per_node
-                     and (p.max_gpus_per_job is None or total <= p.max_gpus_per_job) for p in site.partitions)
+                     and (p.max_gpus_per_job is None or total <= p.max_gpus_per_job)
+                     and (p.nodes is None or request.nodes <= p.nodes) for p in site.partitions)
         if usable and _rank(site, prober, t) < chosen:
             return False
     return True
@@ -568,20 +580,6 @@ def _refuse_auto(spec, request, partitions, site, out: "_Out", d: Decision) -> i
         out.say(f"warning: {w}")
     print(d.message + "\nNothing was queued.", file=out.stderr)
     return EXIT_NO_FIT
-
-
-def _reconcile_gpus(spec, request, js: JobScript, d: Decision):
-    """The GPU count: #SBATCH's GPUs when #VEST names none; #VEST's when #SBATCH asks for none."""
-    said_gpus = any(w == "--num-gpus" or w.startswith("--num-gpus=") for w in js.vest_argv)
-    if request.wants_gpu and not said_gpus and request.total_gpus != spec.num_gpus:
-        spec = spec.with_(num_gpus=request.total_gpus)
-    elif not request.wants_gpu and spec.num_gpus > 1:
-        per_node = -(-spec.num_gpus // max(request.nodes, 1))
-        request = replace(request, gpus_per_node=per_node, total_gpus=spec.num_gpus)
-    elif request.wants_gpu and said_gpus and request.total_gpus != spec.num_gpus:
-        d.warnings.append(f"#VEST --num-gpus {spec.num_gpus} but the job asks Slurm for {request.total_gpus} "
-                          "GPU(s); estimated for #VEST's count")
-    return spec, request
 
 
 def _estimate_line(spec, estimates, site, seconds: float) -> str:
