@@ -378,3 +378,21 @@ def test_nodes_and_gpus_per_node_are_placed_over_the_partitions_nodes(slurm, tmp
                  SMALL + " --parallelism fsdp2 --num-gpus 8 --gpus-per-node 4")
     rc, out, err = run_vsbatch([job.name], slurm.env, tmp_path, strict_site)
     assert rc == 2 and "#SBATCH --nodes=3 but #VEST --num-gpus 8 with 4 per node needs 2 node(s)" in err, err
+
+
+def test_num_gpus_auto_keeps_one_task_per_gpu(slurm, cli, tmp_path):
+    """A job without torchrun that runs one task per GPU (--ntasks=4 over --gres=gpu:4): with
+    --num-gpus auto choosing 8 GPUs over two nodes, it still runs one task per GPU, 8 in all
+    (--ntasks-per-node=4 --ntasks=8), to COMPLETED."""
+    job = script(tmp_path, "tasks.sh", "#SBATCH --time=5", "#SBATCH --gres=gpu:4", "#SBATCH --ntasks=4",
+                 SHARDED_BIG + " --num-gpus auto", body="srun bash -c 'echo TASK=$SLURM_PROCID'")
+    rc, out, err = run_vsbatch(["--json", job.name], slurm.env, tmp_path)
+    assert rc == 0, err
+    d = json.loads(out)
+    argv = d["sbatch_argv"]
+    assert d["workload"]["num_gpus"] == 8 and "--nodes=2" in argv and "--gres=gpu:h100:4" in argv, argv
+    assert "--ntasks=8" in argv and "--ntasks-per-node=4" in argv, argv
+    rec = wait_done(cli, d["job_id"])
+    assert rec.state == "COMPLETED", rec
+    text = (tmp_path / f"slurm-{d['job_id']}.out").read_text()
+    assert sorted(line for line in text.split() if line.startswith("TASK=")) == sorted(f"TASK={i}" for i in range(8)), text

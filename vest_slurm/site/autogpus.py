@@ -145,20 +145,23 @@ def choose(spec: WorkloadSpec, request: GpuRequest, partitions: Sequence[str], s
     from .placement import estimate_need, needed_bytes
 
     pol = site.policy
+    unknown: set[int] = set()   # counts the prober could not estimate (its trace budget): said, not hidden
     for n, per, nodes, _part, t in options:
         if spec.parallelism == "hsdp" and spec.shard_group_size and n % spec.shard_group_size:
             continue
         at = spec.with_(num_gpus=n, gpus_per_node=per if nodes > 1 or spec.gpus_per_node else spec.gpus_per_node)
         est = prober.estimate(at, t)
         if est is None:
+            unknown.add(n)
             continue
         need = needed_bytes(estimate_need(est), pol.headroom_percent, pol.headroom_bytes)
         if need <= prober.capacity(t):
-            return _result(at, request, shape, n, per, nodes)
+            return _result(at, request, shape, n, per, nodes, sorted(u for u in unknown if u < n))
     return None
 
 
-def _result(spec: WorkloadSpec, request: GpuRequest, shape: LaunchShape, n: int, per: int, nodes: int) -> AutoGpus:
+def _result(spec: WorkloadSpec, request: GpuRequest, shape: LaunchShape, n: int, per: int, nodes: int,
+            unknown: Sequence[int] = ()) -> AutoGpus:
     old_tasks_per_node = request.ntasks_per_node or (-(-request.ntasks // max(request.nodes, 1))
                                                      if request.ntasks else 1)
     # One task per GPU stays one task per GPU (srun python ...); a torchrun job keeps its launchers
@@ -174,8 +177,10 @@ def _result(spec: WorkloadSpec, request: GpuRequest, shape: LaunchShape, n: int,
     req = replace(request, source=source, gpus_per_node=per, total_gpus=n, nodes=nodes,
                   ntasks=tasks_per_node * nodes if request.ntasks is not None else None,
                   ntasks_per_node=tasks_per_node if (request.ntasks_per_node is not None or per_gpu) else None)
+    fewer = "not at fewer" if not unknown else \
+        f"not at fewer it was estimated at; not estimated at {', '.join(map(str, unknown))} (trace budget)"
     text = (f"--num-gpus auto: {n} GPU(s), {nodes} node(s) x {per} ({spec.parallelism} fits per rank at {n}, "
-            f"not at fewer); the global batch is {n} x {spec.batch_size}")
+            f"{fewer}); the global batch is {n} x {spec.batch_size}")
     return AutoGpus(n, nodes, per, spec, req, tuple(overrides), text)
 
 
