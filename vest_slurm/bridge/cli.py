@@ -150,7 +150,9 @@ def cmd_status(ns) -> int:
         from ..errors import VestError
 
         raise VestError(f"no bridge server answers on {sock}: {e}",
-                        "start it: systemctl start vest-bridge (or vest bridge serve)") from None
+                        "start it: systemctl start vest-bridge (or vest bridge serve); a server that runs but "
+                        "does not listen has no site config loaded yet: its log (bridge.log_path, "
+                        "journalctl -u vest-bridge) says why") from None
     return 0
 
 
