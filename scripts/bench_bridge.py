@@ -137,6 +137,8 @@ def main() -> int:
     ap.add_argument("--burst", default=None, metavar="CLIENTSxJOBS")
     ap.add_argument("--fault", action="append", choices=FAULTS, default=None)
     ap.add_argument("--fail", choices=("open", "closed", "both"), default="both")
+    ap.add_argument("--fallback-burst-ms", type=int, default=None, help="instead of the shipped [bridge] default")
+    ap.add_argument("--fallback-ms-per-s", type=int, default=None, help="instead of the shipped [bridge] default")
     ap.add_argument("--rounds", type=int, default=2, help="--fault none: plain and bridge bursts in turns, each this often")
     a = ap.parse_args()
     made = False
@@ -325,10 +327,13 @@ def _count(b: Burst, env: dict, log: str, wall: float) -> dict:
     }
 
 
+BUDGET: dict = {}        # --fallback-burst-ms / --fallback-ms-per-s: other than the shipped defaults
+
+
 def _bridge_bed(fail: str) -> tuple[BridgeTestbed, str]:
     d = tempfile.mkdtemp(prefix="vest-bench-br-")
     os.chmod(d, 0o755)
-    shipped = Bridge()
+    shipped = Bridge(**BUDGET)
     tb = BridgeTestbed(d, directives=False, fail=fail, timeout_s=shipped.timeout_s,
                        fallback_ms_per_s=shipped.fallback_ms_per_s, fallback_burst_ms=shipped.fallback_burst_ms)
     tb.start()
@@ -405,6 +410,10 @@ def _pool(rows: list[dict]) -> dict:
 
 def burst_main(a) -> int:
     clients, jobs = (int(x) for x in a.burst.lower().split("x"))
+    if a.fallback_burst_ms is not None:
+        BUDGET["fallback_burst_ms"] = a.fallback_burst_ms
+    if a.fallback_ms_per_s is not None:
+        BUDGET["fallback_ms_per_s"] = a.fallback_ms_per_s
     faults = a.fault or list(FAULTS)
     fails = ("open", "closed") if a.fail == "both" else (a.fail,)
     rows = []
@@ -414,8 +423,9 @@ def burst_main(a) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     print()
-    print(f"the bridge under a burst of {clients} clients x {jobs} plain sbatch (shipped [bridge] defaults: "
-          f"timeout {Bridge().timeout_s:g} s, fallback {Bridge().fallback_ms_per_s} ms/s, burst {Bridge().fallback_burst_ms} ms)")
+    b = Bridge(**BUDGET)
+    print(f"the bridge under a burst of {clients} clients x {jobs} plain sbatch ([bridge] "
+          f"timeout {b.timeout_s:g} s, fallback {b.fallback_ms_per_s} ms/s, burst {b.fallback_burst_ms} ms)")
     hdr = (f"{'fault':<6} {'fail':<6} {'subm/s':>7} {'med ms':>7} {'p99 ms':>7} {'max ms':>7} {'sinfo max':>9} "
            f"{'ghost':>5} {'wrong':>5} {'by open':>7} {'rerouted':>8} {'refused':>7} {'in flight':>9}")
     print(hdr)
@@ -430,8 +440,9 @@ def burst_main(a) -> int:
                   f"{pl['max_ms']:7.0f} {pl['sinfo_max_ms']:9.0f}   (p99 with the bridge / plain: {r['p99_ratio']:.2f})")
     if a.json:
         Path(a.json).write_text(json.dumps({"burst": a.burst, "bridge_defaults": {
-            "timeout_s": Bridge().timeout_s, "fallback_ms_per_s": Bridge().fallback_ms_per_s,
-            "fallback_burst_ms": Bridge().fallback_burst_ms}, "cases": rows}, indent=1) + "\n")
+            "timeout_s": b.timeout_s, "fallback_ms_per_s": b.fallback_ms_per_s,
+            "fallback_burst_ms": b.fallback_burst_ms}, "shipped_defaults": not BUDGET, "cases": rows},
+            indent=1) + "\n")
     return 0
 
 
