@@ -81,14 +81,20 @@ def test_script_that_fails_by_itself_names_file_and_line():
     with pytest.raises(EstimateError) as e:
         estimate_script("fails_by_itself.py")
     msg = str(e.value)
-    assert "failed by itself" in msg and "KeyError" in msg and "learning_rate" in msg
+    assert "the script failed" in msg and "KeyError" in msg and "learning_rate" in msg
     assert "fails_by_itself.py:5" in msg
+    assert e.value.kind == "script-error" and e.value.where.endswith("fails_by_itself.py:5")
+    kept = msg.split("the run's output is kept in ")[1].split()[0]   # the log outlives the temp dir
+    with open(kept) as f:
+        assert "KeyError" in f.read()
+    os.unlink(kept)
 
 
 def test_script_without_optimizer_step():
     with pytest.raises(EstimateError) as e:
         estimate_script("no_step.py")
-    assert "without an optimizer step" in str(e.value) and "optimizer.step()" in str(e.value)
+    assert "without a training step" in str(e.value) and "optimizer.step()" in str(e.value)
+    assert e.value.kind == "script-error"
 
 
 def test_data_dependent_work_names_file_and_line():
@@ -96,6 +102,7 @@ def test_data_dependent_work_names_file_and_line():
         estimate_script("data_dependent.py")
     msg = str(e.value)
     assert "data-dependent" in msg and "data_dependent.py:6" in msg and "#VEST --model" in msg
+    assert e.value.kind == "data-dependent"
 
 
 def test_time_limit():

@@ -152,6 +152,10 @@ def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = 
         return ns.func(ns)
     except VestError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            import json   # one object on stdout: error, kind (who must act), where (file:line), fix
+
+            print(json.dumps(e.to_dict(), indent=2))
         return e.exit_code
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)

@@ -18,10 +18,17 @@ class VestError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, what: str, fix: str | None = None):
+    def __init__(self, what: str, fix: str | None = None, kind: str | None = None, where: str | None = None):
         super().__init__(what)
         self.what = what
         self.fix = fix
+        # who must act, for --json (dynamic analysis: vest-unsupported, script-error, limit,
+        # data-dependent) and the script's file:line it happened at; None where not known
+        self.kind = kind
+        self.where = where
+
+    def to_dict(self) -> dict:
+        return {"error": self.what, "kind": self.kind, "where": self.where, "fix": self.fix}
 
     def __str__(self) -> str:
         return self.what if not self.fix else f"{self.what}\n  fix: {self.fix}"

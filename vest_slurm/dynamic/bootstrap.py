@@ -5,19 +5,26 @@
 
 The parent (vest_slurm/dynamic/runner.py) starts this in a fresh process session with a wall-time and
 memory limit. Here:
-- CUDA is fake (vest_slurm/estimate/_fakecuda.py): ``torch.cuda.is_available()`` is true, the device
-  properties are the target GPU's, ``.cuda()``/``.to('cuda')``/``device='cuda'`` work, and tensors
-  have no data, so building a 7-billion-parameter model costs no memory.
-- The script's calls that need a real GPU or real values get stand-ins: ``.item()``/``.tolist()``
-  (1 / 1.0 / False), ``.numpy()`` (zeros), GradScaler (scales and unscales without inf checks),
-  ``torch.compile`` (runs eagerly), CUDA events, streams, memory queries (answered from the trace),
-  ``torch.save`` (into the temp dir), DistributedDataParallel (a pass-through that allocates DDP's
-  gradient buckets), ``torch.distributed`` (a single rank of the launch's world size).
+- Host code runs for real; only the GPU is fake (vest_slurm/estimate/_fakecuda.py, ``host_real``):
+  tensors on the host (data loading, index sampling, numpy interop, metrics) are real tensors with
+  real values; tensors on ``cuda`` carry shapes, dtypes and strides but no data, so building a
+  7-billion-parameter model costs no memory (a module's constructor builds its weights fake).
+  ``torch.cuda.is_available()`` is true and the device properties are the target GPU's.
+- Values read from a fake tensor (``.item()``, ``.tolist()``, ``bool()``, ``format()``, ``.numpy()``)
+  are stand-ins (1 / 1.0 / False / zeros), listed with the script's line (tracked.py); a model
+  input shaped by one, or with an empty dimension, ends the run as data-dependent.
+- Other calls that need a real GPU get stand-ins (standins.py): GradScaler, ``torch.compile``
+  (eager), CUDA events, streams, memory queries (answered from the trace), ``torch.save`` (a
+  marker), DistributedDataParallel (DDP's gradient buckets), ``torch.distributed`` (one rank of
+  the launch's world size).
 - DataLoader workers are forced to 0: only the batches used are read, in this process.
-- A PEP 578 audit hook refuses network connections, new processes, and writes outside the temp
-  dir (Python-level writes elsewhere are redirected into it first).
-- The script is stopped after N optimizer steps (StopTracing, a BaseException the script's own
-  ``except Exception`` does not catch); the trace is written as JSON for the parent.
+- A PEP 578 audit hook refuses network connections and new processes; writes outside the temp dir
+  go into it, behind an overlay the script reads back through (Sandbox).
+- The script is stopped after N training steps (StopTracing, a BaseException the script's own
+  ``except Exception`` does not catch): optimizer steps; without torch.optim, backward passes each
+  followed by in-place updates of the parameters; or, with neither, forward passes under grad.
+  The trace is written as JSON for the parent, with what the script did (precision, cudnn.benchmark,
+  zero_grad placement, the batch seen) and, on failure, who must act (classify).
 """
 
 from __future__ import annotations
@@ -45,11 +52,16 @@ class Refused(PermissionError):
 # ---- sandbox -----------------------------------------------------------------------------------
 
 class Sandbox:
-    """Writes only in ``tmpdir``, no network, no new processes. Python-level writes to other paths
-    are redirected into ``tmpdir/redirected/...`` so checkpoints and logs neither break nor leak."""
+    """Writes only in ``tmpdir``, no network, no new processes. Writes to other paths are
+    redirected into ``tmpdir/redirected/<the absolute path>``, and the script sees an overlay: a
+    later open, stat, listdir, rename, replace, move, utime or remove of such a path, Python-level
+    (``open``, pathlib, shutil, numpy) or ``os``-level, finds the redirected file, so a script that
+    writes a file and reads it back, or saves atomically through a temp file and ``os.replace``,
+    runs as it would. Paths it never wrote are the real ones, read-only."""
 
     def __init__(self, tmpdir: str):
         self.tmpdir = os.path.realpath(tmpdir)
+        self.root = os.path.join(self.tmpdir, "redirected")
         self.redirected: list[str] = []
         self.refused: list[str] = []
 
@@ -60,33 +72,124 @@ class Sandbox:
             return False
         return p == self.tmpdir or p.startswith(self.tmpdir + os.sep) or p in ("/dev/null", "/dev/stdout", "/dev/stderr")
 
-    def redirect(self, path) -> str:
-        p = os.fsdecode(path)
-        if isinstance(path, int) or self.inside(p):
+    def _target(self, path) -> str:
+        return os.path.join(self.root, os.path.abspath(os.fsdecode(path)).lstrip(os.sep))
+
+    def redirect(self, path):
+        """Where a write to ``path`` goes (its parent directories made in the overlay)."""
+        if isinstance(path, int) or self.inside(path):
             return path
-        target = os.path.join(self.tmpdir, "redirected", os.path.abspath(p).lstrip(os.sep))
+        target = self._target(path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        self.redirected.append(os.path.abspath(p))
+        if len(self.redirected) < 1000:
+            self.redirected.append(os.path.abspath(os.fsdecode(path)))
         return target
+
+    def seen(self, path):
+        """Where a read of ``path`` goes: the redirected copy where the script wrote one."""
+        if isinstance(path, int) or path is None:
+            return path
+        try:
+            if self.inside(path):
+                return path
+            target = self._target(path)
+        except (TypeError, ValueError):
+            return path
+        return target if os.path.lexists(target) else path
 
     def install(self) -> None:
         real_open = builtins.open
         sandbox = self
+        real = {name: getattr(os, name) for name in ("open", "stat", "lstat", "listdir", "scandir", "rename", "replace",
+                                                       "remove", "unlink", "utime", "rmdir", "makedirs", "mkdir", "access")}
+
+        def writing_mode(mode) -> bool:
+            return isinstance(mode, str) and any(c in mode for c in "wax+")
 
         def open_(file, mode="r", *a, **k):
-            if not isinstance(file, int) and any(c in mode for c in "wax+"):
-                file = sandbox.redirect(file)
+            if not isinstance(file, int):
+                file = sandbox.redirect(file) if writing_mode(mode) else sandbox.seen(file)
             return real_open(file, mode, *a, **k)
 
+        def os_open(path, flags, *a, **k):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
+                if not isinstance(path, int) and not sandbox.inside(path) and sandbox.seen(path) == path \
+                        and os.path.exists(path) and not flags & (os.O_CREAT | os.O_TRUNC):
+                    pass   # a write into a real file the script never wrote: the audit hook refuses it
+                else:
+                    path = sandbox.redirect(path) if sandbox.seen(path) == path else sandbox.seen(path)
+            else:
+                path = sandbox.seen(path)
+            return real["open"](path, flags, *a, **k)
+
+        def reading(name):
+            def fn(path=".", *a, **k):
+                return real[name](sandbox.seen(path), *a, **k)
+            return fn
+
+        def listing(name):
+            def fn(path=".", *a, **k):
+                if isinstance(path, int):
+                    return real[name](path, *a, **k)
+                target = sandbox.seen(path)
+                if target == path:
+                    return real[name](path, *a, **k)
+                over = list(real[name](target))
+                under = list(real[name](path)) if os.path.isdir(path) else []
+                if name == "listdir":
+                    return sorted(set(under) | set(over))
+                shadowed = {e.name for e in over}
+                return _Entries(over + [e for e in under if e.name not in shadowed])
+            return fn
+
+        def moving(name):
+            def fn(src, dst, *a, **k):
+                return real[name](sandbox.seen(src), sandbox.redirect(dst), *a, **k)
+            return fn
+
+        def utime(path, *a, **k):
+            target = sandbox.seen(path)
+            if target == path and not isinstance(path, int) and not sandbox.inside(path):
+                return None   # a real file's times: left as they are (a write outside the temp dir)
+            return real["utime"](target, *a, **k)
+
+        def make(name):
+            def fn(path, *a, **k):
+                return real[name](sandbox.redirect(path), *a, **k)
+            return fn
+
+        busy = [False]
+
+        def guarded(fn, orig):
+            """The sandbox's own path work (realpath, makedirs) calls the real functions."""
+            def call(*a, **k):
+                if busy[0]:
+                    return orig(*a, **k)
+                busy[0] = True
+                try:
+                    return fn(*a, **k)
+                finally:
+                    busy[0] = False
+            return call
+
+        open_ = guarded(open_, real_open)
+        os_open = guarded(os_open, real["open"])
         builtins.open = open_
         io.open = open_
+        os.open = os_open
+        for name in ("stat", "lstat", "access"):
+            setattr(os, name, guarded(reading(name), real[name]))
+        for name in ("remove", "unlink", "rmdir"):
+            # outside and never written: the audit hook refuses it
+            setattr(os, name, guarded(reading(name), real[name]))
+        for name in ("listdir", "scandir"):
+            setattr(os, name, guarded(listing(name), real[name]))
+        for name in ("rename", "replace"):
+            setattr(os, name, guarded(moving(name), real[name]))
+        os.utime = guarded(utime, real["utime"])
         for name in ("makedirs", "mkdir"):
-            real = getattr(os, name)
-
-            def make(path, *a, _real=real, **k):
-                return _real(sandbox.redirect(path), *a, **k)
-
-            setattr(os, name, make)
+            setattr(os, name, guarded(make(name), real[name]))
+        self._real = real
         sys.addaudithook(self._audit)
 
     def _audit(self, event: str, args) -> None:
@@ -114,6 +217,19 @@ class Sandbox:
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")
 
 
+class _Entries(list):
+    """os.scandir's iterator over a merged listing (the overlay's entries, then the real ones)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def close(self):
+        pass
+
+
 # ---- the trace run -----------------------------------------------------------------------------
 
 def _user_frame(tb, script_path: str | None):
@@ -126,9 +242,60 @@ def _user_frame(tb, script_path: str | None):
     return None, None
 
 
+_FAKE_MACHINERY = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep + "_subclasses" + os.sep,
+                   os.sep + "torch" + os.sep + "_prims", os.sep + "torch" + os.sep + "_meta_registrations",
+                   os.sep + "torch" + os.sep + "_decomp" + os.sep, os.sep + "torch" + os.sep + "_refs" + os.sep)
+# what torch says when a call reached for a real GPU (torch/cuda/__init__.py _lazy_init, c10 CUDA)
+_REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA GPUs are available",
+                     "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator")
+
+
+def _api_called(tb) -> str | None:
+    """The library function the script's innermost line called (module.function), where the
+    traceback goes on past the script's code."""
+    frames = traceback.extract_tb(tb)
+    libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
+    last_user = max((i for i, fr in enumerate(frames)
+                     if not any(part in fr.filename for part in libs) and not fr.filename.startswith("<")), default=None)
+    if last_user is None or last_user + 1 >= len(frames):
+        return None
+    fr = frames[last_user + 1]
+    path = fr.filename
+    marker = os.sep + "site-packages" + os.sep
+    if marker in path:
+        mod = path.split(marker, 1)[1]
+        mod = mod[:-3] if mod.endswith(".py") else mod
+        mod = mod.replace(os.sep, ".").removesuffix(".__init__")
+        return f"{mod}.{fr.name}"
+    return fr.name
+
+
+def classify(e: BaseException) -> str:
+    """Who must act on a failure: ``vest-unsupported`` (it failed inside vest's fake CUDA or a
+    stand-in, on a fake tensor, or at a CUDA API with no stand-in: the same script would run on a
+    GPU), ``data-dependent`` (a shape or branch needs the data), ``refused`` (network, processes,
+    writes), ``memory``, or ``script-error`` (what the script would raise on a GPU too)."""
+    name = type(e).__name__
+    text = str(e)
+    if isinstance(e, Refused):
+        return "refused"
+    if "DataDependent" in name or "DynamicOutputShape" in name or "data-dependent" in text.lower():
+        return "data-dependent"
+    if isinstance(e, MemoryError):
+        return "memory"
+    if name in ("NotSupportedHere", "UnsupportedOperatorException") or "FakeTensor" in text or "fake tensor" in text.lower() \
+            or any(m in text for m in _REAL_GPU_REACHED):
+        return "vest-unsupported"
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames and any(part in frames[-1].filename for part in _FAKE_MACHINERY):
+        return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
+    return "script-error"
+
+
 def run(ns) -> dict:
     from ..estimate import _fakecuda as fc
     from . import standins as sp
+    from . import tracked
     from ..estimate.tracing import Tracer
 
     tracer = Tracer(tuple(ns.capability))
@@ -140,11 +307,12 @@ def run(ns) -> dict:
     sys.argv = [ns.script or ns.module] + list(ns.args)
     if ns.script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
-    mode = fc.FakeCudaMode(tracer.recorder, scalar_stand_in=True)
+    mode = fc.FakeCudaMode(tracer.recorder, scalar_stand_in=True, host_real=True)
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode():
+                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode(host_real=True), \
+                sp.UpdateWatch(state), tracked.TaintMode(state.ledger):
             try:
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
@@ -159,25 +327,29 @@ def run(ns) -> dict:
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
             state.finish()
     except BaseException as e:  # the script failed by itself, or fake tensors could not answer it
-        if os.environ.get("VEST_TRACEBACK"):   # developers: the whole stack into the child's log
-            traceback.print_exc()
+        traceback.print_exc()   # into the kept log; the parent prints it with VEST_TRACEBACK=1
         where, line = _user_frame(e.__traceback__, ns.script)
-        kind = "script-error"
+        kind = classify(e)
         name = type(e).__name__
-        if isinstance(e, Refused):
-            kind = "refused"
-        elif "DataDependent" in name or "DynamicOutputShape" in name or "data-dependent" in str(e).lower():
-            kind = "data-dependent"
-        elif isinstance(e, MemoryError):
-            kind = "memory"
         result.update(status=kind, message=f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip(),
-                      where=where, line=line)
+                      where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
+                      traceback="".join(traceback.format_exception(e)))
+    if state.input_problem and result["status"] == STATUS_OK:
+        place = state.input_problem.split(" at ", 1)[1].split(";")[0] if " at " in state.input_problem else None
+        result.update(status="data-dependent", message=state.input_problem, where=place or (
+            state.ledger.reads[-1][1] if state.ledger.reads else None), line=None)
     result["steps"] = state.steps
+    result["stopped_by"] = state.stopped_by
+    result["reads"] = state.ledger.summary()
+    result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None
+    result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
+                          "zero_grad": state.zero_grad, "batch_seen": state.batch_hint}
     result["step_ends"] = list(tracer.s.step_ends)
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
     if result["status"] == STATUS_OK and state.steps == 0:
-        result.update(status="no-step", message=f"{target} ended without an optimizer step")
+        result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
+                      "followed by parameter updates, or forward passes under grad")
     trace = tracer.finish(state.steps, ())
     result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
                         for e in trace.events]

@@ -56,6 +56,10 @@ class DynamicRun:
     peak_rss_bytes: int
     redirected_writes: tuple[str, ...]
     spec: object = None   # an FSDP2 script's per-rank WorkloadSpec (fake_dist.per_rank)
+    observed: tuple[tuple[str, object], ...] = ()   # what the script did: precision, cudnn_benchmark, zero_grad
+    flags: tuple[str, ...] = ()                     # why the estimate may not be the real run's (shown with it)
+    reads: tuple[str, ...] = ()                     # "kind at file:line" of values read from device tensors
+    stopped_by: str = "optimizer steps"
 
 
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
@@ -118,7 +122,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, cwd=where, env=_child_env(cmd, tmpdir, world), stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            limit_hit = None
+            limit_hit = None   # (the limits' failures have kind "limit")
             while proc.poll() is None:
                 rss = tree_rss_bytes(proc.pid)      # under bubblewrap the child is a grandchild
                 peak_rss = max(peak_rss, rss)
@@ -134,18 +138,29 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         if limit_hit:
             raise EstimateError(f"{cmd.display}: {limit_hit}",
                                 "make the script reach its optimizer step sooner (smaller data set, fewer setup steps), "
-                                "or ask the site for a higher limit ([dynamic] in the site config)")
+                                "or ask the site for a higher limit ([dynamic] in the site config)", kind="limit")
         if not os.path.exists(out):
             tail = _tail(log_path)
-            raise EstimateError(f"{cmd.display}: the estimate's child process died (exit {proc.returncode})\n{tail}",
-                                "run the script directly to see whether it starts at all")
+            kept = _keep_log(log_path)
+            raise EstimateError(f"{cmd.display}: the estimate's child process died (exit {proc.returncode})\n{tail}"
+                                + (f"\n  the run's output is kept in {kept}" if kept else ""),
+                                "run the script directly to see whether it starts at all", kind="vest-unsupported")
         with open(out) as f:
             result = json.load(f)
-        _raise_for_status(cmd, result, log_path)
+        if result.get("status") != "ok":
+            if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
+                print(result["traceback"], file=sys.stderr, end="")
+            _raise_for_status(cmd, result, _keep_log(log_path))
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())))
+        batch, flags = batch_and_flags(cmd, result)
+        observed = dict(result.get("observed") or {})
+        observed["batch_seen"] = batch
+        mine = dict(observed=tuple(sorted(observed.items())), flags=flags,
+                    reads=tuple(f"{r['kind']} at {r['where']}" for r in result.get("reads", ())),
+                    stopped_by=result.get("stopped_by", "optimizer steps"))
         spec = None
         if result.get("fsdp"):   # fully_shard in the script: the per-rank trace of its run
             from .fake_dist import per_rank
@@ -153,11 +168,63 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
             base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, ()), world, "")
             trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
             trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
-        return DynamicRun(trace, result["steps"], result.get("batch_hint"), seconds, peak_rss,
-                          tuple(result.get("redirected_writes", ())), spec)
+        return DynamicRun(trace, result["steps"], batch, seconds, peak_rss,
+                          tuple(result.get("redirected_writes", ())), spec, **mine)
     finally:
         if not os.environ.get("VEST_KEEP_TMP"):
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+# how training scripts name their per-step batch on the command line (argparse habits of the
+# reference trainers: torchvision's -b/--batch-size, HF's --per_device_train_batch_size, ...)
+_BATCH_FLAGS = ("--batch-size", "--batch_size", "--bs", "-b", "--per_device_train_batch_size",
+                "--per-device-train-batch-size", "--train-batch-size", "--train_batch_size",
+                "--micro-batch-size", "--micro_batch_size")
+
+
+def stated_batch(args) -> int | None:
+    """The batch a training command states (``--batch-size 64``, ``--batch_size=64``); None if none."""
+    args = list(args)
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in _BATCH_FLAGS:
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def batch_and_flags(cmd: TrainCommand, result: dict) -> tuple[int | None, tuple[str, ...]]:
+    """The batch the model saw and what to flag about it. The first dimension of the model's first
+    input, unless the command states a batch that is its second dimension and not its first (a
+    sequence-first model: nn.LSTM, nn.Transformer without batch_first). A stated batch that is
+    neither is flagged: the estimate is for the batch the model saw (gradient accumulation splits
+    it, some scripts divide a global batch by the GPUs)."""
+    batch = result.get("batch_hint")
+    shape = result.get("first_input_shape") or []
+    stated = stated_batch(cmd.args)
+    flags = []
+    if stated is not None and batch is not None and batch != stated:
+        if len(shape) > 1 and shape[1] == stated:
+            batch = stated   # sequence-first input: (sequence, batch, ...)
+        else:
+            flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}) but the command states "
+                         f"a batch of {stated}: the estimate is for the batch the model saw")
+    return batch, tuple(flags)
+
+
+def _keep_log(path: str) -> str | None:
+    """A copy of a failed run's output that outlives the temp dir (its path is printed)."""
+    try:
+        fd, kept = tempfile.mkstemp(prefix="vest-dynamic-", suffix=".log")
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
+            shutil.copyfileobj(f, out)
+        return kept
+    except OSError:
+        return None
 
 
 def _tail(path: str, lines: int = 8) -> str:
@@ -169,34 +236,54 @@ def _tail(path: str, lines: int = 8) -> str:
     return "\n".join("  | " + t for t in text)
 
 
-def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str) -> None:
+_WORKAROUND = ("describe the workload with a #VEST line instead (e.g. #VEST --model torchvision:resnet50 "
+               "--batch-size 64 --input 3x224x224 --optimizer sgd-momentum), which needs no run of the script")
+
+
+def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None) -> None:
     status = result.get("status")
     if status == "ok":
         return
-    where = f" at {result['where']}" if result.get("where") else ""
-    line = f"\n  {result['where']}: {result['line']}" if result.get("where") and result.get("line") else ""
+    where = result.get("where")
+    at = f" at {where}" if where else ""
+    line = f"\n  {where}: {result['line']}" if where and result.get("line") else ""
+    log = f"\n  the run's output is kept in {log_path}" if log_path else ""
     msg = result.get("message", "")
+    api = result.get("api")
+    tail = _tail(log_path) if log_path else ""
     if status == "no-step":
-        raise EstimateError(f"{cmd.display} ended without an optimizer step ({result.get('steps', 0)} steps traced)",
-                            "the dynamic estimate needs the script to train: check that its arguments start training "
-                            "(not only evaluation) and that the loop calls optimizer.step()")
+        raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
+                            f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",
+                            "check that the script's arguments start training (not only evaluation)",
+                            kind="script-error", where=where)
     if status == "data-dependent":
-        raise EstimateError(f"{cmd.display}: data-dependent work that fake tensors cannot answer{where}: {msg}{line}",
-                            "shapes that depend on tensor values (nonzero, boolean masks, unique) cannot be traced without "
-                            "the data; describe the workload with #VEST --model ... instead")
+        raise EstimateError(f"{cmd.display}: data-dependent: the estimate depends on values a fake tensor does not "
+                            f"have{at}: {msg}{line}{log}",
+                            "shapes that follow tensor values (nonzero, boolean masks, lengths read with .item()) "
+                            "cannot be traced without the data; " + _WORKAROUND, kind="data-dependent", where=where)
     if status == "refused":
-        raise EstimateError(f"{cmd.display}: {msg}{line}",
+        raise EstimateError(f"{cmd.display}: {msg}{line}{log}",
                             "estimates run offline and in one process: make network access and subprocesses optional "
-                            "(e.g. behind a flag), or describe the workload with #VEST --model ...")
+                            "(e.g. behind a flag), or " + _WORKAROUND, kind="script-error", where=where)
     if status == "memory":
-        raise EstimateError(f"{cmd.display}: ran out of host memory{where}: {msg}", "the site's memory limit for estimates was hit")
+        raise EstimateError(f"{cmd.display}: ran out of host memory{at}: {msg}{log}",
+                            "the site's memory limit for estimates was hit", kind="limit", where=where)
     if status == "script-exit":
-        raise EstimateError(f"{msg} before its first optimizer step\n{_tail(log_path)}",
-                            "run the script directly: it fails by itself (arguments, missing files)")
+        raise EstimateError(f"{msg} before its first training step\n{tail}{log}",
+                            "run the script directly: it fails by itself (arguments, missing files)",
+                            kind="script-error", where=where)
+    if status == "vest-unsupported":
+        named = f" (at {api})" if api else ""
+        raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA{named}{at}: {msg}{line}{log}",
+                            "this is a gap in vest-slurm, not in the script (it would run on a GPU): report it with "
+                            "the kept log; meanwhile " + _WORKAROUND, kind="vest-unsupported", where=where)
     if status == "internal":
-        raise EstimateError(f"{cmd.display}: the estimator failed: {msg}", "this is a bug in vest-slurm; report it with the script")
-    raise EstimateError(f"{cmd.display} failed by itself{where}: {msg}{line}",
-                        "fix the script (run it directly to see the error); the estimate runs it unchanged")
+        raise EstimateError(f"{cmd.display}: the estimator failed: {msg}{log}",
+                            "this is a bug in vest-slurm; report it with the script; meanwhile " + _WORKAROUND,
+                            kind="vest-unsupported", where=where)
+    raise EstimateError(f"{cmd.display}: the script failed{at}: {msg}{line}{log}",
+                        "fix the script (run it directly to see the error); the estimate runs it unchanged",
+                        kind="script-error", where=where)
 
 
 def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf: str):
@@ -205,8 +292,12 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
 
     if run.spec is not None:
         return run.spec.with_(alloc_conf=alloc_conf)
+    seen = dict(run.observed)
     return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
-                        parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps)
+                        parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps,
+                        precision=seen.get("precision") or "fp32",
+                        cudnn_benchmark="on" if seen.get("cudnn_benchmark") else "off",
+                        zero_grad=seen.get("zero_grad") or "after-step", flags=run.flags)
 
 
 def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),

@@ -17,6 +17,7 @@ from torch import nn
 from ..estimate import _fakecuda as fc
 from . import cuda_surface
 from .grad_scaler import FakeCudaGradScaler, FakeGradScaler
+from . import tracked
 
 
 @dataclass
@@ -33,9 +34,47 @@ class ScriptState:
     first_forward_done: bool = False
     saved: list = field(default_factory=list)
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
+    ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
+    input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
+    first_input_shape: tuple | None = None   # of the tensor batch_hint was read from
+    # what the script did, for the workload block (not the command-line defaults)
+    precision: str | None = None
+    cudnn_benchmark: bool = False
+    zero_grad: str | None = None       # after-step / before-backward, where the script calls it
+    # the stop without torch.optim (hand-written updates, or forward passes only)
+    backwards: int = 0
+    forwards_under_grad: int = 0
+    optimizer_steps: int = 0
+    in_optimizer_step: int = 0          # nesting of optimizer.step() calls under way
+    forward_since_backward: bool = False
+    backward_since_update: bool = False
+    manual_step_pending: bool = False
+    stopped_by: str = "optimizer steps"
+    param_storages: set = field(default_factory=set)   # storages of the trained models' parameters
+    models: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # modules called as the model
+    forward_marks: list = field(default_factory=list)   # len(events) at forward starts, no backward yet
 
     def finish(self) -> None:
+        if self.manual_step_pending:
+            self.close_manual_step(stop=False)
         self.tracer.s.phase = "other"
+
+    def end_step(self, stop: bool = True) -> None:
+        tr = self.tracer
+        tr.s.phase = "other"
+        self.steps += 1
+        tr.s.iteration = self.steps
+        tr.step_end()
+        if stop and self.steps >= self.max_steps:
+            tr.freeze()   # what the script frees while it unwinds is not part of the run
+            raise self.stop()
+
+    def close_manual_step(self, stop: bool = True) -> None:
+        """A backward followed by in-place updates of the parameters (no torch.optim step) was one
+        training step: it ends where the next one starts (forward or backward) or the script ends."""
+        self.manual_step_pending = False
+        self.stopped_by = "backward passes followed by parameter updates (no torch.optim step)"
+        self.end_step(stop)
 
 
 # ---- modules: .cuda() / .to() / .half() on fake parameters -----------------------------------------
@@ -184,26 +223,50 @@ def _stand_in_scalar(t):
     return 1
 
 
-def _item(orig):
+def _item(orig, ledger):
     def item(self):
         if isinstance(self, fc.FakeTensor):
-            return _stand_in_scalar(self)
+            return ledger.read("item", _stand_in_scalar(self))
         return orig(self)
 
     return item
 
 
-def _tolist(orig):
+def _tolist(orig, ledger):
     def tolist(self):
         if isinstance(self, fc.FakeTensor):
             v = _stand_in_scalar(self)
             out = v
             for d in reversed(self.shape):
                 out = [out] * d if not isinstance(out, list) else [list(out) for _ in range(d)]
-            return out
+            return ledger.read("tolist", out)
         return orig(self)
 
     return tolist
+
+
+def _read_through(orig, kind: str, ledger):
+    """bool() / int() / float() / index of a fake tensor: C++ asks the fake mode, which answers a
+    stand-in unless the value is known without data (_known.py); a stand-in read is listed."""
+    def method(self, *a):
+        if isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None \
+                and self.fake_mode.fill_of(self) is None:
+            ledger.read(kind, None)
+        return orig(self, *a)
+
+    return method
+
+
+def _format(orig):
+    """f"{loss:.4f}" and "{:6.2f}".format(val) of a 0-d device tensor: Tensor.__format__ formats
+    ``item()`` only for a plain Tensor, and a fake tensor is a subclass (object.__format__ then
+    refuses a format spec). The stand-in value is formatted instead."""
+    def format_(self, spec):
+        if isinstance(self, fc.FakeTensor) and self.dim() == 0:
+            return format(self.item(), spec)
+        return orig(self, spec)
+
+    return format_
 
 
 def _numpy(orig):
@@ -228,13 +291,16 @@ def _np_dtype(dtype):
 
 def _save(state: ScriptState):
     def save(obj, f, *args, **kwargs):
-        # Fake tensors have no data to serialize: write a marker into the temp dir instead.
-        name = os.path.basename(f) if isinstance(f, (str, os.PathLike)) else "checkpoint"
-        path = os.path.join(state.tmpdir, "checkpoints", os.fsdecode(name) or "checkpoint")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write("vest-slurm dynamic analysis: checkpoint not written (fake tensors)\n")
-        state.saved.append(path)
+        # Fake tensors have no data to serialize: a marker stands for the file, written where the
+        # script writes it (the sandbox's overlay, bootstrap.Sandbox), so that the script can
+        # rename, move or stat its checkpoint afterwards.
+        marker = "vest-slurm dynamic analysis: checkpoint not written (fake tensors)\n"
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "w") as fh:
+                fh.write(marker)
+            state.saved.append(os.fsdecode(f))
+        elif hasattr(f, "write"):
+            f.write(marker.encode() if "b" in getattr(f, "mode", "b") else marker)
 
     return save
 
@@ -249,14 +315,95 @@ def _compile(model=None, *args, **kwargs):
 
 # ---- phases and the stop -----------------------------------------------------------------------------
 
+def _on_the_device(mod, args) -> bool:
+    """Whether a module call is device work: a fake tensor among its positional inputs, or fake
+    CUDA parameters (a model called with keyword arguments only)."""
+    for a in args or ():
+        if isinstance(a, fc.FakeTensor) or (isinstance(a, (list, tuple)) and any(isinstance(x, fc.FakeTensor) for x in a)):
+            return True
+    p = next(mod.parameters(), None)
+    return p is not None and isinstance(p, fc.FakeTensor) and p.fake_device.type == "cuda"
+
+
+def _top_level_forward(state: ScriptState, mod) -> None:
+    """What a call of the training model shows: the precision it computes in (autocast's dtype,
+    else its weights'), cudnn.benchmark as the script set it; forward passes under grad."""
+    if torch.is_grad_enabled():
+        state.forwards_under_grad += 1
+        if state.precision is None:
+            if torch.is_autocast_enabled("cuda"):
+                dtype = torch.get_autocast_dtype("cuda")
+                state.precision = {torch.bfloat16: "amp-bf16", torch.float16: "amp-fp16"}.get(dtype, "fp32")
+            else:
+                p = next((p for p in mod.parameters() if p.is_floating_point()), None)
+                state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p, "dtype", None), "fp32")
+    state.cudnn_benchmark = state.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
+    # Neither an optimizer step nor a backward pass so far: each forward pass under grad may be the
+    # step. Its start is kept aside (a summary's forward before training would shift the real
+    # steps' boundaries); after N + 1 of them and still no backward, they are the run's N steps.
+    if state.optimizer_steps == 0 and state.backwards == 0 and torch.is_grad_enabled() and state.forwards_under_grad > 1:
+        tr = state.tracer
+        state.forward_marks.append(len(tr.s.events))
+        if len(state.forward_marks) >= state.max_steps:
+            state.stopped_by = "forward passes of the model under grad (no backward, no optimizer step)"
+            tr.s.step_ends[:] = state.forward_marks[:state.max_steps]
+            state.steps = state.max_steps
+            tr.freeze()
+            raise state.stop()
+
+
+def _parameter_storages(state: ScriptState) -> set:
+    """The storages of the parameters that take gradients in the models the script called (the
+    models trained), as the first backward pass starts: an in-place write to one outside an
+    optimizer step is a hand-written update."""
+    return {p.untyped_storage()._cdata for m in list(state.models) for p in m.parameters()
+            if isinstance(p, fc.FakeTensor) and p.requires_grad}
+
+
+class UpdateWatch(torch.overrides.TorchFunctionMode):
+    """Hand-written updates (no torch.optim): an in-place torch call outside an optimizer step
+    that writes a trained parameter's storage (``p -= lr * p.grad``, ``p.data.add_(...)``,
+    ``torch._foreach_add_``) after a backward pass closes a training step."""
+
+    def __init__(self, state: ScriptState):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        st = self.state
+        out = func(*args, **kwargs)
+        # (inside an optimizer step, a closure's forward and backward reset the phase: Lightning)
+        if st.backward_since_update and st.param_storages and not st.in_optimizer_step \
+                and st.tracer.s.phase == "other" and args:
+            name = getattr(func, "__name__", "")
+            if name.endswith("_") and not name.endswith("__") or name in ("__isub__", "__iadd__", "__imul__", "__itruediv__"):
+                first = args[0]
+                targets = first if isinstance(first, (list, tuple)) else (first,)
+                if any(isinstance(t, fc.FakeTensor) and t.untyped_storage()._cdata in st.param_storages for t in targets):
+                    st.backward_since_update = False
+                    st.manual_step_pending = True
+        return out
+
+
 @contextlib.contextmanager
 def patched(state: ScriptState):
     tr = state.tracer
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
+        if state.depth == 0 and not _on_the_device(mod, args):
+            return   # host code: a transform (torchvision's and timm's are modules) on real data
         if state.depth == 0:
+            if state.manual_step_pending:
+                state.close_manual_step()
+            _top_level_forward(state, mod)
+            state.models.add(mod)
             tr.s.phase = "forward"
+            problem = tracked.input_problem(state.ledger, args)
+            if problem and state.input_problem is None:
+                state.input_problem = problem
+                raise state.stop()
         if not state.first_forward_done and state.depth < state.batch_hint_depth:
             # the batch: the first dimension of the first tensor given to the model; a model called
             # with keyword arguments only (which global hooks do not see: transformers, peft
@@ -265,40 +412,65 @@ def patched(state: ScriptState):
             first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
             if first is not None:
                 state.batch_hint, state.batch_hint_depth = int(first.shape[0]), state.depth
+                state.first_input_shape = tuple(int(d) for d in first.shape)
+                problem = tracked.input_problem(state.ledger, (first,))
+                if problem and state.input_problem is None:
+                    state.input_problem = problem
+                    raise state.stop()
         state.depth += 1
 
     def post_forward(mod, args, out):
+        if state.depth == 0:
+            return   # a host module's call (pre_forward let it be)
         state.depth = max(0, state.depth - 1)
         if state.depth == 0:
             tr.s.phase = "other"
             state.first_forward_done = True
+            state.forward_since_backward = True
 
     def pre_step(opt, args, kwargs):
+        state.in_optimizer_step += 1
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")
         tr.s.phase = "optimizer"
 
     def post_step(opt, args, kwargs):
         tr.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)], "optimizer_state")
-        tr.s.phase = "other"
-        state.steps += 1
-        tr.s.iteration = state.steps
-        tr.step_end()
-        if state.steps >= state.max_steps:
-            tr.freeze()   # what the script frees while it unwinds is not part of the run
-            raise state.stop()
+        state.optimizer_steps += 1
+        state.in_optimizer_step = max(0, state.in_optimizer_step - 1)
+        state.backward_since_update = False
+        state.end_step()
 
     orig_backward = torch.autograd.backward
+    orig_grad = torch.autograd.grad
+
+    def _before_backward():
+        if state.manual_step_pending:
+            state.close_manual_step()
+        state.backwards += 1
+        state.forward_since_backward = False
+        state.backward_since_update = True
+        if not state.param_storages:
+            state.param_storages = _parameter_storages(state)
+        tr.s.phase = "backward"
 
     def backward(*a, **k):
-        tr.s.phase = "backward"
+        _before_backward()
         try:
             return orig_backward(*a, **k)
+        finally:
+            tr.s.phase = "other"
+
+    def grad(*a, **k):
+        _before_backward()
+        try:
+            return orig_grad(*a, **k)
         finally:
             tr.s.phase = "other"
 
     orig_zero_grad = torch.optim.Optimizer.zero_grad
 
     def zero_grad(self, set_to_none=True):
+        state.zero_grad = "before-backward" if state.forward_since_backward else "after-step"
         tr.s.phase = "zero_grad"
         try:
             return orig_zero_grad(self, set_to_none)
@@ -329,12 +501,18 @@ def patched(state: ScriptState):
         (nn.Module, "cuda", _as_parameters(state, nn.Module.cuda, lambda *a, **k: True)),
         (nn.Module, "to", _as_parameters(state, nn.Module.to, _to_cuda)),
         (torch.autograd, "backward", backward),
+        (torch.autograd, "grad", grad),
         (torch.optim.Optimizer, "zero_grad", zero_grad),
         (torch.optim.Optimizer, "__init__", opt_init),
         (torch.utils.data.DataLoader, "__init__", dl_init),
-        (torch.Tensor, "item", _item(torch.Tensor.item)),
-        (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist)),
+        (torch.Tensor, "item", _item(torch.Tensor.item, state.ledger)),
+        (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist, state.ledger)),
+        (torch.Tensor, "__bool__", _read_through(torch.Tensor.__bool__, "bool", state.ledger)),
+        (torch.Tensor, "__int__", _read_through(torch.Tensor.__int__, "int", state.ledger)),
+        (torch.Tensor, "__float__", _read_through(torch.Tensor.__float__, "float", state.ledger)),
+        (torch.Tensor, "__index__", _read_through(torch.Tensor.__index__, "index", state.ledger)),
         (torch.Tensor, "numpy", _numpy(torch.Tensor.numpy)),
+        (torch.Tensor, "__format__", _format(torch.Tensor.__format__)),
         (torch.amp, "GradScaler", FakeGradScaler),
         (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
         (torch, "compile", _compile),

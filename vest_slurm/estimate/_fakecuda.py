@@ -461,12 +461,37 @@ def _forget_the_freed(table: dict, every: int = 4096) -> None:
             del table[key]
 
 
+def _is_real_host(t) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.device.type == "cpu"
+
+
+def _names_cuda(a) -> bool:
+    if isinstance(a, torch.device):
+        return a.type == "cuda"
+    return isinstance(a, str) and (a == "cuda" or a.startswith("cuda:") or a.startswith("torch.cuda."))
+
+
+def _real_host_op(args, kwargs) -> bool:
+    """An aten op on real host tensors only, with no CUDA device asked for: it runs for real."""
+    real = False
+    for a in pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, FakeTensor) or _names_cuda(a):
+            return False
+        real = real or isinstance(a, torch.Tensor)
+    return real
+
+
 class FakeCudaMode(FakeTensorMode):
     """FakeTensorMode that answers ``cpu`` to autograd's device query and records storages."""
 
-    def __init__(self, recorder: Recorder, scalar_stand_in: bool = False):
+    def __init__(self, recorder: Recorder, scalar_stand_in: bool = False, host_real: bool = False):
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
+        # Dynamic analysis: host tensors are real (see CudaFactoryMode): an op whose tensors are
+        # all real and that targets no CUDA device runs for real; a real tensor that meets a fake
+        # CUDA one is handled as a fake host tensor was (_onto_the_gpu), and what its values are
+        # is read from them (known_of).
+        self.host_real = host_real
         self._depth = 0   # nesting of __torch_dispatch__ (decompositions re-enter the mode)
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
@@ -474,11 +499,23 @@ class FakeCudaMode(FakeTensorMode):
         self._fills: dict[int, tuple] = {}   # id(storage) -> (storage, known values, their dtype)
         self._truths: dict[int, tuple] = {}   # id(mask storage) -> (mask storage, source storage, source version)
 
+    @property
+    def avoid_device_init(self) -> bool:
+        """FakeTensorMode runs an op on real inputs for real (constant propagation) unless it would
+        initialise a device; it asks ``torch.cuda.is_available()``, which answers True here. With
+        real host tensors, ``real.to("cuda")`` would then reach for the absent GPU."""
+        return True if self.host_real else FakeTensorMode.avoid_device_init.fget(self)
+
     def known_of(self, t) -> _known.Known | None:
         """What every element of ``t`` can be, where that is known without data; else None."""
         if isinstance(t, (bool, int, float)):
             return frozenset({t})
         if not isinstance(t, FakeTensor):
+            if self.host_real and _is_real_host(t):
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    return _known.of_real(t)
             return None
         s = t.untyped_storage()
         hit = self._fills.get(id(s))
@@ -561,6 +598,12 @@ class FakeCudaMode(FakeTensorMode):
         if func is aten._grouped_mm.default and _is_fake_cuda(args[0]) and args[0].dtype == torch.float32:
             func, args, kwargs = _grouped_mm_fp32_output(*args, **kwargs)
         outermost = self._depth == 0
+        if self.host_real and outermost and _real_host_op(args, kwargs):
+            # host data the script computes on (C++ reached past CudaFactoryMode): real values
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         if outermost:
             args, kwargs = self._onto_the_gpu(types, args, kwargs)
         self._depth += 1
@@ -595,11 +638,13 @@ class FakeCudaMode(FakeTensorMode):
         flat = pytree.tree_leaves((args, kwargs))
         if not any(_is_fake_cuda(t) for t in flat):
             return args, kwargs
-        if not any(isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and t.dim() > 0 for t in flat):
+        if not any(((isinstance(t, FakeTensor) and t.fake_device.type == "cpu") or (self.host_real and _is_real_host(t)))
+                   and t.dim() > 0 for t in flat):
             return args, kwargs
 
         def move(t):
-            if isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and t.dim() > 0:
+            if (isinstance(t, FakeTensor) and t.fake_device.type == "cpu" and t.dim() > 0) or \
+                    (self.host_real and _is_real_host(t) and t.dim() > 0):
                 new = super(FakeCudaMode, self).__torch_dispatch__(
                     aten.empty_strided.default, (FakeTensor,), (t.shape, t.stride()), {"dtype": t.dtype, "device": DEVICE})
                 self.recorder.see(new)
@@ -669,7 +714,19 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
       needed to trace memory);
     - ``t.cuda()``, ``t.to('cuda')`` and ``device='cuda'`` name the device ``cuda:0``.
     (scaled_dot_product_attention takes the GPU's kernel in a dispatcher kernel, _sdpa_kernel, so
-    that calls from inside other functions and autocast's cast come first, as on the GPU.)"""
+    that calls from inside other functions and autocast's cast come first, as on the GPU.)
+
+    With ``host_real`` (dynamic analysis: a user's whole script runs here) host code runs for
+    real: a call whose tensors are all real and that names no CUDA device runs with the fake mode
+    set aside, so data loading, index sampling, numpy interop and metrics see real values. Two
+    exceptions: tensors a module builds in its constructor with no tensor input (a model's
+    weights, before ``.cuda()``) stay fake host tensors, as the weights' values are not needed and
+    a 7-billion-parameter model built on the host would not fit in its memory; and a few random
+    numbers drawn on the host keep the deterministic answers described in __torch_function__."""
+
+    def __init__(self, host_real: bool = False):
+        super().__init__()
+        self.host_real = host_real
 
     FACTORIES = (torch.tensor, torch.as_tensor, torch.asarray)
     HOST_RANDOM = (torch.rand, torch.randn, torch.randint, torch.randperm)
@@ -695,6 +752,12 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             pinned = _pin(dev)
             if pinned is not dev:
                 kwargs = dict(kwargs, device=pinned)
+        if self.host_real and func not in self.HOST_RANDOM and _host_call(func, args, kwargs):
+            if not (_no_tensor_input(args, kwargs) and _in_module_constructor()):
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
         if func in self.FACTORIES and kwargs.get("device") is DEVICE:
             kwargs = dict(kwargs)
             kwargs.pop("device")
@@ -711,7 +774,13 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             return args[0]
         if func in self.HOST_RANDOM:
             out = func(*args, **kwargs)
-            if isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL:
+            small = isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL
+            if self.host_real and not small and _host_call(func, args, kwargs) and not _in_module_constructor():
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
+            if small:
                 # A few random numbers drawn on the host steer the step: LayerDrop,
                 # `if torch.rand([]) < layerdrop: skip the layer` (transformers' Wav2Vec2 and
                 # HuBERT, layerdrop 0.1; 4.x in most models). They are no data and take no device
@@ -728,6 +797,8 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                         real = torch.full(tuple(out.shape), top.item(), dtype=dtype)
                     else:
                         real = func(*args, **dict(kwargs, generator=self._host_generator()))
+                if self.host_real:
+                    return real
                 return torch.tensor(real.tolist(), dtype=real.dtype)
             return out
         if func is torch.Tensor.new_tensor and _is_fake_cuda(args[0]) and kwargs.get("device", DEVICE) is DEVICE:
@@ -753,6 +824,39 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 return host
             return out
         return func(*args, **kwargs)
+
+
+def _host_call(func, args, kwargs) -> bool:
+    """Whether a torch function call computes on the host only: no fake tensor among its
+    arguments and no CUDA device asked for (``device=``, ``.to("cuda")``, ``.cuda()``)."""
+    if func is torch.Tensor.cuda:
+        return False
+    for a in pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, FakeTensor) or _names_cuda(a):
+            return False
+    if func is torch.Tensor.to:
+        try:
+            device = parse_to(*args[1:], **{k: v for k, v in kwargs.items() if k != "copy"})[0]
+        except (TypeError, RuntimeError):
+            return True
+        return device is None or torch.device(device).type != "cuda"
+    return True
+
+
+def _no_tensor_input(args, kwargs) -> bool:
+    return not any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs)))
+
+
+def _in_module_constructor() -> bool:
+    """Whether the call comes from inside an ``nn.Module``'s ``__init__`` (any frame up the stack)."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), torch.nn.Module):
+            return True
+        f = f.f_back
+    return False
 
 
 def _to_aliases(args, kwargs) -> bool:

@@ -105,6 +105,27 @@ def cast(k: Known | None, dtype: torch.dtype) -> Known | None:
         return None
 
 
+def of_real(t: torch.Tensor) -> Known | None:
+    """What a real host tensor's elements are (dynamic analysis keeps host tensors real): the set
+    of its values when it is small, else the span of its values (one pass over the data, as a
+    mask the data pipeline built meets the device's checks). None for an empty tensor, complex
+    values or a NaN, which have no order to span."""
+    if t.numel() == 0 or t.is_complex() or t.dtype.itemsize == 1 and t.dtype not in (torch.bool, torch.uint8, torch.int8):
+        return None
+    with torch.no_grad():
+        if t.numel() <= MAX_SET:
+            return cast(_set(t.detach().flatten().tolist()), t.dtype)
+        x = t.detach()
+        if x.dtype == torch.bool:
+            x = x.to(torch.uint8)
+        lo, hi = (v.item() for v in torch.aminmax(x))
+    if lo != lo or hi != hi:
+        return None
+    if t.dtype == torch.bool:
+        return frozenset({bool(lo), bool(hi)})
+    return frozenset({lo}) if lo == hi else Span(lo, hi)
+
+
 def single(k: Known | None):
     """The one value of ``k``, or None."""
     if isinstance(k, frozenset) and len(k) == 1:

@@ -83,7 +83,8 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
     slow = slow or {}
-    notes = [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
+    notes = [f"FLAGGED: {f}" for f in spec.flags]
+    notes += [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
     notes += [f"note: {n}" for n in floor_notes(estimates)]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws

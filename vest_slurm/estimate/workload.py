@@ -152,6 +152,7 @@ class WorkloadSpec:
     reduce_dtype: str = "auto"         # its reduce_dtype (auto: the param dtype, PyTorch's default)
     offload: str = "none"              # CPU offload: none, optimizer (states and masters), params
     reshard_after_forward: str = "on"  # FSDP2 reshard_after_forward / FSDP1 FULL_SHARD vs SHARD_GRAD_OP
+    flags: tuple[str, ...] = ()   # dynamic analysis: why the estimate may not be the real run's (shown with it)
 
     @property
     def model_kwargs(self) -> dict:

@@ -139,6 +139,8 @@ class Decision:
     backend: str | None = None
     timing_cluster_query: float | None = None
     not_estimated: list = field(default_factory=list)   # GPU types whose class could not change the choice
+    error_kind: str | None = None    # who must act (VestError.kind)
+    error_where: str | None = None   # the script's file:line
 
     def to_json(self) -> str:
         mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
@@ -158,6 +160,7 @@ class Decision:
         }
         if self.error is not None:
             doc["error"], doc["fix"] = self.error, self.fix
+            doc["kind"], doc["where"] = self.error_kind, self.error_where
         return json.dumps(doc, indent=2)
 
 
@@ -234,6 +237,7 @@ def run(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
     except VestError as e:
         print(f"vsbatch: error: {e}", file=out.stderr)
         d.action, d.error, d.fix, code = "error", e.what, e.fix, e.exit_code
+        d.error_kind, d.error_where = e.kind, e.where
     except KeyboardInterrupt:
         print("vsbatch: interrupted (nothing was submitted unless sbatch said so)", file=out.stderr)
         return 130
@@ -344,6 +348,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         if train is not None:
             spec, request = _trace_script(train, request, effective, site, prober, cwd, out)
             d.workload = spec.to_dict()
+            d.warnings += [f"estimate flagged: {f}" for f in spec.flags]
         # The GPU class placement is likeliest to choose first (one trace); the others only
         # where they could change the choice (_settled).
         estimates, failed = prober.estimates(spec, classes[0])

@@ -1,0 +1,122 @@
+"""Dynamic analysis, host code real and GPU fake: each class of script the first version failed
+on (issue 23), with a script written in that style (tests/data/scripts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vest_slurm.dynamic.launch import parse_train_command
+from vest_slurm.dynamic.runner import estimate_command
+from vest_slurm.errors import EstimateError
+from vest_slurm.estimate.profiles import get_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "data", "scripts")
+A100 = get_profile("a100-40gb")
+
+
+def estimate_script(name, *args):
+    return estimate_command(parse_train_command(["python", name, *args]), [A100], cwd=SCRIPTS)
+
+
+def test_host_pipeline_real_values_formatting_pinning_and_the_overlay():
+    """Token offsets from torch.randint slice a memory-mapped file the script wrote itself (the
+    script asserts real consecutive tokens, shape (B, T)); pinned batches; f"{loss:.4f}" and an
+    AverageMeter's "{:6.2f}".format; a checkpoint saved through a temp file, os.replace, os.utime,
+    shutil.move and checked with os.path.exists / os.listdir; a log appended and read back."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("lm_memmap_train.py", "--batch-size", "6", "--block-size", "32")
+    assert run.steps == 3 and run.batch_hint == 6 and not run.trace.step_ends == ()
+    assert set(os.listdir(SCRIPTS)) == before
+    assert any(p.endswith(os.path.join("data", "train.bin")) for p in run.redirected_writes)
+    # the model's weights: embeddings, one encoder layer (attention, 2 linears, 2 norms), head
+    d, V, T = 64, 96, 32
+    layer = (3 * d * d + 3 * d) + (d * d + d) + (d * 128 + 128) + (128 * d + d) + 4 * d
+    params = 4 * (V * d + T * d + layer + d * V)
+    b = dict(est.breakdown)
+    assert b["parameters"] == params and b["optimizer_state"] == 2 * params
+    assert any(r.startswith("item at ") and "lm_memmap_train.py" in r for r in run.reads)
+    # the workload block says what the script did
+    assert dict(run.observed)["zero_grad"] == "after-step" and dict(run.observed)["precision"] == "fp32"
+
+
+def test_batch_is_the_models_not_a_transform_modules():
+    """torchvision v2 transforms are nn.Modules called on one host image (3 x H x W): the batch is
+    the model's (8), not the transform input's first dimension (3)."""
+    (est,), run = estimate_script("image_transforms_train.py", "-b", "8")
+    assert run.steps == 3 and run.batch_hint == 8 and run.flags == ()
+    assert dict(run.observed)["zero_grad"] == "before-backward"
+
+
+def test_sequence_first_batch_is_the_stated_one():
+    (est,), run = estimate_script("seq_first_lstm.py", "--batch-size", "4", "--bptt", "20")
+    assert run.batch_hint == 4 and run.flags == ()
+
+
+@pytest.mark.parametrize("style", [[], ["--data"]], ids=["p-=", "p.data.add_"])
+def test_hand_written_sgd_stops_after_n_updates(style):
+    (est,), run = estimate_script("manual_sgd.py", *style)
+    assert run.steps == 3 and "parameter updates" in run.stopped_by
+    assert len(run.trace.step_ends) == 3
+    assert dict(est.breakdown)["parameters"] == 4 * (64 * 128 + 128 + 128 * 10 + 10)
+
+
+def test_forward_passes_under_grad_stop_too():
+    (est,), run = estimate_script("forward_only_grad.py")
+    assert run.steps == 3 and "forward passes" in run.stopped_by and est.peak_bytes > 0
+
+
+def test_model_input_shaped_by_a_stand_in_is_refused():
+    """lengths.max().item() on the device is a stand-in: the padded input it shapes is not the
+    real run's; the estimate is refused, naming the line the value was read at."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("standin_shape.py")
+    assert e.value.kind == "data-dependent" and "standin_shape.py:10" in e.value.what
+    assert e.value.where.endswith("standin_shape.py:10")
+
+
+def test_zero_size_model_input_is_refused():
+    with pytest.raises(EstimateError) as e:
+        estimate_script("empty_batch.py")
+    assert e.value.kind == "data-dependent" and "(12, 0)" in e.value.what
+
+
+def test_cuda_api_without_stand_in_blames_vest_and_json_failure_object():
+    """A CUDA call with no stand-in: vest cannot yet run it (not "fix your script"), with the API,
+    the script's file:line and the #VEST workaround; --json prints one object on stdout, and
+    VEST_TRACEBACK=1 the stack on stderr."""
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
+                        "python", "cuda_api_without_standin.py"], cwd=SCRIPTS, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "VEST_TRACEBACK": "1"})
+    assert r.returncode == 5, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"error", "kind", "where", "fix"}
+    assert doc["kind"] == "vest-unsupported" and doc["where"].endswith("cuda_api_without_standin.py:7")
+    assert "torch.cuda.current_blas_handle" in doc["error"] and "vest cannot yet run" in doc["error"]
+    assert "#VEST" in doc["fix"] and "not in the script" in doc["fix"]
+    assert "Traceback (most recent call last)" in r.stderr and "current_blas_handle" in r.stderr
+    kept = doc["error"].split("the run's output is kept in ")[1].split()[0]
+    assert os.path.exists(kept)
+    os.unlink(kept)
+
+
+def test_stated_batch_that_differs_is_flagged_in_table_and_json():
+    """The command states --batch-size 64, the model sees 8 (a script that splits its batch): the
+    estimate is for 8, flagged in the table and in the JSON's workload block."""
+    from vest_slurm.dynamic.runner import batch_and_flags, script_spec
+    from vest_slurm.estimate.report import estimate_json, estimate_table
+
+    cmd = parse_train_command("python image_transforms_train.py --batch-size 64")
+    batch, flags = batch_and_flags(cmd, {"batch_hint": 8, "first_input_shape": [8, 3, 32, 32]})
+    assert batch == 8 and len(flags) == 1 and "batch of 64" in flags[0]
+    assert batch_and_flags(cmd, {"batch_hint": 20, "first_input_shape": [20, 64, 32]})[0] == 64   # sequence-first
+    (est,), run = estimate_script("image_transforms_train.py", "-b", "8")
+    spec = script_spec(cmd, run.__class__(**{**run.__dict__, "flags": flags}), 1, "")
+    assert "FLAGGED: the model saw a batch of 8" in estimate_table(spec, [est])
+    doc = json.loads(estimate_json(spec, [est]))
+    assert doc["workload"]["flags"] == list(flags) and doc["workload"]["zero_grad"] == "before-backward"

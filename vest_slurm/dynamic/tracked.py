@@ -1,0 +1,151 @@
+"""Stand-in values read from fake device tensors, and where they go (dynamic analysis only).
+
+Enters: every read of a fake tensor's value the script makes (``.item()``, ``.tolist()``,
+``int()``/``float()``/``bool()``, ``format()``, ``.numpy()``); each gets a stand-in (1, 1.0,
+False, zeros), since a fake tensor has no data. Leaves: a ``Ledger`` of those reads (kind and the
+script's file:line), and which tensors were shaped or indexed by a stand-in.
+
+A stand-in from ``.item()`` / ``.tolist()`` is a ``StandInInt`` / ``StandInFloat``: a number that
+stays marked through Python arithmetic. ``TaintMode`` marks every tensor a torch call makes from
+a marked integer (a size, an index, a slice bound) or from a marked tensor. The model's inputs are
+checked where it is called (standins.patched): an input marked so, or with a zero-size dimension,
+is a shape the real run would not have, and the estimate is refused with the place it came from.
+``int()``, ``float()`` and ``__index__`` go through C++, which returns a plain Python int: such
+reads are listed, not followed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+class StandInInt(int):
+    """An int read from a fake tensor (its stand-in value); arithmetic keeps the mark."""
+    where: str = ""
+
+
+class StandInFloat(float):
+    """A float read from a fake tensor (its stand-in value); arithmetic keeps the mark."""
+    where: str = ""
+
+
+def _marked(value, where: str):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    out = StandInInt(value) if isinstance(value, int) else StandInFloat(value)
+    out.where = where
+    return out
+
+
+def _keep_mark(name: str, base: type):
+    op = getattr(base, name)
+
+    def method(self, *args):
+        out = op(self, *args)
+        if out is NotImplemented:
+            return out
+        return _marked(out, self.where) if not isinstance(out, tuple) else tuple(_marked(o, self.where) for o in out)
+
+    method.__name__ = name
+    return method
+
+
+for _cls, _base in ((StandInInt, int), (StandInFloat, float)):
+    for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
+                  "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__", "__pow__", "__rpow__",
+                  "__neg__", "__pos__", "__abs__", "__divmod__"):
+        if hasattr(_base, _name):
+            setattr(_cls, _name, _keep_mark(_name, _base))
+
+
+def script_frame(skip_dirs: tuple[str, ...] | None = None) -> str:
+    """file:line of the innermost frame of the user's code (not torch, not vest, not the stdlib)."""
+    libs = skip_dirs or (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep,
+                         os.sep + "vest_slurm" + os.sep)
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith("<") and not any(part in name for part in libs):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+@dataclass
+class Ledger:
+    """What the script read from the device, and which tensors stand-ins shaped."""
+
+    reads: list = field(default_factory=list)          # (kind, where), the first ones of each place
+    _places: set = field(default_factory=set)
+    tainted: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)   # tensor -> where
+    marked_made: int = 0                               # StandIn numbers made (0: TaintMode does nothing)
+
+    MAX_READS = 50
+
+    def read(self, kind: str, value):
+        """Record a read of a fake tensor's value at the script's current line; the value marked."""
+        where = script_frame()
+        if (kind, where) not in self._places and len(self.reads) < self.MAX_READS:
+            self._places.add((kind, where))
+            self.reads.append((kind, where))
+        if kind in ("item", "tolist"):
+            self.marked_made += 1
+            return pytree.tree_map(lambda v: _marked(v, where), value)
+        return value
+
+    def taint_of(self, leaves) -> str | None:
+        for a in leaves:
+            if isinstance(a, StandInInt):   # a size, an index, a slice bound (floats are values)
+                return a.where
+            if isinstance(a, torch.Tensor):
+                w = self.tainted.get(a)
+                if w is not None:
+                    return w
+        return None
+
+    def summary(self) -> list[dict]:
+        return [{"kind": k, "where": w} for k, w in self.reads]
+
+
+class TaintMode(torch.overrides.TorchFunctionMode):
+    """Marks the tensors a torch call makes from stand-in values or marked tensors."""
+
+    def __init__(self, ledger: Ledger):
+        super().__init__()
+        self.ledger = ledger
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ledger = self.ledger
+        if not ledger.marked_made and not len(ledger.tainted):
+            return func(*args, **kwargs)
+        where = ledger.taint_of(pytree.tree_leaves((args, kwargs)))
+        out = func(*args, **kwargs)
+        if where is not None:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    ledger.tainted[t] = where
+        return out
+
+
+def input_problem(ledger: Ledger, args) -> str | None:
+    """Why the model's inputs are not the real run's, or None: a tensor shaped by a stand-in value,
+    or one with a zero-size dimension."""
+    tensors = [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]
+    for i, t in enumerate(tensors):
+        where = ledger.tainted.get(t)
+        if where is not None:
+            return (f"the model's input {i} (shape {tuple(t.shape)}) was shaped by a value read from a device "
+                    f"tensor at {where}; that value is a stand-in here (a fake tensor has no data)")
+    first = tensors[0] if tensors else None
+    if first is not None and first.dim() > 0 and 0 in first.shape:
+        # the batch itself (a later input may be empty by design: no cached keys yet)
+        return (f"the model's input has shape {tuple(first.shape)}, a dimension of size 0: a training step "
+                "on an empty batch is not the real run's (its data came out empty)")
+    return None
