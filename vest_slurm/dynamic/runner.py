@@ -264,7 +264,7 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None) -> 
     if status == "refused":
         raise EstimateError(f"{cmd.display}: {msg}{line}{log}",
                             "estimates run offline and in one process: make network access and subprocesses optional "
-                            "(e.g. behind a flag), or " + _WORKAROUND, kind="script-error", where=where)
+                            "(e.g. behind a flag), or " + _WORKAROUND, kind="limit", where=where)
     if status == "memory":
         raise EstimateError(f"{cmd.display}: ran out of host memory{at}: {msg}{log}",
                             "the site's memory limit for estimates was hit", kind="limit", where=where)

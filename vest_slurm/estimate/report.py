@@ -124,6 +124,7 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
         "tool": "vest-slurm",
         "version": __version__,
         "workload": spec.to_dict(),
+        "flags": list(spec.flags),   # why the estimate may not be the real run's (dynamic analysis)
         "site_config": site_config,
         "estimates": [
             {
