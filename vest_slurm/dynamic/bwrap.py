@@ -50,6 +50,10 @@ def options(tmpdir: str, cwd: str) -> list[str]:
     for d in _HIDDEN:
         if os.path.isdir(d) and not os.path.islink(d):
             opts += ["--tmpfs", d]
+    if any(cwd == d or cwd.startswith(d + os.sep) for d in _HIDDEN):
+        # the job's directory under a hidden one (a job in /tmp/...): visible, read-only, as every
+        # other path; its writes go to the temp dir (bootstrap.Sandbox)
+        opts += ["--ro-bind", cwd, cwd]
     opts += ["--bind", tmpdir, tmpdir,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
              "--die-with-parent", "--chdir", cwd]
