@@ -206,7 +206,8 @@ def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=
                  "largest batch", "partitions"],
         tablefmt="simple", disable_numparse=True,
         colalign=("left", "left", "right", "right", "right", "right", "left", "right", "left"))
-    notes = [f"FLAGGED: {f}" for f in spec.flags] + [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]] + ([auto_text] if auto_text else [])
+    notes = [f"FLAGGED: {f}" for f in spec.flags] + [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
+    notes += [auto_text] if auto_text else []
     if spec.parallelism in SHARDED:
         for r in rows:
             sm = r.get("smallest_gpus")
