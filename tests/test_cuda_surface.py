@@ -77,6 +77,28 @@ def test_unsupported_apis_name_themselves_and_say_vest_must_act():
         assert "vest cannot yet run" in str(e.value) and "#VEST" in str(e.value)
 
 
+def test_a_class_stays_a_class_where_it_is_unsupported():
+    """Libraries annotate with CUDA classes at import (``graph: torch.cuda.CUDAGraph | None``, as
+    transformers' modules do): a stand-in that is a function would break that import, so every class
+    of the surface is replaced by a class; an unsupported one refuses only when it is made."""
+    replaced = 0
+    for owner, attr, new in cs.patches(ANS):
+        real = getattr(owner, attr)
+        if isinstance(real, type):
+            replaced += 1
+            assert isinstance(new, type), f"{attr}: a class replaced by {type(new).__name__}"
+            assert (new | None) is not None
+    assert replaced >= 5
+    graph = {(o, a): n for o, a, n in cs.patches(ANS)}[(torch.cuda, "CUDAGraph")]
+    assert not isinstance(object(), graph) and issubclass(torch.cuda.CUDAGraph, graph)
+
+    class Mine(graph):   # a script's subclass: made, it refuses as well
+        pass
+
+    with pytest.raises(cs.NotSupportedHere, match=r"torch\.cuda\.CUDAGraph"):
+        Mine()
+
+
 def test_stand_in_classes_keep_isinstance_both_ways():
     s = cs.FakeCudaStream()
     assert isinstance(s, cs.FakeStream) and isinstance(s, torch.Stream)

@@ -168,7 +168,28 @@ def standin(api: str, real, impl: Callable[[dict], object]):
     return call
 
 
+class _Refusing(type):
+    """The metaclass of an unsupported class's stand-in: still a class (scripts and libraries write
+    ``torch.cuda.CUDAGraph | None`` in annotations, subclass it, or test isinstance at import), but
+    making one raises NotSupportedHere."""
+
+    def __call__(cls, *args, **kwargs):
+        raise NotSupportedHere(cls.__vest_standin__, cls.__vest_why__)
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls.__vest_real__)
+
+    def __subclasscheck__(cls, sub):
+        return isinstance(sub, type) and issubclass(sub, cls.__vest_real__)
+
+
 def unsupported(api: str, real, why: str):
+    if isinstance(real, type):
+        return _Refusing(real.__name__, (), {"__vest_standin__": api, "__vest_why__": why, "__vest_real__": real,
+                                             "__doc__": real.__doc__, "__module__": real.__module__,
+                                             "__qualname__": real.__qualname__,
+                                             "__signature__": real_signature(real)})
+
     def refuse(_args):
         raise NotSupportedHere(api, why)
 
