@@ -350,6 +350,8 @@ def main() -> int:
             row = {f: "" for f in FIELDS} | {"script": e["name"], "family": e["family"], "outcome": "failed",
                                              "kind": "runner-error", "seconds": 0.0, "peak_rss_mib": 0,
                                              "message": f"bench_scripts: {type(exc).__name__}: {exc}"}
+        # a results file holds no machine paths: the scratch folder is named <work>
+        row["message"] = str(row.get("message", "")).replace(work + os.sep, "<work>/")
         rows.append(row)
         print(f"{row['script']:45s} {row['outcome']:9s} {row['kind']:16s} {row['seconds']:6.1f}s "
               f"{row['peak_rss_mib']:5d} MiB  {row['oracle'][:40]}  {row['message'][:100]}", flush=True)
