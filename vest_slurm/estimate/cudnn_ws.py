@@ -95,15 +95,41 @@ def device_properties_json(profile: DeviceProfile) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def _preload_torch_cudnn() -> bool:
+    """Load the libcudnn of the nvidia-cudnn wheel that torch ships, by path and RTLD_GLOBAL.
+
+    The frontend finds libcudnn by its own search, relative to the environment it runs in; from a
+    venv that sees the system's packages (``--system-site-packages``) that search misses the wheel
+    and ``backend_version()`` fails ("Unable to find symbol cudnnGetVersion"), although the library
+    is importable. Once loaded, the frontend's dlopen finds it by its soname (the same library torch
+    loads; where it is already loaded this is a no-op). No torch import."""
+    import ctypes
+    import glob
+
+    try:
+        import nvidia.cudnn
+    except ImportError:
+        return False
+    for d in nvidia.cudnn.__path__:
+        for lib in sorted(glob.glob(os.path.join(d, "lib", "libcudnn.so.*"))):
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                return True
+            except OSError:
+                continue
+    return False
+
+
 def _frontend():
     """The cuDNN Python frontend and the library version, or None where either is missing."""
     os.environ.setdefault("CUDNN_LOGERR_DBG", "0")
+    _preload_torch_cudnn()   # before the frontend's first lookup: it keeps a failed one
     try:
         import cudnn
         if cudnn.backend_version() < 90800:
             return None
         return cudnn
-    except Exception:   # not installed, or no libcudnn beside it
+    except Exception:   # not installed, or no libcudnn found
         return None
 
 
