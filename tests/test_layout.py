@@ -154,3 +154,12 @@ def test_every_test_and_script_imports_from_the_new_places():
     hits = [f"{p.relative_to(REPO)}: {o}" for p in [*REPO.glob("tests/*.py"), *REPO.glob("scripts/*"), *PKG.rglob("*.py")]
             if p.is_file() and p.name != "test_layout.py" for o in old if o in p.read_text(errors="replace")]
     assert hits == []
+
+
+def test_the_user_guide_stays_short_and_points_to_the_other_guides():
+    """README.md is the user guide, at most 15 KB (issue 22); the admin guide and the lab notes live
+    beside what they describe, and the README points to both."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 15_000, f"README.md is {len(readme.encode())} bytes: move detail to a guide"
+    assert "site-config/README.md" in readme and "benchmarks/README.md" in readme
+    assert (REPO / "site-config" / "README.md").is_file() and (REPO / "benchmarks" / "README.md").is_file()
