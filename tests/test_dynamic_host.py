@@ -120,3 +120,12 @@ def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     assert "FLAGGED: the model saw a batch of 8" in estimate_table(spec, [est])
     doc = json.loads(estimate_json(spec, [est]))
     assert doc["workload"]["flags"] == list(flags) and doc["workload"]["zero_grad"] == "before-backward"
+
+
+def test_data_parallel_over_the_jobs_one_gpu():
+    """nn.DataParallel over one GPU calls its module (its scatter would need a real GPU)."""
+    (est,), run = estimate_script("data_parallel_train.py")
+    params = 4 * (64 * 256 + 256 + 256 * 10 + 10)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and run.batch_hint == 32
+    assert b["parameters"] == params and b["optimizer_state"] == params

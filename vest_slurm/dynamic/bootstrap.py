@@ -270,6 +270,20 @@ def _api_called(tb) -> str | None:
     return fr.name
 
 
+def _needs_network(e: BaseException) -> bool:
+    """Whether the script failed for want of the network (a name that does not resolve, a refused
+    connection: estimates run offline), anywhere in the exception's chain."""
+    import socket
+
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, (socket.gaierror, ConnectionError)) or "NameResolution" in type(e).__name__ \
+                or type(e).__name__ in ("ConnectionError", "URLError", "MaxRetryError"):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 def classify(e: BaseException) -> str:
     """Who must act on a failure: ``vest-unsupported`` (it failed inside vest's fake CUDA or a
     stand-in, on a fake tensor, or at a CUDA API with no stand-in: the same script would run on a
@@ -277,7 +291,7 @@ def classify(e: BaseException) -> str:
     writes), ``memory``, or ``script-error`` (what the script would raise on a GPU too)."""
     name = type(e).__name__
     text = str(e)
-    if isinstance(e, Refused):
+    if isinstance(e, Refused) or _needs_network(e):
         return "refused"
     if "DataDependent" in name or "DynamicOutputShape" in name or "data-dependent" in text.lower():
         return "data-dependent"

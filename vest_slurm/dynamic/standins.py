@@ -169,6 +169,25 @@ def _to_cuda(*args, **kwargs) -> bool:
 
 # ---- DistributedDataParallel -----------------------------------------------------------------------
 
+def _data_parallel(real):
+    """nn.DataParallel over one GPU (the job's): DataParallel.forward scatters the inputs to its
+    one device and calls the module itself (data_parallel.py: ``len(self.device_ids) == 1``),
+    but the scatter goes through C++ CUDA copies no fake tensor can make. The same here without
+    the scatter: inputs moved to the device, the module called. Over more GPUs (replicas on
+    each) the real class runs, and fails naming the CUDA call it needs."""
+
+    class DataParallel(real):
+        def forward(self, *inputs, **kwargs):
+            if len(self.device_ids) != 1:
+                return super().forward(*inputs, **kwargs)
+            move = lambda t: t.to(fc.DEVICE)  # noqa: E731
+            inputs, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, move, (inputs, kwargs))
+            return self.module(*inputs, **kwargs)
+
+    DataParallel.__name__ = DataParallel.__qualname__ = "DataParallel"
+    return DataParallel
+
+
 class FakeDDP(nn.Module):
     """DistributedDataParallel without communication: the wrapped module runs as is, and DDP's
     gradient buckets (one flat copy of the gradients, gradient_as_bucket_view=False) are allocated
@@ -520,6 +539,8 @@ def patched(state: ScriptState):
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", _init_process_group(state)),
+        (par, "DataParallel", _data_parallel(par.DataParallel)),
+        (nn, "DataParallel", _data_parallel(par.DataParallel)),
         (par, "DistributedDataParallel", FakeDDP),
         (nn.parallel, "DistributedDataParallel", FakeDDP),
     ]
