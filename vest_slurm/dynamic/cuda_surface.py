@@ -193,15 +193,6 @@ def unsupported(api: str, real, why: str):
     def refuse(_args):
         raise NotSupportedHere(api, why)
 
-    if isinstance(real, type):
-        # a class stays a class: libraries name it in annotations (transformers' continuous
-        # batching: ``torch.cuda.CUDAGraph | None``, evaluated at import) and isinstance checks;
-        # making one is what is refused
-        def __init__(self, *args, **kwargs):
-            raise NotSupportedHere(api, why)
-
-        return type(real.__name__, (), {"__init__": __init__, "__doc__": real.__doc__, "__vest_standin__": api,
-                                        "__module__": real.__module__, "__signature__": real_signature(real)})
     return standin(api, real, refuse)
 
 
