@@ -135,3 +135,22 @@ def test_unavailable_bubblewrap_is_named():
         else:
             os.environ[bwrap.ENV_VAR] = old
         bwrap.reset_probe()
+
+
+def test_what_the_child_reads_under_a_hidden_directory_stays_visible(tmp_path, monkeypatch):
+    """A checkout, venv or job under /tmp (CI's may be) is hidden by the fresh tmpfs there: the
+    job's directory, vest_slurm's own root and the sys.path entries under a hidden directory are
+    bound back read-only, each once, subtrees folded; paths elsewhere are left to the root bind."""
+    pkg = tmp_path / "checkout"
+    (pkg / "inner").mkdir(parents=True)
+    job = tmp_path / "job"
+    job.mkdir()
+    monkeypatch.setattr(bwrap, "_package_root", lambda: str(pkg))
+    monkeypatch.setattr(bwrap.sys, "path", [str(pkg / "inner"), "/usr/lib/python3/dist-packages", "", "/tmp"])
+    opts = bwrap.options(str(tmp_path / "scratch"), str(job))
+    binds = [opts[i + 1] for i, o in enumerate(opts) if o == "--ro-bind"]
+    real = os.path.realpath
+    if real(str(tmp_path)).startswith("/tmp/"):
+        assert binds == ["/", real(str(pkg)), real(str(job))]
+    assert "/tmp" not in binds and "/usr/lib/python3/dist-packages" not in binds
+    assert opts.index("--tmpfs") < opts.index("--ro-bind", 1)   # the binds come after the tmpfs

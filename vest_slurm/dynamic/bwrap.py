@@ -44,16 +44,39 @@ _probe: tuple[str | None, str] | None = None     # (bwrap path or None, why not)
 _said = False
 
 
+def _package_root() -> str:
+    """The directory that holds the vest_slurm package (a checkout, or site-packages)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _under_hidden(paths) -> list[str]:
+    """The existing directories among ``paths`` that lie strictly under a hidden directory, real
+    paths, without those inside another of them (one bind shows the whole subtree)."""
+    found: list[str] = []
+    for p in paths:
+        if not p:
+            continue
+        p = os.path.realpath(p)
+        if not os.path.isdir(p) or not any(p.startswith(d + os.sep) for d in _HIDDEN):
+            continue
+        found.append(p)
+    found = sorted(set(found))
+    return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
+
+
 def options(tmpdir: str, cwd: str) -> list[str]:
     """bubblewrap's options for a child that may write ``tmpdir`` only and starts in ``cwd``."""
     opts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for d in _HIDDEN:
         if os.path.isdir(d) and not os.path.islink(d):
             opts += ["--tmpfs", d]
-    if any(cwd == d or cwd.startswith(d + os.sep) for d in _HIDDEN):
-        # the job's directory under a hidden one (a job in /tmp/...): visible, read-only, as every
-        # other path; its writes go to the temp dir (bootstrap.Sandbox)
-        opts += ["--ro-bind", cwd, cwd]
+    # What the child must read that lives under a hidden directory (a job in /tmp/..., a checkout
+    # or a venv there, as CI's may be): visible again, read-only, as every other path. The job's
+    # directory; vest_slurm itself (an editable install is found by a finder, not by sys.path);
+    # every sys.path entry of this process, which the child inherits. Its writes go to the temp
+    # dir (bootstrap.Sandbox).
+    for path in _under_hidden([cwd, _package_root(), *sys.path]):
+        opts += ["--ro-bind", path, path]
     opts += ["--bind", tmpdir, tmpdir,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
              "--die-with-parent", "--chdir", cwd]
