@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import pytest
+from bridge_tb import bridge_testbed
 
 # The accuracy benchmark's ground-truth mapping lives with the benchmark (scripts/groundtruth.py).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
@@ -93,18 +94,5 @@ def bridge_users(slurm_prereqs):
 
 @pytest.fixture(scope="session")
 def bridge_slurm(tmp_path_factory, slurm_prereqs, bridge_users):
-    from vest_slurm.bridge.testbed import BridgeTestbed
-
-    import shutil
-    import tempfile
-
-    # Not under pytest's tmp (mode 700): the test users' sbatch must read slurm.conf.
-    workdir = tempfile.mkdtemp(prefix="vest-bridge-tb-")
-    os.chmod(workdir, 0o755)
-    tb = BridgeTestbed(workdir, directives=False, exempt_users=["root", bridge_users[1]])
-    try:
-        tb.start()
+    with bridge_testbed("vest-bridge-tb-", exempt_users=["root", bridge_users[1]]) as tb:
         yield tb
-    finally:
-        tb.stop()
-        shutil.rmtree(workdir, ignore_errors=True)

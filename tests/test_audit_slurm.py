@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge_tb import bridge_testbed
 from slurm_wait import wait_until
 from vest_slurm.cli import run as vest_run
 from vest_slurm.estimate.record import MemoryEstimate
@@ -34,17 +35,8 @@ MLP = "#VEST --model 'mlp:[[\"Linear\",1024,1024],[\"ReLU\"],[\"Linear\",1024,10
 
 @pytest.fixture(scope="module")
 def acct(bridge_users):
-    from vest_slurm.bridge.testbed import BridgeTestbed
-
-    workdir = tempfile.mkdtemp(prefix="vest-acct-tb-")
-    os.chmod(workdir, 0o755)
-    tb = BridgeTestbed(workdir, directives=False, accounting=True, exempt_users=["root"])
-    try:
-        tb.start()
+    with bridge_testbed("vest-acct-tb-", accounting=True, exempt_users=["root"]) as tb:
         yield tb
-    finally:
-        tb.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def attached(body: str, need_gib: float, partition="v100", gres="gpu:v100:1") -> str:

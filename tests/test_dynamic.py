@@ -13,6 +13,7 @@ import uuid
 import accelerate  # noqa: F401
 import bitsandbytes  # noqa: F401
 import pytest
+from procs import procs_with
 import pytorch_lightning  # noqa: F401
 import torch  # noqa: F401
 
@@ -117,19 +118,6 @@ def test_memory_limit():
     assert "memory limit" in str(e.value) and "2.0 GiB" in str(e.value)
 
 
-def _procs_with(marker: str) -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        out.append(pid)
-            except OSError:
-                pass
-    return out
-
-
 def test_sandbox_no_network_no_writes_outside_no_process_left(tmp_path):
     # a listener the script will try to reach: it must never see a connection
     srv = socket.socket()
@@ -164,7 +152,7 @@ def test_sandbox_no_network_no_writes_outside_no_process_left(tmp_path):
     assert list(outside.iterdir()) == [], "the child wrote outside its temp dir"
     assert set(os.listdir(SCRIPTS)) == before
     assert str(outside / "leak.txt") in run.redirected_writes
-    assert _procs_with(marker) == [], "a process of the estimate outlived it"
+    assert procs_with(marker) == [], "a process of the estimate outlived it"
     stop.set()
     t.join()
     srv.close()

@@ -12,6 +12,7 @@ import threading
 import uuid
 
 import pytest
+from procs import procs_with
 
 import vest_slurm.dynamic.bwrap as bwrap
 from vest_slurm.dynamic.launch import parse_train_command
@@ -21,19 +22,6 @@ from vest_slurm.estimate.profiles import get_profile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "data", "scripts")
 A100 = get_profile("a100-40gb")
-
-
-def _procs_with(marker: str) -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        out.append(pid)
-            except OSError:
-                pass
-    return out
 
 
 class Listener:
@@ -85,7 +73,7 @@ def probe_run(monkeypatch):
             (est,), dyn = estimate_command(cmd, [A100], cwd=SCRIPTS)
             lis.close()
             return dict(est=est, run=dyn, outside=sorted(os.listdir(outside)), accepted=list(lis.accepted),
-                        left=_procs_with(marker), beside=sorted(set(os.listdir(SCRIPTS)) - before),
+                        left=procs_with(marker), beside=sorted(set(os.listdir(SCRIPTS)) - before),
                         err=capsys.readouterr().err)
         finally:
             lis.close()
