@@ -356,13 +356,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
         query.join()
         raise
     clock.lap("estimate_s")
-    try:
-        info = query.result()
-    except SlurmError as e:
-        if not d.dry_run:
-            raise
-        info = None
-        d.warnings.append(f"Slurm not asked (dry run): {e.what}")
+    info = _cluster_info(query, d)
     d.timing_cluster_query = query.seconds
     if info is not None:
         d.warnings += reconcile(info, set(site.gpu_names), {p.name for p in site.partitions})
@@ -555,17 +549,23 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     return spec, request
 
 
+def _cluster_info(query, d: Decision, unchecked: str = ""):
+    """The cluster query's answer; on a dry run, None where Slurm could not be asked (said in the
+    warnings, with what that leaves ``unchecked``)."""
+    try:
+        return query.result()
+    except SlurmError as e:
+        if not d.dry_run:
+            raise
+        d.warnings.append(f"Slurm not asked (dry run): {e.what}{unchecked}")
+        return None
+
+
 def _choose_gpus(spec, request, partitions, site, prober, js: JobScript, query, d: Decision):
     """#VEST --num-gpus auto (autogpus.py): the smallest count that fits, over the nodes Slurm has."""
     from .autogpus import choose, launch_shape
 
-    try:
-        info = query.result()
-    except SlurmError as e:
-        if not d.dry_run:
-            raise
-        info = None
-        d.warnings.append(f"Slurm not asked (dry run): {e.what}; node counts not checked")
+    info = _cluster_info(query, d, "; node counts not checked")
     nodes = {} if info is None else {p.name: len(info.partition(p.name).nodes) for p in site.partitions
                                      if info.partition(p.name) is not None}
     return choose(spec, request, partitions, site, prober, launch_shape(js), nodes, js.path)
