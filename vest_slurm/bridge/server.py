@@ -12,6 +12,10 @@
   then, under systemd (Type=notify), READY=1 goes to $NOTIFY_SOCKET. A server restarted by its
   unit (Restart=always, RestartSec=0) rewrites vest-bridge.json on load, which tells the Lua's
   circuit breaker to try it at once.
+- Watchdog: under a unit with ``WatchdogSec=`` (systemd sets ``$WATCHDOG_USEC``), a thread asks the
+  server its status through its own socket every half period and sends WATCHDOG=1 only when that
+  answer came: a server whose accept loop or request threads hang (a deadlock, SIGSTOP, a wedged
+  file system) stops pinging and systemd kills and restarts it (``Restart=always``).
 - ``#VEST`` directives (``bridge.allow_vest_directives``): read by the allow-list in the request
   thread; those allowed are traced in one confined worker process (directives.py, sandbox.py: its
   own unprivileged user, no network, no writes but a private tmpfs, CPU and memory limits), never in
@@ -232,6 +236,9 @@ class BridgeServer:
         watcher.start()
         self.log(f"vest-bridge: action=start socket={self.socket_path} pid={os.getpid()}")
         sd_notify(b"READY=1")
+        period = watchdog_period_s()
+        if period is not None:
+            threading.Thread(target=self._watchdog, args=(period,), daemon=True, name="watchdog").start()
         try:
             self._server.serve_forever(poll_interval=0.2)
         finally:
@@ -244,6 +251,19 @@ class BridgeServer:
             if self._directives:
                 self._directives.close()
             self.log("vest-bridge: action=stop")
+
+    def _watchdog(self, period_s: float) -> None:
+        """WATCHDOG=1 every half period (sd_watchdog_enabled(3) advises pinging at half of it), each
+        after a status answer through our own socket within a quarter period, so that what is
+        vouched for is the serving path slurmctld uses, not merely this thread."""
+        interval = period_s / 2
+        while not self._stop.wait(interval):
+            try:
+                query_status(self.socket_path, timeout_s=max(interval / 2, 0.05))
+            except (OSError, ValueError):
+                self.log("vest-bridge: action=watchdog result=no-answer (no ping: systemd restarts a hung server)")
+                continue
+            sd_notify(b"WATCHDOG=1")
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -267,6 +287,16 @@ def sd_notify(message: bytes) -> bool:
         return True
     except OSError:
         return False
+
+
+def watchdog_period_s() -> float | None:
+    """The unit's WatchdogSec as systemd passes it ($WATCHDOG_USEC, for $WATCHDOG_PID when set:
+    sd_watchdog_enabled(3)), None when there is no watchdog for this process."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    pid = os.environ.get("WATCHDOG_PID", "")
+    if not usec.isdigit() or int(usec) == 0 or (pid and pid != str(os.getpid())):
+        return None
+    return int(usec) / 1e6
 
 
 def query_status(socket_path: str, timeout_s: float = 2.0) -> dict:
