@@ -67,10 +67,15 @@ def extract(mirror: str, repo: str, commit: str, tree: list[str], dest: str) -> 
 # ---- synthetic data recipes (what each script reads, written locally) ----------------------------
 
 def _mnist_idx(workdir, root, train=512, test=256):
-    """torchvision.datasets.MNIST finds raw/ idx files and does not download (its _check_exists)."""
+    """torchvision.datasets.MNIST finds raw/ idx files and does not download (its _check_exists).
+    ``root`` may list several folders (Lightning's demo MNIST first checks torchvision's at ./data)."""
+    for r in [root] if isinstance(root, str) else root:
+        _mnist_raw(os.path.join(workdir, r, "MNIST", "raw"), train, test)
+
+
+def _mnist_raw(raw, train, test):
     import numpy as np
 
-    raw = os.path.join(workdir, root, "MNIST", "raw")
     os.makedirs(raw, exist_ok=True)
     rng = np.random.default_rng(0)
     for prefix, n in (("train", train), ("t10k", test)):

@@ -129,3 +129,16 @@ def test_data_parallel_over_the_jobs_one_gpu():
     b = dict(est.breakdown)
     assert run.steps == 3 and run.batch_hint == 32
     assert b["parameters"] == params and b["optimizer_state"] == params
+
+
+def test_host_tools_run_python_training_children_are_refused():
+    """Libraries start host tools and, when refused, take another path without a word (LightningCLI
+    built no model arguments at all when jsonargparse's `python -c` query of sys.path was refused):
+    under bubblewrap a host tool runs for real; a Python child running a file is refused."""
+    from vest_slurm.dynamic import bwrap
+
+    bwrap.reset_probe()
+    path, why = bwrap.available()
+    assert path, f"bubblewrap must run on the test machine (scripts/install.sh installs it): {why}"
+    (est,), run = estimate_script("host_tools_train.py")
+    assert run.steps == 3 and est.peak_bytes > 0

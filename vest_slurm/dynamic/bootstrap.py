@@ -38,6 +38,8 @@ import runpy
 import sys
 import traceback
 
+from . import children
+
 STATUS_OK = "ok"
 
 
@@ -64,6 +66,9 @@ class Sandbox:
         self.root = os.path.join(self.tmpdir, "redirected")
         self.redirected: list[str] = []
         self.refused: list[str] = []
+        self.started: list[str] = []   # host tools it ran (children.py)
+        # the runner says whether bubblewrap confines this process (and so what it starts)
+        self.confined = os.environ.get(children.CONFINED_ENV) == "bubblewrap"
 
     def inside(self, path) -> bool:
         try:
@@ -201,8 +206,13 @@ class Sandbox:
             raise Refused(f"vest: the training script tried to use the network ({event} {addr!r}); "
                           "estimates run without network access")
         if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"):
+            why = children.refusal(event, args, self.confined)
+            if why is None:   # a host tool a library runs (children.py): it runs, confined as the script is
+                self.started.append(" ".join(children._argv(event, args))[:200])
+                return
             self.refused.append(f"process {event}")
-            raise Refused(f"vest: the training script tried to start a process ({event}); estimates run in one process")
+            raise Refused(f"vest: the training script tried to start a process ({event}: {why}); "
+                          "estimates run in one process")
         if event == "open" and len(args) >= 2:
             path, mode = args[0], args[1]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
@@ -361,6 +371,7 @@ def run(ns) -> dict:
     result["step_ends"] = list(tracer.s.step_ends)
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
+    result["processes"] = sandbox.started[:20]
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
                       "followed by parameter updates, or forward passes under grad")

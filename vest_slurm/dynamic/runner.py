@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import EstimateError
 from .bwrap import sandbox_argv, tree_rss_bytes
+from .children import CONFINED_ENV
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
 from ..estimate.trace import AllocEvent, AllocTrace
@@ -120,7 +121,9 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     peak_rss = 0
     try:
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, cwd=where, env=_child_env(cmd, tmpdir, world), stdin=subprocess.DEVNULL,
+            env = _child_env(cmd, tmpdir, world)
+            env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
+            proc = subprocess.Popen(argv, cwd=where, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             limit_hit = None   # (the limits' failures have kind "limit")
             while proc.poll() is None:

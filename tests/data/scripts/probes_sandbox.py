@@ -2,6 +2,7 @@
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +16,8 @@ try:
 except PermissionError as e:
     print("network refused:", e)
 try:
-    subprocess.Popen(["sleep", "300", marker])
+    # a Python child running a file: its GPU work would be missing from the estimate (children.py)
+    subprocess.Popen([sys.executable, "train_worker.py", marker])
     print("SPAWN-OK")
 except PermissionError as e:
     print("spawn refused:", e)
