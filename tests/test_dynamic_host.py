@@ -142,3 +142,16 @@ def test_host_tools_run_python_training_children_are_refused():
     assert path, f"bubblewrap must run on the test machine (scripts/install.sh installs it): {why}"
     (est,), run = estimate_script("host_tools_train.py")
     assert run.steps == 3 and est.peak_bytes > 0
+
+
+def test_a_command_that_sets_its_own_pythonpath(monkeypatch):
+    """`PYTHONPATH=.. python train.py` (minGPT's projects): the child still imports vest_slurm from
+    this checkout, whatever the command's PYTHONPATH and however vest_slurm was installed."""
+    import vest_slurm
+
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(vest_slurm.__file__)))
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != checkout] + [checkout])
+    cmd = parse_train_command("PYTHONPATH=.. python tiny_train.py")
+    (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+    assert run.steps == 3 and est.peak_bytes > 0

@@ -80,7 +80,9 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
     if cmd.mixed_precision:
         env["ACCELERATE_MIXED_PRECISION"] = cmd.mixed_precision
     # the vest_slurm package must import in the child even when run from a source checkout
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # (the folder that holds vest_slurm/: this file is vest_slurm/dynamic/runner.py), also when the
+    # command sets its own PYTHONPATH (minGPT's projects: PYTHONPATH=../.. python chargpt.py)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
