@@ -1,27 +1,33 @@
-"""FSDP2 (``fully_shard``) in an unmodified torchrun script, estimated as one rank of a fake process
-group: the script runs unsharded on fake CUDA, with what it asked of ``fully_shard`` recorded, and the
-per-rank trace is built from that run by the same model as a declarative ``--parallelism fsdp2``
-(estimate/sharding.py). Dynamic analysis only.
+"""FSDP1 (``FullyShardedDataParallel``) and FSDP2 (``fully_shard``) in an unmodified torchrun script,
+estimated as one rank of a fake process group: the script runs unsharded on fake CUDA, with what it
+asked of the wrapper recorded, and the per-rank trace is built from that run by the same model as a
+declarative ``--parallelism fsdp`` / ``fsdp2`` / ``hsdp`` (estimate/sharding.py). Dynamic analysis only.
 
 Child side (``patches(state)``, added to standins.patched; ``result(state)`` into the child's JSON):
 ``fully_shard(module, mesh=..., reshard_after_forward=..., mp_policy=..., offload_policy=...)``
 records the module as a wrapping unit and does what FSDP2 does to the computation: the unit's
 parameters are cast to the policy's param_dtype (the all-gathered parameters the forward and backward
 compute with; FSDP2 keeps the sharded originals in their own dtype, which the per-rank model places)
-and floating-point forward inputs are cast to it (MixedPrecisionPolicy.cast_forward_inputs). The module
-keeps its class; FSDPModule's methods a training loop calls (set_requires_gradient_sync, reshard, ...)
-are there and do nothing. ``init_device_mesh`` answers a mesh of the launch's shape. Where each unit's
-forward and backward begin and end is marked as for the declarative trace (sharded_trace._Marks).
+and floating-point forward inputs are cast to it (MixedPrecisionPolicy.cast_forward_inputs). The
+module's class becomes FSDP<Class>(FSDPModule, Class) as fully_shard makes it, each FSDPModule method
+decided (no-op, noted as unmodelled, or refused by name); its parameters answer Shard(0) placements.
+``init_device_mesh`` answers a mesh of the launch's shape. ``FullyShardedDataParallel`` is a subclass
+of the real class whose auto-wrapping is torch's own (_wrap_utils._auto_wrap, every policy kind);
+each instance records its unit, its sharding strategy (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD,
+_HYBRID_SHARD_ZERO2; NO_SHARD is refused with DDP's advice), MixedPrecision and CPUOffload. Where each
+unit's forward and backward begin and end is marked as for the declarative trace (sharded_trace._Marks).
 
 Parent side (``per_rank``): the first optimizer step of the script's trace becomes a UnitTrace (setup:
 what the script allocated before its first batch, parameters aside; the iteration: from the first batch
 to the first optimizer step; tail: what step 1 left allocated, freed when the next step frees it), the
 script's optimizer class and settings are traced on this rank's shards, and sharding.rank_trace builds
-the per-rank trace. The real FSDP2 code is not run: on fake CUDA its DTensor and device-mesh set-up
-needs values (``nonzero``) fake tensors do not have.
+the per-rank trace. The real FSDP code is not run: on fake CUDA its DTensor and device-mesh set-up
+needs values (``nonzero``) fake tensors do not have, and FSDP1's flat parameters need real storage.
 
-Not covered (refused with the reason): FSDP1 (FullyShardedDataParallel), CPU offload of an FSDP2
-script, explicit prefetch settings (set_modules_to_*_prefetch, recorded as unmodelled notes).
+Not covered (refused with the reason): CPU offload of an FSDP2 script (FSDP1's CPUOffload(offload_params)
+is the per-rank model's --offload params), FSDP1's NO_SHARD, a script mixing FSDP1 and FSDP2; explicit
+prefetch settings and FSDP1's backward_prefetch other than BACKWARD_PRE, forward_prefetch and
+limit_all_gathers=False are recorded as unmodelled notes.
 """
 
 from __future__ import annotations
@@ -36,12 +42,31 @@ from torch import nn
 from ..estimate.trace import AllocEvent
 
 _DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-# FSDPModule's methods a training loop calls; with one rank's computation traced they change nothing
-# the per-rank model does not already place (gradient sync on/off only times the reduce-scatter).
+# FSDPModule's methods, each decided (the class a module becomes under fully_shard, _as_fsdp_module).
+# No-ops: with one rank's computation traced they change nothing the per-rank model does not already
+# place (gradient sync on/off, divide factors and post-optimizer events only time or scale the
+# collectives; unshard/reshard called by hand move nothing the schedule does not already move).
 _NOOP_METHODS = ("set_requires_gradient_sync", "set_requires_all_reduce", "set_reshard_after_backward",
                  "set_is_last_backward", "set_post_optim_event", "set_reduce_scatter_divide_factor",
-                 "set_unshard_in_backward", "reshard", "unshard", "set_allocate_memory_from_process_group_for_comm")
-_UNMODELLED = ("set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch")
+                 "set_gradient_divide_factor", "set_force_sum_reduction_for_comms", "set_unshard_in_backward",
+                 "set_reduce_scatter_unused_params", "set_separate_reduce_scatter_group", "reset_iter_state",
+                 "reshard", "set_allocate_memory_from_process_group_for_comm", "_set_unshard_async_op",
+                 "set_all_reduce_hook")
+# Accepted, and said in the estimate's notes: they change what is alive at once in ways the per-rank
+# schedule (sharding.py: implicit forward prefetch, backward prefetch of one, one reduce-scatter input
+# in flight, NCCL's own buffers) does not follow.
+_UNMODELLED = {"set_modules_to_forward_prefetch": "explicit forward prefetch",
+               "set_modules_to_backward_prefetch": "explicit backward prefetch",
+               "set_custom_all_gather": "a custom all-gather", "set_custom_reduce_scatter": "a custom reduce-scatter",
+               "set_reduce_scatter_max_input_buffers": "more reduce-scatter inputs in flight",
+               "set_symm_mem_for_comm": "symmetric-memory communication buffers"}
+
+
+class _UnshardHandle:
+    """What unshard(async_op=True) returns: wait() has nothing to wait for."""
+
+    def wait(self) -> None:
+        return None
 
 
 @dataclass
@@ -52,6 +77,8 @@ class _Wrapped:
     reshard_after_forward: bool
     offload: bool
     mesh_shape: tuple[int, ...]
+    kind: str = "fsdp2"           # fsdp2 (fully_shard) or fsdp (FSDP1, FullyShardedDataParallel)
+    sharding: str = "full-shard"  # FSDP1's sharding_strategy (workload.SHARDINGS)
 
 
 class _FakeMesh:
@@ -94,6 +121,9 @@ class FsdpRecord:
         self.root: nn.Module | None = None
         self.notes: list[str] = []
         self.optimizer: dict | None = None
+        self._classes: dict[type, type] = {}
+        self._outermost: dict[int, bool] = {}
+        self.refusal: tuple[str, str] | None = None   # (what is not modelled, what to do)
         self.orig_dtype: str | None = None
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -129,15 +159,156 @@ class FsdpRecord:
             self._cast_parameters(module, param)
             module.register_forward_pre_hook(functools.partial(_cast_inputs, param), with_kwargs=True)
         module.register_forward_pre_hook(self._first_forward)
-        for name in _NOOP_METHODS:
-            setattr(module, name, types.MethodType(lambda self, *a, **k: None, module))
-        for name in _UNMODELLED:
-            setattr(module, name, types.MethodType(functools.partial(self._unmodelled, name), module))
+        self._as_fsdp_module(module)
         return module
 
-    def _unmodelled(self, name, _module, *a, **k):
-        self.notes.append(f"{name} (explicit prefetch) is not modelled: one unit is prefetched in backward, "
-                          "the next one's all-gather overlaps in forward")
+    def materialize(self, module: nn.Module, param_init_fn, device_id) -> None:
+        """What FSDP1 does to a module's parameters before it flattens them (_init_utils.py
+        _materialize_with_param_init_fn / _materialize_meta_module, _move_module_to_device): meta
+        parameters are made by the script's param_init_fn, else to_empty + reset_parameters on the
+        device; CPU parameters go to the device (with device_id; without one FSDP1 also computes on
+        the current CUDA device)."""
+        params = list(module.parameters())
+        if any(p.is_meta for p in params):
+            if param_init_fn is not None:
+                param_init_fn(module)
+            else:
+                module.to_empty(device=torch.device("cuda", 0))
+                for m in module.modules():
+                    if callable(getattr(m, "reset_parameters", None)):
+                        m.reset_parameters()
+        elif any(p.device.type != "cuda" for p in params):
+            module.to(torch.device("cuda", 0))
+
+    def fsdp1(self, wrapper: nn.Module, module: nn.Module, strategy, cpu_offload, mixed, backward_prefetch,
+              forward_prefetch, limit_all_gathers, process_group, device_mesh) -> None:
+        """Record one FullyShardedDataParallel unit (the wrapper; the root is the outermost one)."""
+        name = getattr(strategy, "name", None) or "FULL_SHARD"
+        if name == "NO_SHARD":
+            self.refusal = ("ShardingStrategy.NO_SHARD keeps whole parameters, gradients and states on every rank "
+                            "(DistributedDataParallel's memory)", "describe the workload with #VEST --model ... --num-gpus N "
+                            "(data parallel)")
+        sharding = _FSDP1_SHARDING.get(name)
+        if sharding is None and name != "NO_SHARD":
+            self.refusal = (f"FSDP1 sharding_strategy {name} is not modelled", "describe the workload with #VEST "
+                            "--model ... --parallelism fsdp --sharding full-shard|shard-grad-op")
+        sharding = sharding or "full-shard"
+        shape = (self.state.world_size,)
+        if device_mesh is not None and hasattr(device_mesh, "shape"):
+            shape = tuple(device_mesh.shape)
+        elif sharding.startswith("hybrid"):
+            # _init_process_group_state_for_hybrid_shard: a tuple (shard group, replicate group) as given,
+            # else the intra-node group of torch.cuda.device_count() ranks (one node's GPUs)
+            intra = process_group[0] if isinstance(process_group, tuple) else None
+            size = intra.size() if intra is not None and hasattr(intra, "size") else torch.cuda.device_count()
+            size = max(1, min(size, self.state.world_size))
+            shape = (self.state.world_size // size, size)
+        param = getattr(mixed, "param_dtype", None)
+        reduce = getattr(mixed, "reduce_dtype", None)
+        offload = bool(getattr(cpu_offload, "offload_params", False))
+        w = _Wrapped(wrapper, _DTYPE_NAME.get(param, "auto"), _DTYPE_NAME.get(reduce, "auto"),
+                     sharding in ("full-shard", "hybrid-shard"), offload, shape, "fsdp", sharding)
+        if self.orig_dtype is None:
+            self.orig_dtype = next((str(p.dtype).replace("torch.", "") for p in module.parameters()
+                                    if p.is_floating_point()), None)
+        self.wrapped.append(w)
+        bp = getattr(backward_prefetch, "name", backward_prefetch)
+        if bp not in ("BACKWARD_PRE", None):
+            self.notes.append(f"FSDP1 backward_prefetch={bp} is not modelled: the per-rank schedule prefetches one "
+                              "unit before each unit's backward (BACKWARD_PRE)")
+        if bp is None:
+            self.notes.append("FSDP1 backward_prefetch=None is not modelled: the per-rank schedule prefetches one unit "
+                              "in backward (BACKWARD_PRE), which holds one more unit than the run would")
+        if forward_prefetch:
+            self.notes.append("FSDP1 forward_prefetch=True is not modelled: one more unit may be unsharded in forward")
+        if not limit_all_gathers:
+            self.notes.append("FSDP1 limit_all_gathers=False is not modelled: the CPU may run further ahead of the "
+                              "all-gathers than the two units the per-rank schedule keeps")
+        if param is not None:
+            self._cast_parameters(module, param)
+        buffer = getattr(mixed, "buffer_dtype", None)
+        if buffer is not None:
+            for m in module.modules():
+                for k, b in list(m._buffers.items()):
+                    if b is not None and b.is_floating_point() and b.dtype != buffer:
+                        m._buffers[k] = b.to(buffer)
+        if param is not None:
+            root_cast = getattr(mixed, "cast_root_forward_inputs", True)
+            child_cast = getattr(mixed, "cast_forward_inputs", False)
+
+            def cast(mod, args, kwargs):
+                if child_cast or (root_cast and self.is_outermost(mod)):
+                    return _cast_inputs(param, mod, args, kwargs)
+                return None
+
+            wrapper.register_forward_pre_hook(cast, with_kwargs=True)
+        wrapper.register_forward_pre_hook(self._first_forward)
+
+    def is_outermost(self, module: nn.Module) -> bool:
+        """Whether no other wrapped unit contains ``module`` (FSDP1's root), decided at its first call."""
+        if id(module) not in self._outermost:
+            self._outermost[id(module)] = not any(c is module for w in self.wrapped if w.module is not module
+                                                  for c in w.module.modules())
+        return self._outermost[id(module)]
+
+    def _as_fsdp_module(self, module: nn.Module) -> None:
+        """The module's class becomes FSDP<Class>(FSDPModule, Class), as fully_shard makes it
+        (_fsdp_init._apply_to_module): scripts check ``isinstance(model, FSDPModule)``. FSDPModule's
+        methods that would reach FSDP2's state do nothing here (_NOOP_METHODS) or are noted
+        (_UNMODELLED); the parameters answer ``placements`` as FSDP2's DTensor shards do (Shard(0))."""
+        from torch.distributed.fsdp import FSDPModule
+
+        cls = type(module)
+        if not isinstance(module, FSDPModule):
+            new = self._classes.get(cls)
+            if new is None:
+                new = self._classes[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), self._fsdp_methods(cls))
+            module.__class__ = new
+        try:
+            from torch.distributed.tensor import Shard
+
+            for p in module.parameters():
+                if not hasattr(p, "placements"):
+                    p.placements = (Shard(0),)
+        except ImportError:
+            pass
+
+    def _fsdp_methods(self, cls: type) -> dict:
+        """FSDPModule's attributes for FSDP<cls>: every one decided; one torch adds later refuses by
+        name (vest must act) rather than reach FSDP2's state, which this run does not build."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from .cuda_surface import NotSupportedHere
+
+        rec = self
+        dct: dict = {"__deepcopy__": FSDPModule.__dict__.get("__deepcopy__"), "_apply": cls._apply}
+        for name in _NOOP_METHODS:
+            dct[name] = lambda _self, *a, **k: None
+        for name, what in _UNMODELLED.items():
+            dct[name] = (lambda w: lambda _self, *a, **k: rec._unmodelled(w))(what)
+
+        def unshard(_self, async_op=False):
+            return _UnshardHandle() if async_op else None
+
+        def set_reshard_after_forward(_self, reshard_after_forward, recurse=True):
+            for w in rec.wrapped:
+                if w.module is _self or (recurse and any(m is w.module for m in _self.modules())):
+                    w.reshard_after_forward = bool(reshard_after_forward)
+
+        dct.update(unshard=unshard, set_reshard_after_forward=set_reshard_after_forward)
+        for name in FSDPModule.__dict__:
+            if name not in dct and not name.startswith("__") and name != "_orig_cls_mro_index":
+                def refuse(_self, *a, _n=name, **k):
+                    raise NotSupportedHere(f"FSDPModule.{_n}", "the dynamic estimate does not build FSDP2's state")
+                dct[name] = refuse
+        if dct["__deepcopy__"] is None:
+            del dct["__deepcopy__"]
+        return dct
+
+    def _unmodelled(self, what: str) -> None:
+        self.notes.append(f"{what} (set by the script) is not modelled: the per-rank schedule prefetches one unit "
+                          "in backward, overlaps the next one's all-gather in forward, keeps one reduce-scatter "
+                          "input in flight")
 
     def _cast_parameters(self, module: nn.Module, dtype: torch.dtype) -> None:
         """The unit's parameters (not those of a unit wrapped before) in the param dtype: the
@@ -192,11 +363,100 @@ class FsdpRecord:
                           "bwd_pre": m.bwd_pre.get(name), "bwd_post": m.bwd_post.get(name),
                           "grad_blocks": list(m.grad_blocks.get(name, ()))})
         opt = self.optimizer
+        kinds = {w.kind for w in self.wrapped}
+        if len(kinds) > 1:
+            return {"refused": ["the script wraps with both FSDP1 (FullyShardedDataParallel) and FSDP2 (fully_shard): "
+                                "the per-rank model places one of them", "describe the workload with #VEST --model ... "
+                                "--parallelism fsdp|fsdp2"]}
+        if self.refusal:
+            return {"refused": list(self.refusal)}
         return {"units": units, "first_forward": self.start, "param_dtype": root_w.param_dtype,
+                "kind": root_w.kind, "sharding": root_w.sharding,
                 "reduce_dtype": root_w.reduce_dtype, "reshard_after_forward": all(
                     w.reshard_after_forward for w in self.wrapped if w.module is not self.root),
                 "offload": any(w.offload for w in self.wrapped), "mesh_shape": list(root_w.mesh_shape),
                 "orig_dtype": self.orig_dtype or "float32", "optimizer": opt, "notes": sorted(set(self.notes))}
+
+
+# FSDP1's ShardingStrategy by name -> the per-rank model's --sharding (NO_SHARD is DDP: refused with
+# that advice; the hybrid ones shard within a group and replicate across groups, _init_utils.py).
+_FSDP1_SHARDING = {"FULL_SHARD": "full-shard", "SHARD_GRAD_OP": "shard-grad-op", "HYBRID_SHARD": "hybrid-shard",
+                   "_HYBRID_SHARD_ZERO2": "hybrid-shard-grad-op"}
+
+
+def _fsdp1_class(rec: "FsdpRecord"):
+    """A FullyShardedDataParallel stand-in (a subclass, so isinstance checks of scripts and of
+    accelerate hold): the wrapping the script asked for is done by torch's own auto-wrap code
+    (_wrap_utils._auto_wrap with this class as the wrapper, so every policy -- ModuleWrapPolicy,
+    transformer_auto_wrap_policy, size_based_auto_wrap_policy, lambda and custom policies -- picks
+    the units the real FSDP would), each instance records its unit, and the computation is what
+    FSDP1 does to it: parameters in MixedPrecision.param_dtype (the flat unsharded parameter the
+    unit computes with), buffers in buffer_dtype, the root's floating-point inputs cast to the
+    param dtype (cast_root_forward_inputs), a child's only with cast_forward_inputs. Nothing is
+    flattened or sharded here: the per-rank model (sharding.py, --parallelism fsdp) places flat
+    shards, all-gathers and reduce-scatters from the units recorded."""
+    import contextlib
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as Real
+    from torch.distributed.fsdp._common_utils import TrainingState
+
+    class FullyShardedDataParallel(Real):
+        def __init__(self, module, process_group=None, sharding_strategy=None, cpu_offload=None,
+                     auto_wrap_policy=None, backward_prefetch="BACKWARD_PRE", mixed_precision=None,
+                     ignored_modules=None, param_init_fn=None, device_id=None, sync_module_states=False,
+                     forward_prefetch=False, limit_all_gathers=True, use_orig_params=False, ignored_states=None,
+                     device_mesh=None):
+            nn.Module.__init__(self)
+            self._use_orig_params = use_orig_params
+            self.training_state = TrainingState.IDLE
+            rec.materialize(module, param_init_fn, device_id)
+            ignored = set(ignored_modules or ())
+            if auto_wrap_policy is not None:
+                from torch.distributed.fsdp._wrap_utils import _auto_wrap
+
+                kwargs = dict(process_group=process_group, sharding_strategy=sharding_strategy,
+                              cpu_offload=cpu_offload, backward_prefetch=backward_prefetch,
+                              mixed_precision=mixed_precision, param_init_fn=param_init_fn, device_id=device_id,
+                              sync_module_states=sync_module_states, forward_prefetch=forward_prefetch,
+                              limit_all_gathers=limit_all_gathers, use_orig_params=use_orig_params,
+                              device_mesh=device_mesh)
+                ignored_params = {p for m in ignored for p in m.parameters()}
+                kwargs["ignored_states"] = ignored_params
+                _auto_wrap(module, auto_wrap_policy, ignored, ignored_params, kwargs, type(self))
+            self._fsdp_wrapped_module = module
+            rec.fsdp1(self, module, sharding_strategy, cpu_offload, mixed_precision, backward_prefetch,
+                      forward_prefetch, limit_all_gathers, process_group, device_mesh)
+
+        def forward(self, *args, **kwargs):
+            return self._fsdp_wrapped_module(*args, **kwargs)
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            yield
+
+        @torch.no_grad()
+        def clip_grad_norm_(self, max_norm, norm_type=2.0):
+            # over the unsharded gradients here; FSDP1 computes the local shards' norms and all-reduces
+            return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+
+        @staticmethod
+        @contextlib.contextmanager
+        def state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
+            yield
+
+        @staticmethod
+        def set_state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
+            return None
+
+        @staticmethod
+        @contextlib.contextmanager
+        def summon_full_params(module, recurse=True, writeback=True, rank0_only=False, offload_to_cpu=False,
+                               with_grads=False):
+            yield
+
+    FullyShardedDataParallel.__module__ = Real.__module__
+    FullyShardedDataParallel.__qualname__ = Real.__qualname__
+    return FullyShardedDataParallel
 
 
 def _cast_inputs(dtype, _module, args, kwargs):
@@ -220,6 +480,10 @@ def patches(state) -> list[tuple]:
         return _FakeMesh(device_type, mesh_shape, mesh_dim_names)
 
     out = [(fsdp, "fully_shard", rec.fully_shard), (dm, "init_device_mesh", init_device_mesh)]
+    import torch.distributed.fsdp.fully_sharded_data_parallel as fsdp1_mod
+
+    fsdp1 = _fsdp1_class(rec)
+    out += [(fsdp, "FullyShardedDataParallel", fsdp1), (fsdp1_mod, "FullyShardedDataParallel", fsdp1)]
     try:
         import torch.distributed._composable.fsdp as comp
         out.append((comp, "fully_shard", rec.fully_shard))
@@ -265,20 +529,32 @@ def per_rank(info: dict, events: tuple[AllocEvent, ...], step_ends: tuple[int, .
     """(the per-rank AllocTrace, the WorkloadSpec it stands for) of an FSDP2 script's run."""
     from ..errors import EstimateError
     from ..estimate.sharded_trace import optimizer_trace
-    from ..estimate.sharding import Unit, UnitTrace, rank_trace, shard_layout
+    from ..estimate.sharding import Unit, UnitTrace, kept_for_process, rank_trace, shard_layout
 
     if "error" in info:
-        raise EstimateError(f"FSDP2 script: {info['error']}", "this is a bug in vest-slurm; report it with the script")
-    if info["offload"]:
+        raise EstimateError(f"FSDP script: {info['error']}", "this is a bug in vest-slurm; report it with the script")
+    if "refused" in info:
+        what, fix = info["refused"]
+        raise EstimateError(f"FSDP script: {what} (not modelled by the dynamic estimate)", fix, kind="vest-unsupported")
+    kind = info.get("kind", "fsdp2")
+    if info["offload"] and kind == "fsdp2":
         raise EstimateError("CPUOffloadPolicy in an FSDP2 script is not modelled by the dynamic estimate",
                             "describe the workload with #VEST --model ... --parallelism fsdp2 --offload params")
     shape = info["mesh_shape"]
     world = 1
     for s in shape:
         world *= s
-    parallelism = "hsdp" if len(shape) == 2 and shape[0] > 1 else "fsdp2"
+    group = 0
+    if kind == "fsdp":   # FSDP1: flat parameters per unit; hybrid strategies shard within the mesh's last dim
+        parallelism, sharding = "fsdp", info.get("sharding", "full-shard")
+        if sharding.startswith("hybrid"):
+            group = shape[-1]
+    else:
+        parallelism, sharding = ("hsdp" if len(shape) == 2 and shape[0] > 1 else "fsdp2"), "full-shard"
+        group = shape[-1] if parallelism == "hsdp" else 0
     name, impl, wd = _optimizer_name(info["optimizer"])
-    spec = base_spec.with_(parallelism=parallelism, num_gpus=world, shard_group_size=shape[-1] if parallelism == "hsdp" else 0,
+    spec = base_spec.with_(parallelism=parallelism, num_gpus=world, shard_group_size=group, sharding=sharding,
+                           offload="params" if info["offload"] else "none",
                            param_dtype=info["param_dtype"], reduce_dtype=info["reduce_dtype"],
                            reshard_after_forward="on" if info["reshard_after_forward"] else "off",
                            optimizer=name, optimizer_impl=impl, weight_decay=wd,
@@ -302,7 +578,8 @@ def per_rank(info: dict, events: tuple[AllocEvent, ...], step_ends: tuple[int, .
             seen.add(e.block)
             tail.append(e)
     for e in iteration:
-        if e.action == "alloc" and e.block not in freed_in and e.block not in seen and e.block not in grads:
+        if e.action == "alloc" and e.block not in freed_in and e.block not in seen and e.block not in grads \
+                and not kept_for_process(e):
             tail.append(AllocEvent("free", e.block, 0, 0, "", ""))
 
     def rel(i, default):

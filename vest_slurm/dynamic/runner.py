@@ -74,7 +74,7 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
         "MPLCONFIGDIR": os.path.join(cache, "mpl"), "WANDB_MODE": "disabled", "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         # what torchrun / srun would give rank 0
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(_per_node(cmd, world_size)),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
     })
     if cmd.mixed_precision:
@@ -85,6 +85,16 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _per_node(cmd: TrainCommand, world: int) -> int:
+    """GPUs on rank 0's node: torchrun's --nproc_per_node (its processes per node, over --nnodes
+    nodes), else the whole world (a python process that uses every GPU of the job; accelerate's
+    --num_processes counts all machines). What torch.cuda.device_count() and LOCAL_WORLD_SIZE answer
+    there (FSDP1's HYBRID_SHARD makes its shard group of them)."""
+    if cmd.launcher == "torchrun" and cmd.nproc > 0:
+        return max(1, min(cmd.nproc, world))
+    return max(1, world)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -111,7 +121,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     argv = [sys.executable, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
             "--tmpdir", tmpdir, "--gpu-name", profile.name, "--total-memory", str(profile.total_bytes),
             "--capability", str(profile.capability[0]), str(profile.capability[1]),
-            "--device-count", str(max(1, world)), "--world-size", str(max(1, world))]
+            "--device-count", str(_per_node(cmd, world)), "--world-size", str(max(1, world))]
     if cmd.module:
         argv += ["--module", cmd.module, "--", *cmd.args]
     else:

@@ -209,7 +209,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     elif spec.num_gpus > 1 and spec.parallelism in SHARDED:
         # one communicator for the all-gathers and reduce-scatters (FSDP's and DeepSpeed's data
         # parallel group); HSDP adds the replicate group's (its all-reduce across shard groups)
-        comms = 2 if spec.parallelism == "hsdp" and strategy_world(spec) < spec.num_gpus else 1
+        comms = 2 if spec.parallelism in ("hsdp", "fsdp") and strategy_world(spec) < spec.num_gpus else 1
         parts.append(("nccl", comms * NCCL_BYTES))
     fixed = sum(v for _, v in parts)
     breakdown = tuple(parts) + (

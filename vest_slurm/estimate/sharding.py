@@ -117,7 +117,7 @@ class RankLayout:
 
 def strategy_world(spec: WorkloadSpec) -> int:
     """Ranks over which parameters are sharded (hsdp: the shard group)."""
-    if spec.parallelism == "hsdp":
+    if spec.parallelism == "hsdp" or (spec.parallelism == "fsdp" and spec.sharding.startswith("hybrid")):
         g = spec.shard_group_size or spec.gpus_per_node or spec.num_gpus
         return max(1, min(g, spec.num_gpus))
     return spec.num_gpus
@@ -181,6 +181,13 @@ def shard_layout(units: Sequence[Unit], spec: WorkloadSpec) -> RankLayout:
         masters = part * 4   # fp32_partitioned_groups_flat
         return RankLayout(w, part * p, part * ITEMSIZE[reduce], masters, ((part,),), master)
     raise WorkloadError(f"--parallelism {kind} is not sharded", "use one of fsdp, fsdp2, hsdp, zero1, zero2, zero3")
+
+
+def kept_for_process(e: AllocEvent) -> bool:
+    """A block the traced iteration allocates once for the life of the process: a thread's cuBLAS
+    workspace (CublasHandlePool.cpp: workspaces keyed by handle and stream, freed only at exit; the
+    tracer records the forward thread's and autograd's). Later steps reuse it, never allocate it again."""
+    return e.category == "workspace" and e.module == "cublas"
 
 
 def check_supported(spec: WorkloadSpec) -> None:
@@ -263,7 +270,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
     zero3 = kind == "zero3"
     gathers = fsdp2 or flat or zero3          # parameters are all-gathered per unit
     if flat:
-        reshard_fwd = spec.sharding == "full-shard" and spec.reshard_after_forward == "on"
+        reshard_fwd = spec.sharding in ("full-shard", "hybrid-shard") and spec.reshard_after_forward == "on"
     else:
         reshard_fwd = spec.reshard_after_forward == "on"
 
@@ -463,6 +470,8 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                     pending_grads[u.name] = []
             if e is None:
                 break
+            if step and e.action == "alloc" and kept_for_process(e):
+                continue   # the first step's is still there
             if e.action == "alloc" and e.block in grad_blocks:
                 pending_grads[grad_blocks[e.block].name].append(e.block)
                 if kind != "zero1":   # unsharded: reduced and dropped in backward

@@ -51,7 +51,9 @@ PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
 PARALLELISMS = ("ddp", "dp", "none", "fsdp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")
 SHARDED = ("fsdp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")   # sharding.py models them per rank
-SHARDINGS = ("full-shard", "shard-grad-op")    # FSDP1's ShardingStrategy FULL_SHARD / SHARD_GRAD_OP
+# FSDP1's ShardingStrategy FULL_SHARD / SHARD_GRAD_OP, and HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (the same
+# within a shard group of --shard-group-size ranks, default one node's GPUs; replicated across groups)
+SHARDINGS = ("full-shard", "shard-grad-op", "hybrid-shard", "hybrid-shard-grad-op")
 SHARD_DTYPES = ("auto", "fp32", "bf16", "fp16")   # auto: the weights' own dtype (no mixed-precision policy)
 OFFLOADS = ("none", "optimizer", "params")
 ON_OFF = ("on", "off")
@@ -145,7 +147,7 @@ class WorkloadSpec:
                                           # activation/gradient_checkpointing_enable, timm set_grad_checkpointing):
                                           # each block keeps its input and recomputes the rest in backward
     # Sharded data parallel (parallelism in SHARDED; sharding.py). num_gpus is the total.
-    sharding: str = "full-shard"       # FSDP1 only: FULL_SHARD or SHARD_GRAD_OP
+    sharding: str = "full-shard"       # FSDP1 only: FULL_SHARD, SHARD_GRAD_OP or the hybrid ones (SHARDINGS)
     shard_group_size: int = 0          # hsdp: ranks per shard group (0: the GPUs of one node)
     gpus_per_node: int = 0             # 0: as many per node as the GPU type's nodes have (placement)
     param_dtype: str = "auto"          # the wrapper's MixedPrecision(Policy) param_dtype
@@ -243,7 +245,7 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                    "auto (sharded jobs, vsbatch and vest check): the smallest count that fits")
     g.add_argument("--parallelism", default=None, help=", ".join(PARALLELISMS) + " (fsdp: FSDP1, fsdp2: fully_shard, "
                    "hsdp: fully_shard over a 2-D mesh, zero1/2/3: DeepSpeed ZeRO stages; modelled per rank)")
-    g.add_argument("--sharding", default=None, help="fsdp only: full-shard (default) or shard-grad-op")
+    g.add_argument("--sharding", default=None, help="fsdp only: full-shard (default), shard-grad-op, hybrid-shard, hybrid-shard-grad-op")
     g.add_argument("--shard-group-size", type=str, default=None, help="hsdp: GPUs per shard group (default: one node's)")
     g.add_argument("--gpus-per-node", type=str, default=None, help="GPUs per node (default: the GPU type's nodes')")
     g.add_argument("--param-dtype", default=None, help="sharded jobs: the mixed-precision param dtype (fp32, bf16, fp16; "
@@ -406,7 +408,11 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
     if sharded_only and spec.parallelism not in SHARDED:
         raise WorkloadError(f"--{sharded_only[0].replace('_', '-')} applies to sharded jobs, not --parallelism "
                             f"{spec.parallelism}", f"add --parallelism one of {', '.join(SHARDED)}, or drop it")
-    if spec.parallelism == "hsdp" and spec.shard_group_size and spec.num_gpus % spec.shard_group_size:
+    if spec.sharding != "full-shard" and spec.parallelism != "fsdp":
+        raise WorkloadError(f"--sharding {spec.sharding} is FSDP1's sharding strategy, not --parallelism {spec.parallelism}'s",
+                            "use --parallelism fsdp, or hsdp for fully_shard over a 2-D mesh")
+    if (spec.parallelism == "hsdp" or spec.sharding.startswith("hybrid")) and spec.shard_group_size \
+            and spec.num_gpus % spec.shard_group_size:
         raise WorkloadError(f"--shard-group-size {spec.shard_group_size} does not divide --num-gpus {spec.num_gpus}",
                             "HSDP's 2-D mesh needs num_gpus = replicas x shard group size")
     return spec

@@ -1,0 +1,94 @@
+"""Sharded training scripts run unmodified as one rank of a fake process group (dynamic/fake_dist.py):
+FSDP1 (FullyShardedDataParallel with an auto-wrap policy, MixedPrecision, each sharding strategy)
+and FSDP2 scripts that check what fully_shard made of their model, each against the same workload
+declared (estimate/sharding.py): the same shards exactly, peaks within 3%."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from vest_slurm.dynamic.launch import parse_train_command
+from vest_slurm.dynamic.runner import estimate_command
+from vest_slurm.errors import EstimateError
+from vest_slurm.estimate.estimator import estimate
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.estimate.sharding import flat_shard_numel
+from vest_slurm.estimate.workload import parse_workload_args
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "scripts")
+
+
+def _agree(dyn, dec, bound=0.03):
+    d, c = dict(dyn.breakdown), dict(dec.breakdown)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d[part] == c[part], (part, d[part], c[part])
+    for part in ("live_tensor_peak", "allocator_peak_reserved"):
+        assert abs(d[part] - c[part]) <= bound * c[part], (part, d[part], c[part])
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= bound * dec.peak_bytes
+    assert abs(dyn.required_bytes - dec.required_bytes) <= bound * dec.required_bytes
+
+
+def _fsdp1_unit_numels(width=256, blocks=3, features=48, classes=100):
+    """FSDP1's flat parameter per unit: each residual block, and the root's stem, final norm, head."""
+    block = 2 * 2 * width + (3 * width * width + width * width) + (2 * width * width + 2 * width) + (width * width + width)
+    root = (features * width + width) + 2 * width + (width * classes + classes)
+    return [root] + [block] * blocks
+
+
+@pytest.mark.parametrize("strategy,sharding,nproc,gpus", [
+    ("FULL_SHARD", "full-shard", 4, 4),
+    ("SHARD_GRAD_OP", "shard-grad-op", 4, 4),
+    ("HYBRID_SHARD", "hybrid-shard", 2, 4),    # torchrun --nnodes 2 --nproc_per_node 2: shard group of 2
+])
+def test_torchrun_fsdp1_script_agrees_with_its_declarative_spec(monkeypatch, strategy, sharding, nproc, gpus):
+    monkeypatch.chdir(SCRIPTS)
+    h100 = get_profile("h100-80gb")
+    cmd = parse_train_command(f"torchrun --nnodes {gpus // nproc} --nproc_per_node {nproc} fsdp1_train.py "
+                              f"--strategy {strategy} --width 256 --blocks 3 --batch-size 8")
+    (dyn,), run = estimate_command(cmd, [h100], num_gpus=gpus, cwd=SCRIPTS)
+    s = run.spec
+    assert (s.parallelism, s.sharding, s.num_gpus) == ("fsdp", sharding, gpus)
+    assert (s.param_dtype, s.reduce_dtype, s.optimizer, s.weight_decay) == ("bf16", "fp32", "adamw", 0.1)
+    group = nproc if sharding.startswith("hybrid") else gpus
+    extra = ["--shard-group-size", str(nproc)] if sharding.startswith("hybrid") else []
+    declared = parse_workload_args(["--model", "fsdp1_train.py:build_model", "--model-arg", "width=256",
+                                    "--model-arg", "blocks=3", "--input", "64x48", "--batch-size", "8",
+                                    "--optimizer", "adamw", "--weight-decay", "0.1", "--parallelism", "fsdp",
+                                    "--sharding", sharding, *extra, "--num-gpus", str(gpus),
+                                    "--param-dtype", "bf16", "--reduce-dtype", "fp32"])
+    (dec,) = estimate(declared, [h100])
+    shard = sum(flat_shard_numel(n, group) for n in _fsdp1_unit_numels())
+    assert dict(dyn.breakdown)["parameters"] == shard * 4   # fp32 flat shards, padded per unit
+    _agree(dyn, dec)
+    if sharding.startswith("hybrid"):   # the replicate group's communicator besides the shard group's
+        assert dict(dyn.breakdown)["nccl"] == 2 * dict(
+            estimate(declared.with_(sharding="full-shard", shard_group_size=0), [h100])[0].breakdown)["nccl"]
+
+
+def test_fsdp1_no_shard_is_refused_with_the_data_parallel_advice(monkeypatch):
+    monkeypatch.chdir(SCRIPTS)
+    cmd = parse_train_command("torchrun --nproc_per_node 2 fsdp1_train.py --strategy NO_SHARD --steps 3")
+    with pytest.raises(EstimateError) as e:
+        estimate_command(cmd, [get_profile("h100-80gb")], cwd=SCRIPTS)
+    assert "NO_SHARD" in e.value.what and e.value.kind == "vest-unsupported" and "--num-gpus" in e.value.fix
+
+
+def test_fsdp2_script_on_meta_checks_fsdp_module_and_agrees_with_its_declarative_spec(monkeypatch):
+    """fully_shard makes the module an FSDPModule (a class FSDP<Net>), its parameters answer Shard(0)
+    placements, and to_empty on the GPU materializes them (pytorch/examples' FSDP2 example does all
+    three): estimated, and the same as the workload declared (the loss is the model's own output)."""
+    monkeypatch.chdir(SCRIPTS)
+    h100 = get_profile("h100-80gb")
+    cmd = parse_train_command("torchrun --nproc_per_node 2 fsdp2_meta_train.py --layers 4 --dim 192 --batch-size 16")
+    (dyn,), run = estimate_command(cmd, [h100], cwd=SCRIPTS)
+    assert (run.spec.parallelism, run.spec.num_gpus, run.spec.optimizer) == ("fsdp2", 2, "adam")
+    declared = parse_workload_args(["--model", "fsdp2_meta_train.py:build_model", "--model-arg", "dim=192",
+                                    "--model-arg", "layers=4", "--input", "seq128", "--batch-size", "16",
+                                    "--optimizer", "adam", "--parallelism", "fsdp2", "--num-gpus", "2"])
+    (dec,) = estimate(declared, [h100])
+    d, c = dict(dyn.breakdown), dict(dec.breakdown)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d[part] == c[part], part
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
