@@ -253,3 +253,86 @@ def test_vest_check_num_gpus_auto_estimates_at_the_smallest_count(tmp_path, caps
         site = parse_site_config(SITE)
         prober = Prober.for_site(site, budget_s=600)
         assert all(prober.needed(spec.with_(num_gpus=n - 1), g.name) > prober.capacity(g.name) for g in site.gpus)
+
+
+def _whole_and_scaled(spec):
+    """(the unit trace of the whole model, the one sharded_trace made: scaled where it could)."""
+    from vest_slurm.estimate import sharded_trace as st
+    from vest_slurm.estimate.models import build_model
+
+    cspec = st._compute_spec(spec)
+    st.unit_trace.cache_clear()
+    made = st.unit_trace(cspec, (9, 0), 80 * 2**30)
+    with st._transformers_quiet(cspec):
+        whole = st._unit_trace(cspec, build_model(cspec), (9, 0), 80 * 2**30)
+    return whole, made
+
+
+@pytest.mark.parametrize("extra", [("--parallelism", "fsdp2"), ("--parallelism", "fsdp", "--gradient-checkpointing", "on")])
+def test_identical_blocks_scaled_equal_the_whole_trace(extra, monkeypatch, capsys):
+    """A stack of 7 identical blocks, traced at 4 and 5 and scaled to 7 (block_scaling.py): the same
+    allocations and frees, in the same order, as the trace of all 7 blocks; the per-rank estimate is
+    the same to the byte (tolerance 0), and its output says the blocks were scaled."""
+    from vest_slurm.estimate import block_scaling as bs
+    from vest_slurm.estimate.estimator import estimate
+    from vest_slurm.estimate import sharded_trace as st
+
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "num_hidden_layers=7", "--batch-size", "2",
+                                "--input", "seq64", "--optimizer", "adamw", "--num-gpus", "4", "--param-dtype", "bf16",
+                                "--reduce-dtype", "fp32", *extra])
+    whole, made = _whole_and_scaled(spec)
+    assert any(n.startswith(bs.SCALED_NOTE) for n in made.notes), made.notes
+    assert bs.same(made, whole), bs.first_difference(made, whole)
+    h100 = get_profile("h100-80gb")
+    (scaled,) = estimate(spec, [h100])
+    from vest_slurm.cli import run
+
+    argv = ["--model", "hf:tiny-llama", "--model-arg", "num_hidden_layers=7", "--batch-size", "2", "--input", "seq64",
+            "--optimizer", "adamw", "--num-gpus", "4", "--param-dtype", "bf16", "--reduce-dtype", "fp32", *extra]
+    capsys.readouterr()
+    assert run(["estimate", *argv, "--gpu", "h100-80gb", "--json"]) == 0
+    import json
+
+    notes = json.loads(capsys.readouterr().out)["trace_notes"]
+    assert len(notes) == 1 and notes[0].startswith(bs.SCALED_NOTE) and "7 blocks" in notes[0]
+    st.unit_trace.cache_clear()
+    monkeypatch.setattr(bs, "MIN_BLOCKS", 99)   # trace it whole
+    (full,) = estimate(spec, [h100])
+    st.unit_trace.cache_clear()
+    assert scaled.breakdown == full.breakdown and scaled.peak_bytes == full.peak_bytes
+
+
+def test_blocks_that_differ_in_what_they_compute_are_traced_whole(tmp_path, monkeypatch):
+    """Blocks of the same shapes whose forward depends on their index (every third one does extra
+    work): the 4-block trace repeated is not the 5-block trace, so the model is traced whole, and
+    the note says why."""
+    from vest_slurm.estimate import block_scaling as bs
+
+    (tmp_path / "net.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self, i):\n"
+        "        super().__init__()\n"
+        "        self.lin, self.i = nn.Linear(64, 64), i\n"
+        "    def forward(self, x):\n"
+        "        for _ in range(self.i % 3):\n"
+        "            x = x * 1.5\n"
+        "        return torch.relu(self.lin(x))\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.blocks = nn.ModuleList(Block(i) for i in range(8))\n"
+        "        self.head = nn.Linear(64, 10)\n"
+        "    def forward(self, x):\n"
+        "        for b in self.blocks:\n"
+        "            x = b(x)\n"
+        "        return self.head(x)\n"
+        "def make():\n"
+        "    return Net()\n")
+    monkeypatch.chdir(tmp_path)
+    spec = parse_workload_args(["--model", "net.py:make", "--batch-size", "4", "--input", "64", "--optimizer", "adamw",
+                                "--parallelism", "fsdp2", "--num-gpus", "2"])
+    whole, made = _whole_and_scaled(spec)
+    assert any(n.startswith(bs.WHOLE_NOTE) and "not the 5-block trace" in n for n in made.notes), made.notes
+    assert bs.same(made, whole)

@@ -80,7 +80,10 @@ def cmd_estimate(ns) -> int:
     slow = slow_types(targets, lambda p: summaries.get(gpu_class(p)))
     seconds = time.perf_counter() - t0
     progress.done()
-    kw = dict(profiles={name: p.key for name, p in targets.items()}, site_config=site.path if site else None)
+    from .estimate.report import trace_notes
+
+    kw = dict(profiles={name: p.key for name, p in targets.items()}, site_config=site.path if site else None,
+              trace_notes=trace_notes(summaries.values()))
     print(estimate_json(spec, estimates, seconds, **kw) if ns.json else estimate_table(spec, estimates, slow, **kw),
           end="" if not ns.json else "\n")
     write_pictures(ns, spec, lambda p: summaries.get(gpu_class(p)), targets)

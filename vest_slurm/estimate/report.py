@@ -52,7 +52,8 @@ def slow_types(profiles: Mapping[str, object], summary_for: Callable[[object], o
 
 
 def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow: Mapping[str, str] | None = None,
-                   profiles: Mapping[str, str] | None = None, site_config: str | None = None) -> str:
+                   profiles: Mapping[str, str] | None = None, site_config: str | None = None,
+                   trace_notes: Sequence[str] = ()) -> str:
     """The estimate as a table. ``slow``: {GPU type: why the job runs much slower there} (report.slow_types);
     ``profiles``: {GPU type: its device profile} where they differ (a site's types); ``site_config``:
     the file the types come from."""
@@ -86,6 +87,7 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
     notes = [f"FLAGGED: {f}" for f in spec.flags]
     notes += [f"note: {e.gpu}: {slow[e.gpu]}" for e in estimates if e.gpu in slow]
     notes += [f"note: {n}" for n in floor_notes(estimates)]
+    notes += [f"note: {n}" for n in trace_notes]
     if "cudnn_workspace_max" in dict(first.breakdown):
         from . import cudnn_ws
 
@@ -118,7 +120,8 @@ def floor_notes(estimates: Sequence[MemoryEstimate]) -> list[str]:
 
 
 def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], seconds: float | None = None,
-                  profiles: Mapping[str, str] | None = None, site_config: str | None = None) -> str:
+                  profiles: Mapping[str, str] | None = None, site_config: str | None = None,
+                  trace_notes: Sequence[str] = ()) -> str:
     profiles = profiles or {}
     doc = {
         "tool": "vest-slurm",
@@ -143,6 +146,8 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
     }
     if notes := floor_notes(estimates):
         doc["floor_notes"] = notes
+    if trace_notes:
+        doc["trace_notes"] = list(trace_notes)   # how the trace was made (block_scaling.py: blocks scaled)
     if estimates and "cudnn_workspace_max" in dict(estimates[0].breakdown):
         from . import cudnn_ws
 
@@ -151,3 +156,17 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
     if seconds is not None:
         doc["seconds"] = round(seconds, 3)
     return json.dumps(doc, indent=2)
+
+
+def trace_notes(summaries) -> list[str]:
+    """What the output says about how the traces were made: a stack of identical blocks traced at
+    4 and 5 and scaled, or why it was traced whole (block_scaling.py)."""
+    from .block_scaling import SCALED_NOTE, WHOLE_NOTE
+
+    out: list[str] = []
+    for s in summaries:
+        trace = getattr(s, "trace", None)
+        for n in (trace.notes if trace is not None else ()):
+            if n.startswith((SCALED_NOTE, WHOLE_NOTE)) and n not in out:
+                out.append(n)
+    return out

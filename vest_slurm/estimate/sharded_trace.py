@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from . import _fakecuda as fc
+from . import block_scaling as bs
 from .models import build_model
 from .sharding import (OptimizerTrace, Unit, UnitTrace, dtypes, rank_trace, shard_layout)
 from .trace import AllocEvent, AllocTrace
@@ -39,12 +40,15 @@ _PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
 def _compute_spec(spec: WorkloadSpec) -> WorkloadSpec:
     """The spec the unsharded model is traced with: weights in the param dtype (what the forward
     computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step, and
-    nothing of the parallelism (the per-rank trace adds it)."""
+    nothing of the parallelism (the per-rank trace adds it) or of the optimizer (traced apart)."""
     _, param, _ = dtypes(spec)
     precision = spec.precision
     if param != spec.weight_dtype:
         precision = _PRECISION_OF.get(param, "fp32")
+    # The unit trace is cut before the optimizer step (optimizer_trace traces the step on the
+    # rank's shards), so the unsharded model steps with plain SGD: no state, one in-place update.
     return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
+                   optimizer="sgd", optimizer_impl="auto", weight_decay=None,
                    shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
                    offload="none", reshard_after_forward="on", alloc_conf="")
 
@@ -135,14 +139,66 @@ class _Marks:
 
 @functools.lru_cache(maxsize=8)
 def unit_trace(cspec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> UnitTrace:
-    """The unsharded model's one traced iteration with its units marked (kept in memory)."""
+    """The unsharded model's one traced iteration with its units marked (kept in memory). A stack of
+    at least block_scaling.MIN_BLOCKS identical blocks is traced cut to 4 and 5 blocks and scaled
+    (block_scaling.py), where the 4-block trace repeated gives the 5-block one exactly; else whole."""
     with _transformers_quiet(cspec):
-        return _unit_trace(cspec, capability, total_memory_bytes)
+        built = build_model(cspec)
+        names = [n for n, _m in wrap_units(built.module)]
+        stack = bs.stack_of(names)
+        why = None
+        if stack is None or stack[1] < bs.MIN_BLOCKS:
+            return _unit_trace(cspec, built, capability, total_memory_bytes)
+        prefix, count = stack
+        t0 = time.perf_counter()
+        cut5 = _cut_stack(built, prefix, count, 5)
+        if isinstance(cut5, str):
+            why = cut5
+        else:
+            ut5 = _unit_trace(cspec, cut5, capability, total_memory_bytes)
+            cut4 = _cut_stack(build_model(cspec), prefix, count, 4)
+            ut4 = _unit_trace(cspec, cut4, capability, total_memory_bytes)
+            try:
+                if bs.same(bs.scale(ut4, prefix, 5), ut5):
+                    ut = bs.scale(ut4, prefix, count)
+                    note = (f"{bs.SCALED_NOTE}: {prefix} has {count} blocks of the same shapes; traced with 4 and "
+                            f"5 of them ({time.perf_counter() - t0:.1f} s), block 2 repeated for blocks 2-{count - 2} "
+                            "(the 4-block trace repeated gives the 5-block trace exactly)")
+                    return replace(ut, notes=ut4.notes + (note,))
+                why = f"the 4-block trace repeated is not the 5-block trace ({bs.first_difference(bs.scale(ut4, prefix, 5), ut5)})"
+            except bs.NotPeriodic as e:
+                why = str(e)
+        ut = _unit_trace(cspec, build_model(cspec), capability, total_memory_bytes)
+        return replace(ut, notes=ut.notes + (f"{bs.WHOLE_NOTE}: {prefix} ({count} blocks) traced whole: {why}",))
 
 
-def _unit_trace(spec: WorkloadSpec, capability, total_memory_bytes) -> UnitTrace:
+def _cut_stack(built, prefix: str, count: int, keep: int):
+    """``built`` with the nn.ModuleList at ``prefix`` cut to its first ``keep`` blocks (and a
+    transformers config's layer count with it: its forward loops over layers[:num_hidden_layers]),
+    or why it cannot be cut."""
+    model = built.module
+    parent_name, _, attr = prefix.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    stack = getattr(parent, attr, None)
+    if not isinstance(stack, nn.ModuleList) or len(stack) != count:
+        return f"{prefix} is not one nn.ModuleList of {count} blocks"
+    first = list(stack[0].named_parameters())
+    for b in stack:
+        if type(b) is not type(stack[0]) or [(n, p.shape) for n, p in b.named_parameters()] != \
+                [(n, p.shape) for n, p in first]:
+            return f"the blocks of {prefix} differ in class or parameter shapes"
+    setattr(parent, attr, nn.ModuleList(list(stack)[:keep]))
+    config = getattr(model, "config", None)
+    for key in ("num_hidden_layers",):
+        if config is not None and getattr(config, key, None) == count:
+            setattr(config, key, keep)
+        if config is not None and isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:keep]
+    return built
+
+
+def _unit_trace(spec: WorkloadSpec, built, capability, total_memory_bytes) -> UnitTrace:
     t0 = time.perf_counter()
-    built = build_model(spec)
     tracer = Tracer(capability)
     mode = fc.FakeCudaMode(tracer.recorder)
     model = built.module
