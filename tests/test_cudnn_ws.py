@@ -345,6 +345,21 @@ def test_cudnn_version_text_and_which_cudnn_is_assumed(monkeypatch):
     assert not ok and "unknown" in why and version_text(here) in why
 
 
+def test_the_jobs_cudnn_read_from_the_installed_files_is_torchs_answer(monkeypatch):
+    """torch/version.py and the nvidia-cudnn wheel beside torch give what torch itself answers
+    (torch.version.cuda, torch.backends.cudnn.version()); an LD_PRELOAD of a libcudnn leaves it to torch."""
+    import torch
+
+    known, version = cudnn_ws._cudnn_version_of_installed_torch()
+    expected = None if torch.version.cuda is None else torch.backends.cudnn.version()
+    assert not known or version == expected
+    if torch.version.cuda is None or cudnn_ws._preload_torch_cudnn():
+        assert known   # a CPU build, or a CUDA wheel with its nvidia-cudnn wheel: read without torch
+    if torch.version.cuda is not None:
+        monkeypatch.setenv("LD_PRELOAD", "/opt/other/libcudnn.so.9")
+        assert cudnn_ws._cudnn_version_of_installed_torch() == (False, None)
+
+
 def test_placement_bounds_the_engines_where_the_cudnn_asked_is_not_the_jobs(monkeypatch):
     """peak stays the first plan's; placement takes the peak with every convolution at the largest
     workspace over the engines (heuristics A + fallback), and the attached estimate carries it."""

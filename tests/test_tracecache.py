@@ -132,6 +132,27 @@ def test_vest_estimate_twice_gives_the_same_answer_from_the_cache(tmp_path):
     assert first == second
 
 
+def test_an_estimate_from_the_cache_imports_no_torch(tmp_path):
+    """The second process reads the trace and the cuDNN answers from the cache and asks no torch
+    question: the job's cuDNN version comes from the installed files (cudnn_ws.job_cudnn_version)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, VEST_CACHE_DIR=str(tmp_path), VEST_QUIET="1")
+    code = ("import sys, io, contextlib\nfrom vest_slurm.cli import main\n"
+            "sys.argv = ['vest', 'estimate', '--model', 'torchvision:resnet18', '--input', '3x64x64',"
+            " '--batch-size', '4', '--gpu', 'a100-40gb', '--json']\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "print(out.getvalue().strip().splitlines()[-1][-1], 'torch' in sys.modules)\n")
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    assert runs[0].stdout.split() == ["}", "True"]    # the first traced: torch was imported
+    assert runs[1].stdout.split() == ["}", "False"]   # the second read the cache: no torch
+
+
 def test_cudnn_answers_are_kept_for_the_next_process(tmp_path):
     """A workspace cuDNN's heuristics gave is stored when the process ends; the next process reads
     it without asking cuDNN (here: asking would fail)."""

@@ -146,7 +146,17 @@ def version_text(v: int) -> str:
 
 
 def job_cudnn_version() -> int | None:
-    """The cuDNN of the torch this process runs (the user's), None for a CPU build of torch."""
+    """The cuDNN of the torch this process runs (the user's), None for a CPU build of torch.
+
+    Read without importing torch where the installed files say it unambiguously
+    (_cudnn_version_of_installed_torch), so that an estimate read from the trace cache stays
+    torch-free; else (and where torch is already imported) torch's own answer."""
+    import sys
+
+    if "torch" not in sys.modules:
+        known, version = _cudnn_version_of_installed_torch()
+        if known:
+            return version
     import torch
 
     if torch.version.cuda is None:
@@ -155,6 +165,63 @@ def job_cudnn_version() -> int | None:
         return torch.backends.cudnn.version()
     except Exception:
         return None
+
+
+def _torch_dir():
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return locations[0] if len(locations) == 1 else None
+
+
+def _cudnn_version_of_installed_torch() -> tuple[bool, int | None]:
+    """(known, version): what ``torch.version.cuda`` and ``torch.backends.cudnn.version()`` answer,
+    from the installed files. torch/version.py holds ``cuda`` as a literal (None in a CPU build:
+    no cuDNN). A CUDA wheel's libtorch_cuda.so carries an RPATH ``$ORIGIN/../../nvidia/cudnn/lib``
+    (searched before LD_LIBRARY_PATH), so the libcudnn it loads is the nvidia-cudnn wheel's beside
+    torch, and torch.backends.cudnn.version() is that library's cudnnGetVersion(), asked here by
+    ctypes. Not known (torch decides) where the file cannot be read, where LD_PRELOAD names a
+    libcudnn (loaded first whatever the RPATH), or where no such wheel sits beside torch (a
+    source build or a system cuDNN)."""
+    import ast
+    import ctypes
+    import glob
+
+    d = _torch_dir()
+    if d is None:
+        return False, None
+    try:
+        tree = ast.parse(open(os.path.join(d, "version.py"), encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return False, None
+    cuda = "missing"
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else \
+            (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
+            try:
+                cuda = ast.literal_eval(node.value)
+            except ValueError:
+                return False, None
+    if cuda == "missing":
+        return False, None
+    if cuda is None:
+        return True, None
+    if "libcudnn" in os.environ.get("LD_PRELOAD", ""):
+        return False, None
+    libs = sorted(glob.glob(os.path.join(d, os.pardir, "nvidia", "cudnn", "lib", "libcudnn.so.*")))
+    for lib in libs:
+        try:
+            get = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL).cudnnGetVersion
+        except (OSError, AttributeError):
+            continue
+        get.restype = ctypes.c_size_t
+        return True, int(get())
+    return False, None
 
 
 JOB_CUDNN_ENV = "VEST_JOB_CUDNN"   # the job's cuDNN where the login node's torch is not the job's: 9.1.0, 90100 or "unknown"
