@@ -13,8 +13,11 @@ Each script's files are taken from its pinned commit (`git ls-tree` + `git cat-f
 whose large files are absent still gives the code) into a scratch folder; the recipe then writes the
 synthetic data set the script reads (MNIST idx files, an image folder, token files, ...), so nothing
 is downloaded. The oracle is the declarative estimate of the same workload (`vest estimate --model
-...`); an estimate agrees when its live-tensor peak is within 10% of the oracle's. The packages the
-scripts import are the `bench` extra of pyproject.toml.
+...`) where the corpus gives one; else the same script run for real on the CPU with its device
+tensors counted (vest_slurm/dynamic/live_oracle.py), at the entry's `live_oracle` command (a
+reduced size) or its own, against vest's estimate of that same command. An estimate agrees when its
+live-tensor peak is within 10% of the oracle's. The packages the scripts import are the `bench`
+extra of pyproject.toml.
 """
 
 from __future__ import annotations
@@ -289,7 +292,7 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
         row.update(outcome="refused" if kind in _REFUSALS else "failed", kind=kind, peak_mib="", live_mib="",
                    flags="", message=msg)
     row["expected"] = entry.get("expect", "estimated")
-    row.update(oracle="", oracle_live_mib="", oracle_diff_pct="", declarative_s="", time_ratio="")
+    row.update(oracle="", oracle_kind="", oracle_s="", oracle_est_live_mib="", oracle_live_mib="", oracle_diff_pct="", declarative_s="", time_ratio="")
     if entry.get("oracle") and row["outcome"] == "estimated":
         dec = measure(vest + shlex.split(entry["oracle"]), workdir)
         dest = (dec["json"] or {}).get("estimates") if dec["rc"] == 0 else None
@@ -298,13 +301,46 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
             gap = row["live_mib"] - lo
             diff = 100 * gap / lo if lo else 0.0
             agree = abs(gap) <= RESOLUTION_MIB or abs(gap) <= AGREE * lo
-            row.update(oracle_live_mib=lo, oracle_diff_pct=round(diff, 1), declarative_s=round(dec["seconds"], 1),
+            row.update(oracle_kind="declarative", oracle_est_live_mib=row["live_mib"], oracle_live_mib=lo,
+                       oracle_diff_pct=round(diff, 1), declarative_s=round(dec["seconds"], 1),
                        time_ratio=round(dyn["seconds"] / dec["seconds"], 2), oracle="agree" if agree else "DISAGREE")
         else:
             row["oracle"] = "oracle-failed: " + _error_text(dec["stderr"])[:120]
+    elif row["outcome"] == "estimated":
+        _live_oracle(entry, row, vest, workdir)
     elif not entry.get("oracle"):
         row["oracle"] = "none: " + entry.get("oracle_why", "")
     return row
+
+
+def _live_oracle(entry: dict, row: dict, vest: list[str], workdir: str) -> None:
+    """The second oracle, for a script with no declarative form: the same script run for real on
+    the CPU (vest_slurm/dynamic/live_oracle.py) at the entry's ``live_oracle`` command (a reduced
+    size: a smaller batch; the script's own command when it has none), its device tensors counted;
+    compared with vest's live-tensor peak of that same command, within 10%."""
+    from vest_slurm.dynamic.live_oracle import run_command
+    from vest_slurm.dynamic.runner import DEFAULT_STEPS
+
+    command = entry.get("live_oracle") or entry["command"]
+    est_live = row["live_mib"]
+    if command != entry["command"]:   # vest at the reduced size too
+        red = measure(vest + ["--", *shlex.split(command)], workdir)
+        est = (red["json"] or {}).get("estimates") if red["rc"] == 0 else None
+        if not est:
+            row["oracle"] = "live-oracle: vest failed at the reduced size: " + _error_text(red["stderr"])[:120]
+            return
+        est_live = est[0]["breakdown"]["live_tensor_peak"]
+    res = run_command(command, workdir, DEFAULT_STEPS)
+    row["oracle_kind"] = "live-cpu"
+    row["oracle_s"] = round(res.get("seconds", 0.0), 1)
+    if res["status"] != "ok":
+        row["oracle"] = f"live-oracle-{res['status']}: {res.get('message', '')[:160]}"
+        return
+    lo = round(res["live_peak_bytes"] / 2**20, 1)
+    gap = est_live - lo
+    agree = abs(gap) <= RESOLUTION_MIB or abs(gap) <= AGREE * lo
+    row.update(oracle_live_mib=lo, oracle_est_live_mib=est_live, oracle_diff_pct=round(100 * gap / lo, 1) if lo else 0.0,
+               oracle="agree" if agree else "DISAGREE")
 
 
 def _error_text(stderr: str) -> str:
@@ -318,7 +354,8 @@ def _error_text(stderr: str) -> str:
 
 
 FIELDS = ["script", "family", "outcome", "expected", "kind", "seconds", "declarative_s", "time_ratio", "peak_rss_mib",
-          "peak_mib", "live_mib", "oracle_live_mib", "oracle_diff_pct", "oracle", "flags", "message",
+          "peak_mib", "live_mib", "oracle_kind", "oracle_est_live_mib", "oracle_live_mib", "oracle_diff_pct", "oracle",
+          "oracle_s", "flags", "message",
           "repo", "commit", "command"]
 
 

@@ -1,0 +1,425 @@
+"""The second oracle of the script corpus: the same training script run for real on the CPU, with
+the bytes of the tensors that would have lived on the GPU counted.
+
+    python -m vest_slurm.dynamic.live_oracle --out RESULT.json --steps 3 -- script.py ARGS
+    python -m vest_slurm.dynamic.live_oracle --out RESULT.json --steps 3 --module pkg.train -- ARGS
+
+In: a training command (as the estimate's child gets it: a script or a module, its argv), run in the
+current directory. Out: RESULT.json with ``status`` ("ok", or why not), ``live_peak_bytes`` (the peak
+of the sum of the sizes of the live device storages, from the script's start to the end of its N-th
+training step), ``steps`` and ``stopped_by``. It is a developer's yardstick (scripts/bench_scripts.py
+compares it with ``vest estimate``'s live-tensor peak of the same command), not part of an estimate:
+it runs the script's real arithmetic, so it is only for reduced sizes (a small batch, few steps).
+
+How: the script's CUDA is mapped to the CPU. A function mode (_ToCpu) turns every ``device=cuda``
+argument, ``.cuda()`` and ``.to("cuda")`` into CPU work, and marks what they make as *device*
+storage; a dispatch mode (_Census) marks the outputs of every op that has a device input (the
+forward, the backward the autograd engine runs, the optimizer's update), so host tensors (data
+loading, index sampling, metrics) are never counted and ``.cpu()`` / ``.to("cpu")`` gives an
+unmarked copy, as a GPU run's device-to-host copy would. A storage is counted once (views share it)
+from the op that made it to its free (a weakref finalizer), its ``nbytes``: what the estimate's
+live-tensor peak (AllocTrace.live_peak_bytes) counts, before the caching allocator's rounding.
+Marked tensors report ``device`` cuda:0 and ``is_cuda`` (so ``x.to(param.device)`` and torch's own
+foreach choice in torch.optim see a GPU); the GPU's identity and queries are answered by the same
+stand-ins as the estimate's (cuda_surface, _fakecuda.cuda_answers). The run stops as the
+estimate's does: after N optimizer steps, or, without torch.optim, at the start of the (N+1)-th
+backward pass (N hand-written updates done). DataLoader workers are 0 and ``torch.compile`` runs
+eagerly, as in the estimate, so both run the same program.
+
+Known limitations (where this count and a GPU's differ, and the estimate models the GPU):
+- Kernels are the CPU's: an op whose CUDA kernel saves or returns other tensors than its CPU kernel
+  differs (cuDNN's batch-norm reserve space, cuDNN RNN weights buffers, fused attention's logsumexp
+  and RNG state, CUDA's native_dropout mask of 1 byte per element against the CPU's). Workspaces
+  (cuBLAS, cuDNN) and kernel scratch are not tensors, here as in the estimate's live peak.
+- While a dispatch mode is active, a few backward formulas (index, gather, max/min/sort/topk
+  selections: FunctionsManual.cpp) fill their zeros out of place, as for tensor subclasses
+  (isTensorSubclassLike), so this count can be above a GPU's by one transient gradient there.
+- scaled_dot_product_attention runs the CPU's kernels (dropout dropped, see _gpu_kernels): what they save
+  for backward (output, logsumexp) is close to, not equal to, CUDA's flash / memory-efficient kernels
+  (which pad the logsumexp and add a philox seed); a mask or head size the CPU's fused kernel does
+  not take falls back to the math path, which saves the L x L attention.
+- autocast("cuda") runs as autocast("cpu") at the same dtype: CPU autocast's op lists
+  (torch/amp/autocast_mode.py, aten/src/ATen/autocast_mode.cpp) are close to CUDA's but not equal.
+- A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
+  inside torch's own Python functions (not the script's) makes an unmarked tensor (what follows from
+  it with a device input is marked).
+- One process: distributed launches (DDP, FSDP, tensor parallel) and nn.DataParallel over more
+  than one GPU are refused (status "unsupported"); ``torch.set_default_device("cuda")`` is not mapped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import runpy
+import sys
+import traceback
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+
+class StopRun(BaseException):
+    """Raised after the N-th training step (a BaseException: the script's ``except Exception`` keeps going)."""
+
+
+class Unsupported(RuntimeError):
+    """The script needs what this oracle cannot run in one CPU process."""
+
+
+_ABSENT = object()
+_CUDA = torch.device("cuda", 0)
+_CPU = torch.device("cpu")
+
+
+def _is_cuda(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, int):     # torch.empty(3, device=0), t.to(0): CUDA device 0
+        return True
+    if isinstance(device, str):
+        return device.split(":", 1)[0] == "cuda"
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class Census:
+    """The device storages alive now and the peak of their sum. ``propagate`` is off while a
+    device-to-host copy is made; ``factory`` > 0 while a call that makes device tensors runs."""
+
+    def __init__(self):
+        self.live: dict[int, int] = {}   # id(storage) -> nbytes
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.factory = 0
+        self.propagate = True
+        self.frozen = False
+
+    def is_device(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and id(t.untyped_storage()) in self.live
+
+    def mark(self, t) -> None:
+        if not isinstance(t, torch.Tensor) or self.frozen or t.device.type != "cpu":
+            return
+        s = t.untyped_storage()
+        key = id(s)
+        if key in self.live:
+            return
+        n = s.nbytes()
+        self.live[key] = n
+        weakref.finalize(s, self._freed, key)
+        self.live_bytes += n
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def mark_all(self, out) -> None:
+        for t in tree_flatten(out)[0]:
+            self.mark(t)
+
+    def _freed(self, key: int) -> None:
+        n = self.live.pop(key, 0)
+        if not self.frozen:
+            self.live_bytes -= n
+
+
+class _Census(TorchDispatchMode):
+    """Marks every op's outputs as device storage when an input is one (or a device factory runs)."""
+
+    def __init__(self, census: Census):
+        super().__init__()
+        self.c = census
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        c = self.c
+        if c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0])):
+            c.mark_all(out)
+        return out
+
+
+def _device_property(census: Census, real):
+    def get(self):
+        d = real.__get__(self)
+        return _CUDA if d.type == "cpu" and census.is_device(self) else d
+    return property(get)
+
+
+class _ToCpu(TorchFunctionMode):
+    """CUDA placement mapped to the CPU: ``device=cuda`` arguments, ``.cuda()``, ``.to(cuda)``;
+    ``.cpu()`` / ``.to("cpu")`` of a device tensor copies it to an unmarked host tensor."""
+
+    def __init__(self, census: Census):
+        super().__init__()
+        self.c = census
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        c = self.c
+        if func is torch.Tensor.cuda:
+            t = args[0]
+            return self._to_device(t, None, kwargs.get("memory_format", torch.preserve_format))
+        if func is torch.Tensor.to:
+            t = args[0]
+            # _parse_to takes no copy: it is to(device, dtype, non_blocking, copy)'s 4th positional
+            # argument, to(dtype | other, non_blocking, copy)'s 3rd, or copy=
+            pos, kw = list(args[1:]), dict(kwargs)
+            copy = kw.pop("copy", False)
+            if len(pos) == 4 or (len(pos) == 3 and isinstance(pos[0], (torch.dtype, torch.Tensor))):
+                copy = pos.pop()
+            device, dtype, _nb, fmt = torch._C._nn._parse_to(*pos, **kw)
+            fmt = fmt if fmt is not None else torch.preserve_format
+            if _is_cuda(device):
+                return self._to_device(t, dtype, fmt, copy=copy)
+            if device is not None and device.type == "cpu" and c.is_device(t):
+                return self._to_host(t, dtype, fmt)
+            return func(*args, **kwargs)
+        if func is torch.Tensor.cpu and c.is_device(args[0]):
+            return self._to_host(args[0], None, kwargs.get("memory_format", torch.preserve_format))
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = _CPU
+            c.factory += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                c.factory -= 1
+            c.mark_all(out)
+            return out
+        return func(*args, **kwargs)
+
+    def _to_device(self, t, dtype, fmt, copy=False):
+        c = self.c
+        if c.is_device(t) and not copy:
+            return t if dtype is None or dtype == t.dtype else t.to(dtype=dtype, memory_format=fmt)
+        with torch._C.DisableTorchFunctionSubclass():
+            c.factory += 1
+            try:   # a host-to-device copy is a new storage, as cudaMemcpy into a fresh block
+                out = torch.Tensor.to(t, _CPU, dtype or t.dtype, copy=True, memory_format=fmt)
+            finally:
+                c.factory -= 1
+        c.mark(out)
+        return out
+
+    def _to_host(self, t, dtype, fmt):
+        c = self.c
+        c.propagate = False
+        try:
+            return torch.Tensor.to(t, _CPU, dtype or t.dtype, copy=True, memory_format=fmt)
+        finally:
+            c.propagate = True
+
+
+def _gpu_kernels(census: Census):
+    """torch.nn.functional's dropout and scaled_dot_product_attention as a GPU runs them, for device
+    inputs. Patched in the module (not caught in _ToCpu): torch's own callers (nn.Dropout,
+    F.multi_head_attention_forward) call them inside a torch function, where a function mode is off."""
+    F = torch.nn.functional
+    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def gpu_dropout(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and not inplace and census.is_device(input) and input.numel():
+            # aten/src/ATen/native/Dropout.cpp: a CUDA input takes native_dropout (a bool mask saved
+            # for backward); a CPU one multiplies by a mask of its own dtype
+            return torch.native_dropout(input, p, True)[0]
+        return dropout(input, p, training, inplace)
+
+    def gpu_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+        if dropout_p > 0 and census.is_device(query) and torch.is_grad_enabled():
+            # CUDA's fused attention kernels draw dropout inside the kernel (a philox seed) and save
+            # no mask or probabilities; the CPU's fused kernel has no dropout, so with it the CPU
+            # takes the math path, which keeps both (L x L each). Without dropout the CPU's fused
+            # kernel runs: it saves what a GPU's fused kernel saves (output, logsumexp).
+            dropout_p = 0.0
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+
+    return [(F, "dropout", gpu_dropout), (F, "scaled_dot_product_attention", gpu_sdpa)]
+
+
+def _autocast_on_cpu():
+    """autocast('cuda') as autocast('cpu') at the dtype the CUDA one would use (float16 by default)."""
+    from torch.amp import autocast_mode
+
+    real = autocast_mode.autocast.__init__
+
+    def init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "cuda":
+            device_type, dtype = "cpu", dtype or torch.float16
+        return real(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return [(autocast_mode.autocast, "__init__", init)]
+
+
+@contextlib.contextmanager
+def _patched(census: Census, steps: int, state: dict):
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from ..estimate import _fakecuda as fc
+    from . import cuda_surface
+    from .standins import _compile
+
+    import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
+
+    def post_step(opt, args, kwargs):
+        state["optimizer_steps"] += 1
+        state["steps"] = state["optimizer_steps"]
+        if state["steps"] >= steps:
+            census.frozen = True
+            raise StopRun()
+
+    orig_backward = torch.autograd.backward
+
+    def backward(*a, **k):
+        if state["optimizer_steps"] == 0:
+            state["backwards"] += 1
+            if state["backwards"] > steps:   # N hand-written steps done: the (N+1)-th starts
+                state.update(steps=steps, stopped_by="backward passes (no torch.optim step)")
+                census.frozen = True
+                raise StopRun()
+        return orig_backward(*a, **k)
+
+    orig_dl_init = torch.utils.data.DataLoader.__init__
+
+    def dl_init(self, *a, **k):
+        k.update(num_workers=0, persistent_workers=False, pin_memory=False)   # as the estimate's child
+        k.pop("prefetch_factor", None)
+        return orig_dl_init(self, *a, **k)
+
+    def refuse(what):
+        def fn(*a, **k):
+            raise Unsupported(f"{what}: the live oracle runs one CPU process")
+        return fn
+
+    import torch.distributed as dist
+    import torch.nn.parallel as par
+
+    class DataParallel(par.DataParallel):
+        def forward(self, *inputs, **kw):   # one GPU: DataParallel calls its module (data_parallel.py)
+            if len(self.device_ids) != 1:
+                raise Unsupported("nn.DataParallel over more than one GPU")
+            inputs, kw = tree_map_only(torch.Tensor, lambda t: t.to(_CUDA), (inputs, kw))
+            return self.module(*inputs, **kw)
+
+    real_device = torch._C.TensorBase.device
+    patches = [
+        (torch.Tensor, "device", _device_property(census, real_device)),
+        (torch.Tensor, "is_cuda", property(lambda self: census.is_device(self))),
+        (torch.Tensor, "get_device", lambda self: 0 if census.is_device(self) else -1),
+        (torch.autograd, "backward", backward),
+        (torch.utils.data.DataLoader, "__init__", dl_init),
+        (torch, "compile", _compile),
+        (torch.cuda, "_lazy_init", lambda: None),
+        (dist, "init_process_group", refuse("torch.distributed.init_process_group")),
+        (par, "DataParallel", DataParallel), (torch.nn, "DataParallel", DataParallel),
+        *_autocast_on_cpu(), *_gpu_kernels(census),
+        *cuda_surface.patches(cuda_surface.Answers(lambda: census.live_bytes, lambda: census.peak_bytes)),
+    ]
+    # a class's own attribute, or _ABSENT where it inherits it (restored by deleting the patch)
+    saved = [(obj, attr, obj.__dict__.get(attr, _ABSENT) if isinstance(obj, type) else getattr(obj, attr))
+             for obj, attr, _ in patches]
+    hook = register_optimizer_step_post_hook(post_step)
+    with fc.cuda_answers(), _ToCpu(census), _Census(census):
+        try:
+            for obj, attr, new in patches:
+                setattr(obj, attr, new)
+            yield
+        finally:
+            hook.remove()
+            for obj, attr, old in reversed(saved):
+                if old is _ABSENT:
+                    if attr in obj.__dict__:
+                        delattr(obj, attr)
+                else:
+                    setattr(obj, attr, old)
+
+
+def run(script: str | None, module: str | None, args: list[str], steps: int) -> dict:
+    """Run the script (or module) with ``args`` for ``steps`` training steps; what the census saw."""
+    census = Census()
+    state = {"steps": 0, "optimizer_steps": 0, "backwards": 0, "stopped_by": "optimizer steps"}
+    result = {"status": "ok"}
+    sys.argv = [script or module] + list(args)
+    if script:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        with _patched(census, steps, state):
+            try:
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(script, run_name="__main__")
+            except StopRun:
+                pass
+            except SystemExit as e:
+                if e.code not in (0, None):
+                    result.update(status="script-exit", message=f"exited with status {e.code}")
+    except Unsupported as e:
+        result.update(status="unsupported", message=str(e))
+    except BaseException as e:   # the script failed on the CPU
+        traceback.print_exc()
+        result.update(status="script-error", message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if result["status"] == "ok" and state["steps"] < steps:
+        result.update(status="short", message=f"the script ended after {state['steps']} of {steps} training steps")
+    result.update(live_peak_bytes=census.peak_bytes, steps=state["steps"], stopped_by=state["stopped_by"])
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="vest_slurm.dynamic.live_oracle", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--module", default=None)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    rest = ns.rest[1:] if ns.rest[:1] == ["--"] else ns.rest
+    script, args = (None, rest) if ns.module else (rest[0], rest[1:])
+    result = run(script, ns.module, args, ns.steps)
+    with open(ns.out + ".part", "w") as f:
+        json.dump(result, f)
+    os.replace(ns.out + ".part", ns.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)   # the script's threads and atexit handlers must not hold the caller up
+
+
+if __name__ == "__main__":
+    main()
+
+
+def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0) -> dict:
+    """Run a job's training command line (``python train.py ARGS``, ``VAR=x python ...``) through
+    this oracle in a child process in ``cwd``, with the environment the estimate's child gets
+    (runner._child_env: offline hubs, rank 0 of one, a private TMPDIR). Returns the child's
+    result, with ``seconds``; status ``unsupported`` for a launch of more than one process."""
+    import subprocess
+    import tempfile
+    import time
+
+    from .launch import parse_train_command
+    from .runner import _child_env
+
+    cmd = parse_train_command(command)
+    if cmd.nproc != 1:
+        return {"status": "unsupported", "message": f"{cmd.launcher} of {cmd.nproc} processes: the live oracle runs one"}
+    with tempfile.TemporaryDirectory(prefix="vest-oracle-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        argv = [sys.executable, "-m", "vest_slurm.dynamic.live_oracle", "--out", out, "--steps", str(steps)]
+        argv += ["--module", cmd.module, "--", *cmd.args] if cmd.module else ["--", cmd.script, *cmd.args]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(argv, cwd=cwd, env=_child_env(cmd, tmp, 1), stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "limit", "message": f"the CPU run took over {timeout_s:.0f} s", "seconds": timeout_s}
+        seconds = time.perf_counter() - t0
+        if not os.path.exists(out):
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            return {"status": "died", "message": f"exit {proc.returncode}: {tail}", "seconds": seconds}
+        with open(out) as f:
+            result = json.load(f)
+    result["seconds"] = seconds
+    if result["status"] != "ok":
+        result["message"] = result.get("message", "") + " | " + " | ".join(proc.stderr.strip().splitlines()[-2:])
+    return result
