@@ -3,7 +3,7 @@
 
     scripts/bench_accuracy.py --data shared/groundtruth/carma.csv --data shared/groundtruth/milabench.csv \
         --out results.csv [--confidence high,medium] [--plot pred_vs_meas.png] [--limit N] [--filter REGEX] [--workers N]
-        [--floors calibrated|default]
+        [--floors calibrated|default] [--job-cudnn row|asked]
 
 Each row of a ground-truth CSV (schema: shared/groundtruth/README.md) is rebuilt as a WorkloadSpec
 (scripts/groundtruth.py, row_to_spec) and estimated for the row's GPU (profiles.profile_for_device_name).
@@ -25,6 +25,14 @@ gets that stack's floor (profiles.MEASURED_FLOORS, as `vest calibrate` there wou
 figures a site gets once it calibrated; ``--floors default`` uses the built-in profiles as they ship,
 the floor of a type no site calibrated. The columns ``floor`` and ``floor_mib`` say which each row
 used; scripts/bench_floors.py re-floors a results file without tracing again.
+
+cuDNN (issue 25 item 2): with ``--job-cudnn row`` each row is estimated as vsbatch estimates a job
+whose torch ships another cuDNN than the one asked here: $VEST_JOB_CUDNN is the row's
+(groundtruth.job_cudnn: milabench's torch 2.6.0+cu126 ships 9.5.1, before 9.8, so it cannot be asked
+without a GPU; CARMA's is unknown), and placement takes the largest workspace over the engines
+cuDNN may pick (column ``placement_mib``, estimator._engines_bound; peak stays the first plan's).
+The request column is then what vsbatch requests for that job (placement.estimate_need). ``asked``
+(the default) leaves $VEST_JOB_CUDNN as it is.
 
 Rows on AMD GPUs (no built-in profile: ROCm) are estimated with a stand-in profile (the H100
 profile's context and workspaces, the row's memory size) and reported as their own group; nothing
@@ -52,7 +60,7 @@ os.environ["VEST_CACHE_DIR"] = "off"
 
 from tabulate import tabulate  # noqa: E402
 
-from groundtruth import RowSkip, is_amd, row_to_spec  # noqa: E402
+from groundtruth import RowSkip, is_amd, job_cudnn, row_to_spec  # noqa: E402
 from vest_slurm.site.placement import needed_bytes  # noqa: E402
 from vest_slurm.site.config import Policy  # noqa: E402
 from vest_slurm.estimate.workload import OPTIMIZER_TABLE  # noqa: E402
@@ -61,7 +69,7 @@ MiB = 1 << 20
 POLICY = Policy()   # the site's default headroom (siteconfig.Policy defaults)
 
 COLUMNS = ["id", "source", "gpu", "vendor", "profile", "floor", "floor_mib", "confidence", "model_kind", "model_name", "batch_size",
-           "precision", "predicted_peak_mib", "predicted_required_mib", "request_mib", "measured_peak_mib",
+           "precision", "job_cudnn", "predicted_peak_mib", "predicted_required_mib", "placement_mib", "request_mib", "measured_peak_mib",
            "rel_err", "live_tensor_mib", "live_tensor_rel_err", "live_tensor_request_mib", "param_rule_mib",
            "param_rule_rel_err", "param_rule_request_mib", "seconds", "trace_seconds", "trace_shared",
            "status", "reason", "command"]
@@ -75,6 +83,7 @@ def request_bytes(need_bytes: float) -> int:
 # ------------------------------------------------------------------ profiles
 
 FLOORS = "calibrated"   # --floors
+JOB_CUDNN = "asked"     # --job-cudnn
 
 
 def _floored(p):
@@ -112,10 +121,15 @@ def _init_worker() -> None:
     import vest_slurm.estimate.tracing  # noqa: F401
 
 
-def run_group(spec, profiles: list) -> dict:
-    """Trace ``spec`` once and estimate it for each profile (one task of the pool).
+def run_group(spec, profiles: list, cudnn: str = "") -> dict:
+    """Trace ``spec`` once and estimate it for each profile (one task of the pool); ``cudnn``: the
+    job's cuDNN for $VEST_JOB_CUDNN ("" leaves it as it is).
     Returns {"trace_seconds", "error", "results": [per profile dict or None]}."""
     from vest_slurm.errors import VestError
+    from vest_slurm.estimate.cudnn_ws import JOB_CUDNN_ENV
+
+    if cudnn:
+        os.environ[JOB_CUDNN_ENV] = cudnn
     from vest_slurm.estimate.estimator import estimate_from_trace, trace_for
 
     t0 = time.perf_counter()
@@ -138,6 +152,7 @@ def run_group(spec, profiles: list) -> dict:
             continue
         results.append({
             "peak_bytes": est.peak_bytes, "required_bytes": est.required_bytes,
+            "placement_bytes": est.placement_bytes,
             "context_bytes": p.context_mib * MiB, "live_peak_bytes": summary.live_peak_bytes,
             "param_bytes": summary.param_bytes, "seconds": time.perf_counter() - t1,
         })
@@ -206,6 +221,8 @@ def prepare(rows: list[Row], confidences: set[str], pattern, limit: int | None) 
             continue
         row.profile = profile
         row.out.update(profile=profile.key, floor=profile.floor, floor_mib=str(profile.context_mib))
+        if JOB_CUDNN == "row":
+            row.out["job_cudnn"] = job_cudnn(r)
         row.out["command"] = "vest estimate " + shlex.join(row.spec.to_argv()) + (
             f" --gpu {profile.key}" if vendor == "nvidia" else "")
     return selected
@@ -216,7 +233,7 @@ def run_all(selected: list[Row], workers: int) -> float:
     groups: dict[tuple, list[Row]] = {}
     for row in selected:
         if row.spec is not None and row.profile is not None:
-            key = (row.spec, row.profile.capability >= (8, 0))
+            key = (row.spec, row.profile.capability >= (8, 0), row.out.get("job_cudnn", ""))
             groups.setdefault(key, []).append(row)
     # Same model next to each other: FakeTensorMode's dispatch cache is per process and keyed by
     # op and shapes, so a worker gains from tracing one architecture's variants in sequence.
@@ -228,7 +245,7 @@ def run_all(selected: list[Row], workers: int) -> float:
     while pending:
         ctx = mp.get_context("spawn")
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-            futs = {pool.submit(run_group, k[0], [r.profile for r in groups[k]]): k for k in pending}
+            futs = {pool.submit(run_group, k[0], [r.profile for r in groups[k]], k[2]): k for k in pending}
             pending = []
             for fut in cf.as_completed(futs):
                 k = futs[fut]
@@ -269,7 +286,8 @@ def _record(rows: list[Row], res: dict) -> None:
             status="ok",
             predicted_peak_mib=f"{e['peak_bytes'] / MiB:.1f}",
             predicted_required_mib=f"{e['required_bytes'] / MiB:.1f}",
-            request_mib=f"{request_bytes(max(e['peak_bytes'], e['required_bytes'])) / MiB:.1f}",
+            placement_mib=f"{e['placement_bytes'] / MiB:.1f}" if e["placement_bytes"] else "",
+            request_mib=f"{request_bytes(max(e['peak_bytes'], e['required_bytes'], e['placement_bytes'])) / MiB:.1f}",
             live_tensor_mib=f"{live / MiB:.1f}",
             live_tensor_request_mib=f"{request_bytes(live) / MiB:.1f}",
             param_rule_mib=f"{rule / MiB:.1f}",
@@ -450,11 +468,14 @@ def main(argv=None) -> int:
     ap.add_argument("--floors", choices=("calibrated", "default"), default="calibrated",
                     help="calibrated: each measured stack's own floor (profiles.MEASURED_FLOORS); default: the "
                          "built-in profiles' floors for uncalibrated types")
+    ap.add_argument("--job-cudnn", choices=("row", "asked"), default="asked",
+                    help="row: each row's job's cuDNN ($VEST_JOB_CUDNN; placement bounds the engines where it is not "
+                         "the one asked); asked: as the environment says")
     ap.add_argument("--report-only", action="store_true",
                     help="read --out (a results CSV of an earlier run) and print its tables; estimate nothing")
     a = ap.parse_args(argv)
-    global FLOORS
-    FLOORS = a.floors
+    global FLOORS, JOB_CUDNN
+    FLOORS, JOB_CUDNN = a.floors, a.job_cudnn
     if not a.data and not a.report_only:
         ap.error("give at least one --data CSV")
 

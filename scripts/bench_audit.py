@@ -2,7 +2,7 @@
 """`vest audit` as a site would use it: learn the floor and headroom from the first half of each
 stack's jobs, place the second half with them, measure.
 
-    scripts/bench_audit.py [--results benchmarks/accuracy-results.csv] [--out benchmarks/audit-results.csv]
+    scripts/bench_audit.py [--results FILE ...] [--out benchmarks/audit-results.csv]
 
 Reads a results file of scripts/bench_accuracy.py (as bench_floors.py does: the estimate without
 its floor is the prediction minus the floor it was made with). Per source and GPU type (one site
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tabulate import tabulate  # noqa: E402
 
-from bench_floors import POLICY, at_floor, load  # noqa: E402
+from bench_floors import POLICY, RESULTS, at_floor, load  # noqa: E402
 from vest_slurm.estimate.profiles import PROFILES, local_memory_mib  # noqa: E402
 from vest_slurm.site.audit import recommend  # noqa: E402
 
@@ -51,10 +51,12 @@ def placed(rows, floor_mib, headroom_pct):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="benchmarks/accuracy-results.csv")
+    ap.add_argument("--results", action="append", default=None,
+                    help=f"results CSV of bench_accuracy.py (repeatable; default {' '.join(RESULTS)})")
     ap.add_argument("--out", default="benchmarks/audit-results.csv")
     ap.add_argument("--split", choices=("halves", "alternate", "both"), default="both")
     a = ap.parse_args(argv)
+    a.results = a.results or RESULTS
     out = []
     for split in (("halves", "alternate") if a.split == "both" else (a.split,)):
         out += run(a, split)
@@ -108,7 +110,7 @@ def run(a, split: str) -> list[dict]:
            "defaults: over-prov"]
     what = "the first half (id order)" if split == "halves" else "alternate rows (id order)"
     print(f"vest audit on {what} of each source and GPU type as past jobs, applied to the others "
-          f"({a.results}; {len(rows)} NVIDIA rows)\n")
+          f"({' '.join(a.results)}; {len(rows)} NVIDIA rows)\n")
     print(tabulate(table, headers=hdr, disable_numparse=True))
     print(f"\none site headroom ({site_h:g}%, the largest recommended) with each type's floor, all second halves "
           f"({len(all_future)} jobs): {100 * below / len(all_future):.1f}% below, median over-provisioning "

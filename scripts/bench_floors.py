@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
 """Leave-one-stack-out: the default floor (profiles.default_floor_mib) built without a stack, on that stack.
 
-    scripts/bench_floors.py [--results benchmarks/accuracy-results.csv] [--out benchmarks/floors-results.csv]
+    scripts/bench_floors.py [--results FILE ...] [--out benchmarks/floors-results.csv]
+
+The default results: benchmarks/accuracy-results.csv, with the rows of scripts/bench_accuracy.py
+--job-cudnn row (each row with its job's cuDNN: benchmarks/accuracy-jobcudnn-carma.csv and
+-milabench.csv, where present) in place of the same ids. There placement takes the cuDNN engines'
+bound of a job whose cuDNN is not the one asked (column placement_mib): the request is what vsbatch
+requests for that job, max(peak, required, placement) with the headroom. A later file's row replaces
+an earlier one's of the same id; the table's title names the files read.
 
 Reads a results file of scripts/bench_accuracy.py (each row's prediction and the floor it was
 made with: columns floor_mib, or profiles.MEASURED_FLOORS for a file from before that column) and
@@ -44,27 +51,39 @@ POLICY = Policy()
 TARGET_BELOW, TARGET_OVER = 0.05, 0.15     # issue 25: at most 5% below, median over-provisioning at most 15%
 
 
-def load(path: str) -> list[dict]:
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r["vendor"] == "nvidia"
-                and r["measured_peak_mib"] and r["profile"] in PROFILES]
+RESULTS = [p for p in ("benchmarks/accuracy-results.csv", "benchmarks/accuracy-jobcudnn-carma.csv",
+                       "benchmarks/accuracy-jobcudnn-milabench.csv") if os.path.exists(p)]
+
+
+def load(paths) -> list[dict]:
+    by_id: dict[str, dict] = {}
+    for path in [paths] if isinstance(paths, str) else paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["status"] == "ok" and r["vendor"] == "nvidia" and r["measured_peak_mib"] and r["profile"] in PROFILES:
+                    by_id[r["id"]] = r
+    rows = list(by_id.values())
     for r in rows:
         used = float(r.get("floor_mib") or MEASURED_FLOORS.get(r["profile"], PROFILES[r["profile"]].context_mib))
         r["_rest_peak"] = float(r["predicted_peak_mib"]) - used
         r["_rest_req"] = float(r["predicted_required_mib"]) - used
+        # the cuDNN engines' bound (placement.estimate_need takes it where the job's cuDNN is not the one asked)
+        r["_rest_place"] = float(r["placement_mib"]) - used if r.get("placement_mib") else 0.0
         r["_measured"] = float(r["measured_peak_mib"])
     return rows
 
 
 def at_floor(r: dict, floor_mib: float) -> tuple[float, float, float]:
-    """(peak, required, request) in MiB of row ``r`` with ``floor_mib``."""
+    """(peak, need, request) in MiB of row ``r`` with ``floor_mib``; need is what placement applies
+    the headroom to (placement.estimate_need: peak, required, the cuDNN engines' bound)."""
     p = PROFILES[r["profile"]]
     usable = p.usable_bytes / MiB
     peak, req = r["_rest_peak"] + floor_mib, r["_rest_req"] + floor_mib
     if req <= usable < peak:
         peak = usable
-    request = needed_bytes(math.ceil(max(peak, req) * MiB), POLICY.headroom_percent, POLICY.headroom_bytes) / MiB
-    return peak, req, request
+    need = max(peak, req, r["_rest_place"] + floor_mib if r["_rest_place"] else 0.0)
+    request = needed_bytes(math.ceil(need * MiB), POLICY.headroom_percent, POLICY.headroom_bytes) / MiB
+    return peak, need, request
 
 
 def metrics(rows: list[dict], floor_of) -> dict:
@@ -81,9 +100,11 @@ def metrics(rows: list[dict], floor_of) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="benchmarks/accuracy-results.csv")
+    ap.add_argument("--results", action="append", default=None,
+                    help=f"results CSV of bench_accuracy.py (repeatable; default {' '.join(RESULTS)})")
     ap.add_argument("--out", default="benchmarks/floors-results.csv")
     a = ap.parse_args(argv)
+    a.results = a.results or RESULTS
     rows = load(a.results)
     groups = [("source", s) for s in sorted({r["source"] for r in rows})] + \
              [("gpu type", k) for k in sorted({r["profile"] for r in rows})] + \
@@ -122,7 +143,7 @@ def main(argv=None) -> int:
     hdr = ["left out", "rows", "floors kept", "term-2 bound MiB", "default floor MiB", "request < meas",
            "median over-prov", "median |err|", f"<= {100 * TARGET_BELOW:.0f}% / {100 * TARGET_OVER:.0f}%",
            "calibrated: < meas", "calibrated: over-prov"]
-    print(f"Leave-one-stack-out on {a.results} ({len(rows)} NVIDIA rows): default floor = SMs x threads/SM x 1 KiB "
+    print(f"Leave-one-stack-out on {' '.join(a.results)} ({len(rows)} NVIDIA rows): default floor = SMs x threads/SM x 1 KiB "
           f"+ the largest (floor - that) of the stacks kept; request = peak x (1 + {POLICY.headroom_percent:g}%)\n")
     print(tabulate(table, headers=hdr, disable_numparse=True))
     with open(a.out, "w", newline="") as f:

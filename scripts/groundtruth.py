@@ -122,6 +122,22 @@ def row_to_argv(row: Mapping[str, str]) -> list[str]:
     return argv
 
 
+# The cuDNN each torch release's CUDA wheels ship (pytorch/pytorch RELEASE.md, "Release
+# Compatibility Matrix": 2.6 with CUDA 12.6 pins cuDNN 9.5.1.17). milabench's rows name torch 2.6.0
+# +cu126; a row without a torch version (CARMA) ran an unknown cuDNN.
+_TORCH_CUDNN = {("2.6.0", "cu126"): "9.5.1"}
+
+
+def job_cudnn(row: Mapping[str, str]) -> str:
+    """The cuDNN the row's job ran, as $VEST_JOB_CUDNN takes it ("unknown" where the row does not say)."""
+    hint = row.get("framework_hint", "") or ""
+    m = re.search(r"torch (\d+\.\d+\.\d+)", hint)
+    if m is None or "rocm" in hint.lower():
+        return "unknown"
+    # milabench's README: its CUDA requirements were torch 2.6.0+cu126 (groundtruth README)
+    return _TORCH_CUDNN.get((m.group(1), "cu126"), "unknown")
+
+
 def row_to_spec(row: Mapping[str, str]) -> WorkloadSpec:
     """The WorkloadSpec of one ground-truth row (a csv.DictReader dict). Raises RowSkip."""
     argv = row_to_argv(row)

@@ -71,6 +71,7 @@ local COST_WEIGHT, COST_MARGIN = 0.3, 1.25
 local SETTABLE = { partition = true, tres_per_node = true, tres_per_job = true, tres_per_task = true }
 local ERRNOS = { [2002] = true, [2072] = true }  -- ESLURM_ACCESS_DENIED, ESLURM_INVALID_GRES
 local ESLURM_ACCESS_DENIED = 2002
+local RECORD_LINE = "#VEST-RECORD "            -- vest's record in the batch script (slurm/accounting.py)
 local FIELDS = { "account", "partition", "tres_per_node", "tres_per_job", "tres_per_task",
                  "tres_per_socket", "gres", "comment", "name", "work_dir", "script",
                  "min_nodes", "num_tasks", "ntasks_per_node" }
@@ -294,8 +295,17 @@ local function apply(a, job_desc, via, t0)
     for k, v in pairs(a.set) do job_desc[k] = v end
   end
   -- vest's decision for `vest audit`, in the job's AdminComment (only admins can write that field)
+  -- and as a last comment line of its batch script, which accounting keeps with
+  -- AccountingStoreFlags=job_script: Jobstats' epilog replaces the whole AdminComment. slurmdbd
+  -- keeps one text per hash of the script as submitted (the hash is taken before this plugin), so
+  -- identical scripts share the first one's line; vest audit uses it only on the GPU type it names
   if type(a.record) == "string" and #a.record <= 256 and a.record:match("^vest1:[%w_%.,:=+%-]+$") then
     job_desc.admin_comment = a.record
+    local s = job_desc.script
+    if type(s) == "string" and s ~= "" then
+      if s:sub(-1) ~= "\n" then s = s .. "\n" end
+      job_desc.script = s .. RECORD_LINE .. a.record .. "\n"
+    end
   end
   if a.msg ~= "" then slurm.log_user("%s", a.msg) end
   return slurm.SUCCESS
@@ -314,8 +324,21 @@ local function fallback(facts, line, deadline, need_s, into_debt)
   return answer, err, true
 end
 
+-- A '#VEST-RECORD' line the user wrote would pass for vest's record (vest audit reads the script's
+-- last one): every such line is dropped from every script, whatever the bridge decides after.
+local function strip_records(job_desc)
+  local s = job_desc.script
+  if type(s) ~= "string" or not s:find(RECORD_LINE, 1, true) then return end
+  local kept = {}
+  for line in (s .. (s:sub(-1) == "\n" and "" or "\n")):gmatch("([^\n]*)\n") do
+    if line:sub(1, #RECORD_LINE) ~= RECORD_LINE then kept[#kept + 1] = line end
+  end
+  job_desc.script = table.concat(kept, "\n") .. "\n"
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local t0 = socket.gettime()
+  strip_records(job_desc)
   local facts = load_facts()
   if submit_uid == 0 or member(facts.exempt_uids, submit_uid)
      or member(facts.exempt_accounts, job_desc.account) then

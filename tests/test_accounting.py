@@ -16,7 +16,7 @@ from vest_slurm.site.config import parse_site_config
 from vest_slurm.slurm.accounting import (AccountingError, AcctJob, Record, decode_record, encode_record,
                                          jobstats_peak_bytes, jobstats_summary, parse_batch_script,
                                          parse_measured_csv, parse_sacct_json, parse_sacct_parsable, parse_size,
-                                         tres_usage)
+                                         script_record, tres_usage)
 
 DATA = Path(__file__).parent / "data" / "accounting"
 MiB, GiB = 1 << 20, 1 << 30
@@ -130,6 +130,16 @@ def test_record_round_trip_and_damage():
     assert decode_record("vest1:g=a100,n=lots") is None and decode_record("JS1:abc") is None
 
 
+def test_script_record_is_the_last_record_line():
+    a = encode_record(Record("a100", 14000 * MiB, 15656 * MiB, 1334 * MiB, "default"))
+    b = encode_record(Record("h100", 9000 * MiB, 9900 * MiB, 1400 * MiB, "calibrated"))
+    text = f"#!/bin/bash\n#SBATCH --gres=gpu:1\n# {a}\npython train.py\n#VEST-RECORD {a}\n#VEST-RECORD {b}\n"
+    assert script_record(text) == decode_record(b)
+    # a token that is not on a record line (a user's comment) is not vest's record
+    assert script_record(f"#!/bin/bash\n# {a}\ntrue\n") is None and script_record("") is None
+    assert script_record("#!/bin/bash\n#VEST-RECORD vest1:g=a100,n=lots\n") is None
+
+
 # ---------------------------------------------------------------- the audit
 
 SITE = """
@@ -174,6 +184,21 @@ def test_join_prefers_csv_then_gpumem_then_jobstats():
     assert (jobs["2"].measured_bytes, jobs["2"].measured_from) == (8 * GiB, "csv")
     assert (jobs["3"].measured_from, jobs["3"].record) == ("jobstats", None)   # Jobstats replaced the record
     assert jobs["4"].record is None and jobs["4"].measured_bytes is None
+
+
+def test_join_takes_the_script_record_only_on_the_type_it_names():
+    """Jobstats replaced AdminComment; the record line of the stored script stands in for it, except
+    where it names another type (slurmdbd shares one text among identical scripts)."""
+    site = parse_site_config(SITE)
+    line = "#VEST-RECORD " + encode_record(Record("a100", 10 * GiB, 11 * GiB, 1334 * MiB, "default"))
+    js = read("jobstats-admincomment-2nodes.txt").strip()
+    script = f"#!/bin/bash\n#VEST --model torchvision:resnet50 --batch-size 64\ntrue\n{line}\n"
+    acct = [AcctJob("1", state="COMPLETED", gpu_type="a100", gpus=1, admin_comment=js, script=script),
+            AcctJob("2", state="COMPLETED", gpu_type="h100", gpus=1, admin_comment=js, script=script)]
+    jobs = {j.job_id: j for j in join(acct, {}, site)}
+    assert jobs["1"].record_from == "script-record" and jobs["1"].record.need_bytes == 10 * GiB
+    assert jobs["1"].measured_from == "jobstats"
+    assert jobs["2"].record is None and jobs["2"].record_from == ""
 
 
 def test_conformal_quantile_level_and_small_samples():

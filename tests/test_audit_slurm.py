@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -35,7 +36,11 @@ MLP = "#VEST --model 'mlp:[[\"Linear\",1024,1024],[\"ReLU\"],[\"Linear\",1024,10
 
 @pytest.fixture(scope="module")
 def acct(bridge_users):
-    with bridge_testbed("vest-acct-tb-", accounting=True, exempt_users=["root"]) as tb:
+    with bridge_testbed("vest-acct-tb-", accounting=True, directives=True, exempt_users=["root"]) as tb:
+        deadline = time.monotonic() + 180     # the directive worker imports torch first
+        while "action=worker-start" not in tb.log_path.read_text() and time.monotonic() < deadline:
+            assert "action=worker-unavailable" not in tb.log_path.read_text(), tb.log_path.read_text()
+            time.sleep(0.2)
         yield tb
 
 
@@ -46,8 +51,8 @@ def attached(body: str, need_gib: float, partition="v100", gres="gpu:v100:1") ->
     return attach(text, make_payload(est, num_gpus=1))
 
 
-def sbatch_as(tb, user: str, script: str, cwd: str) -> str:
-    argv = ["sbatch", f"--job-name=a-{uuid.uuid4().hex[:8]}", "--parsable"]
+def sbatch_as(tb, user: str, script: str, cwd: str, name: str = "") -> str:
+    argv = ["sbatch", f"--job-name={name or 'a-' + uuid.uuid4().hex[:8]}", "--parsable"]
     argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={tb.env['SLURM_CONF']}", *argv]
     p = subprocess.run(argv, input=script.encode(), capture_output=True, env=tb.env, cwd=cwd, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
@@ -91,6 +96,22 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         placed = sbatch_as(tb, USER, attached("true", 6), jobdir)
         # 2. another, whose AdminComment a Jobstats-style epilog will replace
         replaced = sbatch_as(tb, USER, attached("true", 20, "a100", "gpu:a100:1"), jobdir)
+        # 2b. a job the bridge estimates from its #VEST directives (no attached estimate), whose
+        # AdminComment the epilog will replace too; it also carries a forged record line, which the
+        # Lua drops
+        forged = "#VEST-RECORD vest1:g=v100,n=1,q=1,f=1,fs=c"
+        deadline = time.monotonic() + 120
+        while True:     # the first submission may find the worker still tracing: allowed without an estimate
+            name = f"d-{uuid.uuid4().hex[:8]}"
+            # a script of its own each time: slurmdbd keeps one text per hash of the submitted script
+            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, "true",
+                              f"# {name}", forged, ""])
+            directive = sbatch_as(tb, USER, text, jobdir, name)
+            line = next(ln for ln in tb.log_path.read_text().splitlines() if f"job={name} " in ln)
+            if "source=directives" in line or time.monotonic() > deadline:
+                break
+            assert "directives-over-budget" in line, line
+            time.sleep(1)
         # 3. a job that dies of CUDA out of memory (its stderr: slurm-<id>.out in its directory)
         oom = sbatch_as(tb, USER, attached(
             "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1", 4), jobdir)
@@ -109,22 +130,29 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
             os.chdir(cwd)
         assert rc == 0, err.getvalue()
         by_vsbatch = str(json.loads(out.getvalue())["job_id"])
-        ids = [placed, replaced, oom, by_vsbatch]
-        wait_until(lambda: finished(tb, ids), 120, "the four jobs finished in accounting")
+        ids = [placed, replaced, directive, oom, by_vsbatch]
+        wait_until(lambda: finished(tb, ids), 120, "the five jobs finished in accounting")
 
         # the bridge's record is in AdminComment (read back through the real slurmdbd)
         ac = dict(ln.split("|")[:2] for ln in sacct(tb, "--format=JobID,AdminComment",
-                                                   f"--jobs={placed},{replaced}").splitlines()[1:])
+                                                   f"--jobs={placed},{replaced},{directive}").splitlines()[1:])
         rec = decode_record(ac[placed])
         assert rec is not None and rec.gpu_type == "v100" and rec.need_bytes == 6 * GiB
         assert rec.floor == "default" and rec.request_bytes > rec.need_bytes
+        by_directives = decode_record(ac[directive])
+        assert by_directives is not None and by_directives.need_bytes > 1 << 20, tb.log_path.read_text()[-3000:]
+        # and as the stored script's last line, the user's forged one dropped
+        stored = subprocess.run(["sacct", "--batch-script", f"--jobs={directive}"], capture_output=True, text=True,
+                                env=tb.env, timeout=30).stdout
+        assert forged not in stored and stored.rstrip().splitlines()[-1] == f"#VEST-RECORD {ac[directive]}", stored
         # a Jobstats-style epilog (slurm/slurmctldepilog.sh: sacctmgr ... set AdminComment=JS1:...)
         js = jobstats_comment({"nodes": {"a100-node1": {"gpu_used_memory": {"0": 19 * GiB}}}, "total_time": 5})
-        r = subprocess.run(["sacctmgr", "-i", "update", "job", "where", f"jobid={replaced}", "set",
-                            f"AdminComment={js}"], capture_output=True, text=True, env=tb.env, timeout=30)
-        assert r.returncode == 0, r.stderr
-        wait_until(lambda: "vest1:" not in sacct(tb, "--format=JobID,AdminComment", f"--jobs={replaced}"), 30,
-                   "the epilog's AdminComment replaced vest's")
+        for jid in (replaced, directive):
+            r = subprocess.run(["sacctmgr", "-i", "update", "job", "where", f"jobid={jid}", "set",
+                                f"AdminComment={js}"], capture_output=True, text=True, env=tb.env, timeout=30)
+            assert r.returncode == 0, r.stderr
+        wait_until(lambda: "vest1:" not in sacct(tb, "--format=JobID,AdminComment", f"--jobs={replaced},{directive}"),
+                   30, "the epilog's AdminComment replaced vest's")
 
         measured = tmp_path / "measured.csv"
         measured.write_text(f"job_id,peak_mib\n{placed},{5.5 * 1024:.0f}\n{replaced},{19 * 1024}\n"
@@ -137,9 +165,12 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         doc = json.loads(text)
         jobs = {j["job_id"]: j for j in doc["jobs"]}
         assert jobs[placed]["estimate_from"] == "admin_comment" and jobs[placed]["gpu_type"] == "v100"
-        # the record survived the epilog: the estimate comes from the stored script
-        assert jobs[replaced]["estimate_from"] == "script" and jobs[replaced]["gpu_type"] == "a100"
+        # the records survived the epilog: the bridge's line in the stored script
+        assert jobs[replaced]["estimate_from"] == "script-record" and jobs[replaced]["gpu_type"] == "a100"
         assert jobs[replaced]["need_mib"] == 20 * 1024 and jobs[replaced]["measured_mib"] == 19 * 1024
+        assert jobs[directive]["estimate_from"] == "script-record" and jobs[directive]["gpu_type"] == "v100"
+        assert jobs[directive]["need_mib"] * (1 << 20) == by_directives.need_bytes
+        assert jobs[directive]["measured_mib"] is None     # no measurement given: left out of the types
         assert jobs[oom]["cuda_oom"] is True and jobs[placed]["cuda_oom"] is False
         assert jobs[by_vsbatch]["estimate_from"] == "script" and jobs[by_vsbatch]["measured_from"] == "csv"
         types = {t["gpu_type"]: t for t in doc["types"]}

@@ -6,10 +6,11 @@ apart (a CSV ``job_id,peak_mib[,gpu_type]``), the site config. Out: ``AuditJob``
 ``TypeAudit`` per GPU type (frozen), the text and JSON of the report, and ``apply`` (the site config
 rewritten with the recommendation, after validation, with a backup).
 
-The estimate of a job: vest's record in its AdminComment (written by the bridge), else the
-``#VEST-ESTIMATE`` line of its stored batch script (vsbatch; Slurm keeps the script with
-``AccountingStoreFlags=job_script``) on the GPU type it ran on, with the site's headroom and the
-floor the site config gives that type now. The measurement: a CSV line for the job, else sacct's
+The estimate of a job: vest's record in its AdminComment (written by the bridge), else the same
+record in the ``#VEST-RECORD`` line job_submit.lua appends to the batch script (Slurm keeps the
+script with ``AccountingStoreFlags=job_script``; it survives Jobstats replacing AdminComment), else
+the ``#VEST-ESTIMATE`` line of the stored script (vsbatch, where the bridge did not run) on the GPU
+type it ran on, with the site's headroom and the floor the site config gives that type now. The measurement: a CSV line for the job, else sacct's
 ``gres/gpumem``, else a Jobstats summary in its AdminComment.
 
 CUDA out-of-memory: a job that failed and whose stderr (the path sacct gives, else Slurm's default
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from ..errors import VestError
-from ..slurm.accounting import AcctJob, Record, decode_record, jobstats_peak_bytes
+from ..slurm.accounting import AcctJob, Record, decode_record, jobstats_peak_bytes, script_record
 
 MiB = 1 << 20
 ALPHA = 0.01                  # issue 25: requests below the measurement on at most 1% of jobs
@@ -60,7 +61,7 @@ class AuditJob:
     job_id: str
     gpu_type: str
     record: Record | None          # the estimate as the job was placed; None: none found
-    record_from: str               # "admin_comment" | "script" | ""
+    record_from: str               # "admin_comment" | "script-record" | "script" | ""
     measured_bytes: int | None
     measured_from: str             # "csv" | "sacct-gpumem" | "jobstats" | ""
     oom: bool = False
@@ -163,6 +164,12 @@ def join(acct: Sequence[AcctJob], measured: Mapping[str, tuple[int, str]], site=
     out = []
     for job in acct:
         rec, rec_from = decode_record(job.admin_comment), "admin_comment"
+        if rec is None:     # replaced (Jobstats): the bridge's line in the stored script
+            rec, rec_from = script_record(job.script), "script-record"
+            # slurmdbd stores one text per hash of the submitted script: an identical script placed
+            # on another type (sbatch --gres on the command line) shows the first job's line
+            if rec is not None and job.gpu_type and rec.gpu_type != job.gpu_type:
+                rec = None
         if rec is None:
             rec, rec_from = _script_record(job, site), "script"
         if rec is None:

@@ -23,8 +23,14 @@ vest's record (written by the bridge into ``AdminComment``, see bridge/decide.py
 ``vest1:g=<gres type>,n=<need MiB>,q=<request MiB>,f=<floor MiB>,fs=<d|c>``: the GPU type the job
 was placed on, the estimate's need there (max of peak and required), what was requested after
 headroom, and the CUDA-context floor in it (default or calibrated). Because Jobstats replaces
-AdminComment, the estimate is also read from the job's stored batch script
-(``AccountingStoreFlags=job_script``), where vsbatch's ``#VEST-ESTIMATE`` line is (attach.py).
+AdminComment, job_submit.lua also appends the token to the batch script as its last line,
+``#VEST-RECORD vest1:...`` (a shell comment), which accounting keeps with
+``AccountingStoreFlags=job_script``: so a job the bridge estimated from its ``#VEST`` directives
+keeps its record under Jobstats too. The Lua drops every ``#VEST-RECORD`` line a user wrote, and
+``script_record`` takes the last one. slurmdbd keeps one script text per hash of the script as
+submitted (taken before job_submit runs), so identical scripts share the first one's line: the
+audit uses it only where it names the GPU type the job ran on. A script without one (an exempt user's vsbatch job) still has
+vsbatch's ``#VEST-ESTIMATE`` line (attach.py).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "AllocTRES", "TRESUsage
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _NUM = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTP]?)$")
 RECORD_PREFIX = "vest1:"
+RECORD_LINE = "#VEST-RECORD "           # job_submit.lua's line in the batch script
 _RECORD = re.compile(r"vest1:([A-Za-z0-9_.,:=+-]*)")
 
 
@@ -299,3 +306,10 @@ def decode_record(text: str) -> Record | None:
                       "calibrated" if kv.get("fs") == "c" else "default")
     except (KeyError, ValueError):
         return None
+
+
+def script_record(script: str) -> Record | None:
+    """vest's record in a stored batch script: its last ``#VEST-RECORD`` line (job_submit.lua's;
+    the Lua drops any the user wrote), None where there is none or it is damaged."""
+    lines = [ln for ln in (script or "").splitlines() if ln.startswith(RECORD_LINE)]
+    return decode_record(lines[-1][len(RECORD_LINE):].strip()) if lines else None

@@ -19,7 +19,8 @@ What sbatch does, and what this module mirrors (Slurm 22.05, ``src/sbatch/opt.c`
 ``#VEST`` lines are ours: the workload options of ``vest estimate``, split with shell quoting (an
 unquoted ``#`` after whitespace starts a comment, as on #SBATCH lines). All ``#VEST`` lines of the
 header are concatenated in order. A ``#VEST`` line below the first command is an error, since a
-reader would believe it counts. ``#VEST-ESTIMATE`` (see attach.py) is not a directive.
+reader would believe it counts. ``#VEST-ESTIMATE`` (see attach.py) and ``#VEST-RECORD`` (the
+bridge's record, slurm/accounting.py) are not directives.
 
 Known limitations:
 - Heterogeneous jobs (``#SBATCH hetjob``) are refused: vsbatch places one GPU type per job.
@@ -426,8 +427,8 @@ def _is_vest_directive(line: str) -> bool:
 
 
 def _vest_line(line: str, lineno: int, where: str) -> VestDirective | None:
-    if line.startswith("#VEST-ESTIMATE"):
-        return None  # attached by vsbatch (attach.py), not a directive
+    if line.startswith(("#VEST-ESTIMATE", "#VEST-RECORD")):
+        return None  # attached by vsbatch (attach.py) / the bridge's record (accounting.py), not a directive
     if not _is_vest_directive(line):
         raise JobScriptError(f"{where}: malformed #VEST line {line[:40]!r}",
                              "put a space after #VEST, e.g. #VEST --model torchvision:resnet50 --batch-size 64")
