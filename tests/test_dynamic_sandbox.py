@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
 
 import pytest
@@ -142,3 +145,34 @@ def test_what_the_child_reads_under_a_hidden_directory_stays_visible(tmp_path, m
         assert binds == ["/", real(str(pkg)), real(str(job))]
     assert "/tmp" not in binds and "/usr/lib/python3/dist-packages" not in binds
     assert opts.index("--tmpfs") < opts.index("--ro-bind", 1)   # the binds come after the tmpfs
+
+
+def test_cpu_wait_is_the_run_queue_delay_of_the_busiest_process():
+    """The time limit leaves out what the kernel kept the script waiting for a CPU: a busy process
+    sharing its one CPU with another busy one waits; a sleeping one waits for next to none."""
+    cpu = min(os.sched_getaffinity(0))
+    busy = ("import os, sys, time\n"
+            f"os.sched_setaffinity(0, {{{cpu}}})\n"
+            "end = time.process_time() + float(sys.argv[1])\n"
+            "while time.process_time() < end: pass\n"
+            "time.sleep(30)")
+    rival = subprocess.Popen([sys.executable, "-c", busy, "3"])
+    probe = subprocess.Popen([sys.executable, "-c", busy, "1"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    t0 = time.monotonic()
+    try:
+        while _cpu_s(probe.pid) < 1.0 or time.monotonic() - t0 < 4.0:
+            time.sleep(0.05)
+        assert bwrap.tree_cpu_wait_s(probe.pid) > 0.2
+        # its start may wait on a loaded machine; its sleep is not waiting for a CPU
+        assert bwrap.tree_cpu_wait_s(sleeper.pid) < time.monotonic() - t0 - 2.0
+    finally:
+        for p in (rival, probe, sleeper):
+            p.kill()
+            p.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -126,6 +126,25 @@ def sandbox_argv(argv: list[str], tmpdir: str, cwd: str) -> tuple[list[str], str
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and every process under it (under bubblewrap the child is a
     grandchild of the runner, in its own PID namespace)."""
+    return sum(_rss(p) for p in _tree(pid))
+
+
+def tree_cpu_wait_s(pid: int) -> float:
+    """Seconds the busiest process under ``pid`` (the script's; the bubblewrap parents only wait)
+    spent runnable but waiting for a CPU that other work held: the second field of its
+    /proc/PID/schedstat (the kernel's run-queue delay, ns, of its main thread, which runs the
+    script). 0.0 where the kernel gives no schedstat."""
+    worst = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/schedstat") as f:
+                worst = max(worst, int(f.read().split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return worst / 1e9
+
+
+def _tree(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -137,12 +156,12 @@ def tree_rss_bytes(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
-        total += _rss(p)
+        out.append(p)
         todo.extend(children.get(p, ()))
-    return total
+    return out
 
 
 def _rss(pid: int) -> int:

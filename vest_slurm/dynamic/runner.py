@@ -1,12 +1,15 @@
 """Dynamic analysis, parent side: run a training command's script in a bounded child process with
 fake CUDA (vest_slurm/dynamic/bootstrap.py) and turn what it recorded into an AllocTrace.
 
-Limits that keep a shared login node safe, per child: wall time and resident memory (defaults
-120 s and 4 GiB; a site sets its own in site config), its own process session (killed whole at
-the end, so nothing is left behind), a fresh temp dir that is the only place it may write, no
-network, no subprocesses (the child's audit hook refuses them), and, where it can run, bubblewrap
-around the child (bwrap.py: read-only mounts but the temp dir, no network, its own PID namespace),
-which also holds against code outside Python.
+Limits that keep a shared login node safe, per child: time and resident memory (defaults 120 s
+and 4 GiB; a site sets its own in site config). The time is the child's own: wall time less what
+the kernel kept the script waiting for a CPU that other work held (its run-queue delay,
+/proc/PID/schedstat), so an estimate is not refused because other users load the node, and a
+script that sleeps or blocks is still stopped. Its own process session (killed whole at the end,
+so nothing is left behind), a fresh temp dir that is the only place it may write, no network, no
+processes but host tools (children.py), and, where it can run, bubblewrap around the child
+(bwrap.py: read-only mounts but the temp dir, no network, its own PID namespace), which also holds
+against code outside Python.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import EstimateError
-from .bwrap import sandbox_argv, tree_rss_bytes
+from .bwrap import sandbox_argv, tree_cpu_wait_s, tree_rss_bytes
 from .children import CONFINED_ENV
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
@@ -143,8 +146,11 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
                 peak_rss = max(peak_rss, rss)
                 if rss > limits.memory_bytes:
                     limit_hit = f"memory limit: the estimate used {rss / GiB:.1f} GiB of host memory (limit {limits.memory_bytes / GiB:.1f} GiB)"
-                elif time.perf_counter() - t0 > limits.timeout_s:
-                    limit_hit = f"time limit: the estimate ran past {limits.timeout_s:.0f} s"
+                elif (time.perf_counter() - t0 > limits.timeout_s
+                      and time.perf_counter() - t0 - (waited := tree_cpu_wait_s(proc.pid)) > limits.timeout_s):
+                    limit_hit = (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time"
+                                 + (f" (besides {waited:.0f} s waiting for a CPU the machine's other work held)"
+                                    if waited >= 1 else ""))
                 if limit_hit:
                     break
                 time.sleep(_POLL_S)
