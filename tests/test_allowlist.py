@@ -206,7 +206,7 @@ def test_num_gpus_auto_has_a_bounded_meaning():
                 ["--num-gpus", str(1 << 20)]):
         with pytest.raises(DirectiveRefused):
             parse_untrusted(base + bad)
-    with pytest.raises(WorkloadError, match="vsbatch and `vest check`"):
+    with pytest.raises(WorkloadError, match="vsbatch, `vest check` and `vest estimate` of a declared"):
         parse_workload_args(base + ["--num-gpus", "auto"])
     assert split_num_gpus_auto(base + ["--num-gpus", "auto"]) == (tuple(base), True)
     assert split_num_gpus_auto(base + ["--num-gpus", "4"]) == (tuple(base + ["--num-gpus", "4"]), False)

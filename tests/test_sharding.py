@@ -336,3 +336,39 @@ def test_blocks_that_differ_in_what_they_compute_are_traced_whole(tmp_path, monk
     whole, made = _whole_and_scaled(spec)
     assert any(n.startswith(bs.WHOLE_NOTE) and "not the 5-block trace" in n for n in made.notes), made.notes
     assert bs.same(made, whole)
+
+
+def test_vest_estimate_num_gpus_auto_names_the_smallest_count_per_gpu_type(tmp_path, capsys):
+    """vest estimate --num-gpus auto: per GPU type the fewest GPUs at which the sharded job fits per
+    rank (nodes of the type's partition), each row estimated at its count; one fewer does not fit."""
+    import json
+
+    from vest_slurm.cli import run
+    from vest_slurm.site.advice import Prober
+    from vest_slurm.site.config import parse_site_config
+
+    text = SITE.replace("[policy]", '[gpu.small]\nprofile = "a100-40gb"\nmemory_mib = 700\ncontext_mib = 100\n'
+                        '[partition.q]\ngpu_types = ["small"]\ngpus_per_node = 2\n[policy]')
+    path = tmp_path / "site.toml"
+    path.write_text(text)
+    layers = json.dumps([["Linear", 2048, 2048]] * 16)
+    argv = ["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8", "--optimizer", "adam",
+            "--parallelism", "fsdp2"]
+    assert run(["estimate", *argv, "--num-gpus", "auto", "--site-config", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workload"]["num_gpus"] == "auto"
+    rows = {r["gpu"]: r for r in doc["estimates"]}
+    site = parse_site_config(text)
+    prober = Prober.for_site(site)
+    spec = parse_workload_args(argv)
+    for gpu, per_node in (("big", 8), ("small", 2)):
+        n = rows[gpu]["num_gpus"]
+        assert doc["num_gpus_auto"][gpu] == n and rows[gpu]["nodes"] == -(-n // per_node)
+        at = spec.with_(num_gpus=n, gpus_per_node=per_node if n > per_node else 0)
+        assert rows[gpu]["fits"] and prober.needed(at, gpu) <= prober.capacity(gpu)
+        if n > 1:
+            assert prober.needed(spec.with_(num_gpus=n - 1), gpu) > prober.capacity(gpu)
+    assert rows["small"]["num_gpus"] > 1
+    # not sharded: refused with the reason and what to write
+    assert run(["estimate", *argv[:-2], "--num-gpus", "auto", "--site-config", str(path)]) != 0
+    assert "applies to sharded jobs" in capsys.readouterr().err

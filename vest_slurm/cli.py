@@ -63,11 +63,13 @@ def cmd_estimate(ns) -> int:
         check_train_command(cmd, os.getcwd(), None, site)
         from .estimate.workload import _num_gpus
 
-        gpus = _num_gpus(ns.num_gpus) if ns.num_gpus else None   # "auto": refused, it is vsbatch's / vest check's
+        gpus = _num_gpus(ns.num_gpus) if ns.num_gpus else None   # "auto": refused for a command (its launcher fixes it)
         steps = int(ns.steps) if ns.steps else Limits().steps
         progress.step(f"running `{cmd.display}` with fake CUDA")
         spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),
                                              alloc_conf=ns.alloc_conf)
+    elif ns.num_gpus == "auto":
+        return _estimate_auto(ns, site, targets, t0)
     else:
         spec = spec_from_namespace(ns)
         summaries = trace_classes(spec, targets.values(), cache=True)
@@ -87,6 +89,54 @@ def cmd_estimate(ns) -> int:
     print(estimate_json(spec, estimates, seconds, **kw) if ns.json else estimate_table(spec, estimates, slow, **kw),
           end="" if not ns.json else "\n")
     write_pictures(ns, spec, lambda p: summaries.get(gpu_class(p)), targets)
+    return 0
+
+
+def _estimate_auto(ns, site, targets, t0) -> int:
+    """`vest estimate --num-gpus auto`: per GPU type, the fewest GPUs at which the sharded job fits
+    per rank (site/autogpus.py), each row estimated at its own count."""
+    import json
+    from dataclasses import replace
+
+    from .errors import EstimateError
+    from .estimate.report import estimate_json, estimate_table, trace_notes
+    from .site.advice import Prober
+    from .site.autogpus import MAX_AUTO_GPUS, smallest_counts
+
+    ns.num_gpus = None
+    spec = spec_from_namespace(ns)
+    pol = site.policy if site else None
+    prober = Prober(targets, pol.headroom_percent if pol else 0.0, pol.headroom_bytes if pol else 0)
+    per_node = {g.name: max((p.gpus_per_node for p in site.partitions_with(g.name)), default=1)
+                for g in site.gpus} if site else {}
+    picks = smallest_counts(spec, prober, per_node)
+    found = {t: p for t, p in picks.items() if p is not None}
+    none = [t for t, p in picks.items() if p is None]
+    if not found:
+        raise EstimateError(f"--num-gpus auto: {spec.parallelism} fits per rank on none of "
+                            f"{', '.join(targets)} at any count up to {MAX_AUTO_GPUS} GPUs",
+                            "offload (--offload optimizer / params), checkpoint activations, or a smaller batch")
+    progress.done()
+    seconds = time.perf_counter() - t0
+    summaries = [s for s in prober._traces.values() if not isinstance(s, Exception)]
+    notes = [f"--num-gpus auto: " + "; ".join(f"{t}: {p.gpus} GPU(s), {p.nodes} node(s) x {p.per_node}"
+                                               for t, p in found.items())
+             + (f"; fits at no count up to {MAX_AUTO_GPUS} on {', '.join(none)}" if none else "")
+             + f" (per-GPU batch {spec.batch_size}: the global batch is the count x {spec.batch_size})"]
+    notes += trace_notes(summaries)
+    kw = dict(profiles={name: p.key for name, p in targets.items()}, site_config=site.path if site else None,
+              trace_notes=notes)
+    if ns.json:
+        doc = json.loads(estimate_json(spec, [replace(p.estimate, gpu=t) for t, p in found.items()], seconds, **kw))
+        doc["workload"]["num_gpus"] = "auto"
+        for row, p in zip(doc["estimates"], found.values()):
+            row["num_gpus"], row["nodes"], row["gpus_per_node"] = p.gpus, p.nodes, p.per_node
+        doc["num_gpus_auto"] = {t: (None if p is None else p.gpus) for t, p in picks.items()}
+        print(json.dumps(doc, indent=2))
+    else:
+        rows = [replace(p.estimate, gpu=f"{t} x{p.gpus}") for t, p in found.items()]
+        kw["profiles"] = {f"{t} x{p.gpus}": targets[t].key for t, p in found.items()}
+        print(estimate_table(spec, rows, **kw), end="")
     return 0
 
 

@@ -312,8 +312,9 @@ def _positive_int(name: str, text, minimum: int = 1) -> int:
 
 def _num_gpus(value) -> int:
     if value == NUM_GPUS_AUTO:
-        raise WorkloadError("--num-gpus auto is chosen by vsbatch and `vest check` (the smallest GPU count at which "
-                            "a sharded job fits)", "give --num-gpus N here, or run vsbatch / vest check on the script")
+        raise WorkloadError("--num-gpus auto is chosen by vsbatch, `vest check` and `vest estimate` of a declared "
+                            "workload (the smallest GPU count at which a sharded job fits); a training command's "
+                            "launcher fixes its own count", "give --num-gpus N here, or declare the workload (--model ...)")
     return _positive_int("num-gpus", value)
 
 

@@ -215,3 +215,46 @@ def reconcile_shape(spec: WorkloadSpec, request: GpuRequest, said_gpus: bool, wh
     elif spec.parallelism in SHARDED and not spec.gpus_per_node and request.nodes > 1 and request.gpus_per_node:
         spec = spec.with_(gpus_per_node=request.gpus_per_node)
     return spec, request, warnings
+
+
+# Without a site config, the GPUs of one node that `vest estimate --num-gpus auto` assumes: the
+# 8 NVLink-connected GPUs of an HGX/DGX board (A100, H100, H200, B200), the node most sharded jobs
+# run on; a site config gives each GPU type's own (its partitions' gpus_per_node).
+DEFAULT_GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class SmallestCount:
+    """One GPU type's answer to ``--num-gpus auto``: the fewest GPUs (then nodes) that hold the job
+    per rank, the spec at that count, and its estimate there."""
+
+    gpu: str
+    gpus: int
+    nodes: int
+    per_node: int
+    spec: WorkloadSpec
+    estimate: object   # MemoryEstimate
+
+
+def smallest_counts(spec: WorkloadSpec, prober, per_node: Mapping[str, int]) -> dict[str, SmallestCount | None]:
+    """Per GPU type of ``prober``, the fewest GPUs at which ``spec``'s strategy fits per rank with the
+    prober's headroom (placement's rule), over the shapes ``_shapes`` allows (one node filled a GPU
+    at a time, then whole nodes, up to MAX_AUTO_GPUS); None where no count does. Every count below
+    the answer was estimated (or its floor alone is above the GPU) and does not fit."""
+    if spec.parallelism not in SHARDED:
+        raise JobScriptError(f"--num-gpus auto applies to sharded jobs (--parallelism {', '.join(SHARDED)}), not "
+                             f"{spec.parallelism}: every {spec.parallelism} GPU holds the whole model, so more GPUs "
+                             "lower nothing per GPU", "add --parallelism fsdp2 (or another sharded strategy), or give --num-gpus N")
+    out: dict[str, SmallestCount | None] = {}
+    for t in prober.profiles:
+        g = spec.gpus_per_node or per_node.get(t, DEFAULT_GPUS_PER_NODE)
+        out[t] = None
+        for n, per, nodes in _shapes(g, MAX_AUTO_GPUS // g, spec.gpus_per_node or None, None):
+            if spec.parallelism == "hsdp" and spec.shard_group_size and n % spec.shard_group_size:
+                continue
+            at = spec.with_(num_gpus=n, gpus_per_node=per if nodes > 1 or spec.gpus_per_node else 0)
+            need = prober.needed(at, t)
+            if need is not None and need <= prober.capacity(t) and (at, t) not in prober.floored:
+                out[t] = SmallestCount(t, n, nodes, per, at, prober.estimate(at, t))
+                break
+    return out
