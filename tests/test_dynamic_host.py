@@ -155,3 +155,17 @@ def test_a_command_that_sets_its_own_pythonpath(monkeypatch):
     cmd = parse_train_command("PYTHONPATH=.. python tiny_train.py")
     (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
     assert run.steps == 3 and est.peak_bytes > 0
+
+
+def test_weights_in_the_users_model_cache_load_offline(tmp_path, monkeypatch):
+    """The user's torch.hub / Hugging Face hub caches are where the job finds its pretrained weights;
+    the estimate reads them too (it moved TORCH_HOME into its empty temp dir, and the load reached
+    for the network)."""
+    import torch
+
+    ckpt = tmp_path / "torch" / "hub" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    torch.save(torch.nn.Linear(32, 8).state_dict(), ckpt / "linear-32-8.pth")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    (est,), run = estimate_script("cached_weights_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (32 * 8 + 8)

@@ -64,8 +64,9 @@ def _under_hidden(paths) -> list[str]:
     return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
 
 
-def options(tmpdir: str, cwd: str) -> list[str]:
-    """bubblewrap's options for a child that may write ``tmpdir`` only and starts in ``cwd``."""
+def options(tmpdir: str, cwd: str, read: tuple[str, ...] = ()) -> list[str]:
+    """bubblewrap's options for a child that may write ``tmpdir`` only and starts in ``cwd``;
+    ``read``: other folders it reads (the user's model caches) wherever they are."""
     opts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for d in _HIDDEN:
         if os.path.isdir(d) and not os.path.islink(d):
@@ -75,7 +76,7 @@ def options(tmpdir: str, cwd: str) -> list[str]:
     # directory; vest_slurm itself (an editable install is found by a finder, not by sys.path);
     # every sys.path entry of this process, which the child inherits. Its writes go to the temp
     # dir (bootstrap.Sandbox).
-    for path in _under_hidden([cwd, _package_root(), *sys.path]):
+    for path in _under_hidden([cwd, _package_root(), *sys.path, *read]):
         opts += ["--ro-bind", path, path]
     opts += ["--bind", tmpdir, tmpdir,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -110,12 +111,13 @@ def available() -> tuple[str | None, str]:
     return _probe
 
 
-def sandbox_argv(argv: list[str], tmpdir: str, cwd: str) -> tuple[list[str], str]:
+def sandbox_argv(argv: list[str], tmpdir: str, cwd: str, read: tuple[str, ...] = ()) -> tuple[list[str], str]:
     """(the argv to run, "bubblewrap" or why only the audit hook confines the child)."""
     global _said
     path, why = available()
     if path is not None:
-        return [path, *options(os.path.realpath(tmpdir), os.path.realpath(cwd)), "--", *argv], "bubblewrap"
+        return [path, *options(os.path.realpath(tmpdir), os.path.realpath(cwd), tuple(map(os.path.realpath, read))),
+                "--", *argv], "bubblewrap"
     if not _said:
         _said = True
         sys.stderr.write(f"vest: {why}; the training script runs under Python's audit hook only, which "

@@ -70,10 +70,11 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
     env.update(dict(cmd.env))
     cache = os.path.join(tmpdir, "cache")
+    env.update(_model_caches(env))
     env.update({
         "TMPDIR": tmpdir, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": os.path.join(cache, "hf"), "XDG_CACHE_HOME": cache, "TORCH_HOME": os.path.join(cache, "torch"),
+        "HF_HOME": os.path.join(cache, "hf"), "XDG_CACHE_HOME": cache,
         "MPLCONFIGDIR": os.path.join(cache, "mpl"), "WANDB_MODE": "disabled", "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         # what torchrun / srun would give rank 0
@@ -98,6 +99,20 @@ def _per_node(cmd: TrainCommand, world: int) -> int:
     if cmd.launcher == "torchrun" and cmd.nproc > 0:
         return max(1, min(cmd.nproc, world))
     return max(1, world)
+
+
+def _model_caches(env: dict) -> dict:
+    """The user's caches of downloaded weights, where the job finds them on the GPU node: the
+    Hugging Face hub's (huggingface_hub's own order: HF_HUB_CACHE, else HF_HOME/hub, else
+    XDG_CACHE_HOME or ~/.cache, then huggingface/hub) and torch.hub's (TORCH_HOME, else
+    XDG_CACHE_HOME or ~/.cache, then torch: torchvision's and timm's legacy weights). The other
+    caches stay in the temp dir (datasets writes its arrow files from C++, past the overlay), so
+    these two are named before HF_HOME and XDG_CACHE_HOME move: ``from_pretrained`` and
+    ``weights=`` of a model the user already has then load offline as in the job, instead of
+    reaching for the network. The script reads them; a write (a lock file) goes to the overlay."""
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    hub = env.get("HF_HUB_CACHE") or os.path.join(env.get("HF_HOME") or os.path.join(xdg, "huggingface"), "hub")
+    return {"HF_HUB_CACHE": hub, "TORCH_HOME": env.get("TORCH_HOME") or os.path.join(xdg, "torch")}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -130,7 +145,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     else:
         argv += ["--", cmd.script, *cmd.args]
     # bubblewrap where it can run (bwrap.py), else the audit hook alone, said once
-    argv, _confined = sandbox_argv(argv, tmpdir, where)
+    argv, _confined = sandbox_argv(argv, tmpdir, where, tuple(_model_caches(os.environ).values()))
     t0 = time.perf_counter()
     log_path = os.path.join(tmpdir, "output.log")
     peak_rss = 0
