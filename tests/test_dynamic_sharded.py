@@ -92,3 +92,40 @@ def test_fsdp2_script_on_meta_checks_fsdp_module_and_agrees_with_its_declarative
     for part in ("parameters", "gradients", "optimizer_state"):
         assert d[part] == c[part], part
     assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
+
+
+def test_accelerate_launch_with_an_fsdp_config_file(monkeypatch):
+    """``accelerate launch --config_file accelerate_fsdp.yaml``: accelerate's own launcher code turns the
+    config into the script's environment (dynamic/accelerate_env.py), Accelerator().prepare wraps the
+    model with FSDP1 as configured (FULL_SHARD, LlamaDecoderLayer units, bf16 MixedPrecision), over the
+    config's 4 processes; the same shards as the workload declared. The live-tensor peak is higher than
+    the declared one by the fp32 logits accelerate's autocast leaves for the loss (batch x seq x vocab
+    x 4 B), which the declarative compute spec (bf16 weights, no autocast) does not make."""
+    monkeypatch.chdir(SCRIPTS)
+    h100 = get_profile("h100-80gb")
+    cmd = parse_train_command("accelerate launch --config_file accelerate_fsdp.yaml accelerate_fsdp_train.py --batch-size 4")
+    (dyn,), run = estimate_command(cmd, [h100], cwd=SCRIPTS)
+    s = run.spec
+    assert (s.parallelism, s.sharding, s.num_gpus, s.param_dtype, s.reduce_dtype) == ("fsdp", "full-shard", 4, "bf16", "bf16")
+    declared = parse_workload_args(["--model", "accelerate_fsdp_train.py:build_model", "--input", "seq128",
+                                    "--batch-size", "4", "--optimizer", "adamw", "--weight-decay", "0",
+                                    "--parallelism", "fsdp", "--num-gpus", "4", "--param-dtype", "bf16",
+                                    "--reduce-dtype", "bf16"])
+    (dec,) = estimate(declared, [h100])
+    d, c = dict(dyn.breakdown), dict(dec.breakdown)
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert d[part] == c[part], part
+    logits_fp32 = 4 * 128 * 4000 * 4
+    assert 0 <= d["live_tensor_peak"] - c["live_tensor_peak"] <= 1.05 * logits_fp32
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
+
+
+def test_accelerate_launch_options_take_their_values():
+    """accelerate launch's many valued options (--fsdp_sharding_strategy X, --zero_stage 2) are not
+    taken for the script; the config file and the options are kept for the child."""
+    cmd = parse_train_command("accelerate launch --use_fsdp --fsdp_sharding_strategy FULL_SHARD --num_processes 2 "
+                              "--config_file a.yaml train.py --lr 1")
+    assert cmd.script == "train.py" and cmd.args == ("--lr", "1") and cmd.nproc == 2
+    assert cmd.config_file == "a.yaml"
+    assert cmd.launcher_args == ("--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--num_processes", "2",
+                                 "--config_file", "a.yaml")

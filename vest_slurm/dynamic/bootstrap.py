@@ -338,6 +338,9 @@ def run(ns) -> dict:
                              device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode(host_real=True), \
                 sp.UpdateWatch(state), tracked.TaintMode(state.ledger):
             try:
+                from . import accelerate_env   # accelerate launch's variables (nothing for other launchers)
+
+                accelerate_env.apply(ns.script or ns.module)
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
                 else:

@@ -49,6 +49,8 @@ class TrainCommand:
     launcher: str = "python"   # python, torchrun, accelerate
     env: tuple[tuple[str, str], ...] = ()    # VAR=value prefixes of the command
     mixed_precision: str | None = None       # accelerate's --mixed_precision
+    launcher_args: tuple[str, ...] = ()      # accelerate launch's own option words (accelerate_env.py)
+    config_file: str | None = None           # accelerate's --config_file, as written
 
     @property
     def display(self) -> str:
@@ -70,6 +72,30 @@ def _skip_options(words: list[str], i: int, with_value: set[str]) -> tuple[int, 
             i += 1
         elif w in with_value and i + 1 < len(words):
             seen[w] = words[i + 1]
+            i += 2
+        else:
+            seen[w] = ""
+            i += 1
+    if i < len(words) and words[i] == "--":
+        i += 1
+    return i, seen
+
+
+def _skip_accelerate_options(words: list[str], i: int) -> tuple[int, dict]:
+    """accelerate launch's options: it has dozens that take a value (--fsdp_sharding_strategy X,
+    --zero_stage 2, --deepspeed_config_file ds.json, ...) besides switches (--use_fsdp): a word after
+    an option is its value unless it is an option itself or the script (a .py path)."""
+    seen: dict[str, str] = {}
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if "=" in w:
+            k, v = w.split("=", 1)
+            seen[k] = v
+            i += 1
+        elif w in _ACCELERATE_FLAGS_WITH_VALUE or (nxt is not None and not nxt.startswith("-")
+                                                    and not nxt.endswith(".py") and w not in ("-m", "--module")):
+            seen[w] = nxt or ""
             i += 2
         else:
             seen[w] = ""
@@ -112,6 +138,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     head = words[i]
     base = os.path.basename(head)
     launcher, nproc, mixed = "python", 1, None
+    launcher_args, config_file = (), None
     if base == "torchrun" or (_is_python(base) and words[i + 1:i + 3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])):
         start = i + 1 if base == "torchrun" else i + 3
         i, seen = _skip_options(words, start, _TORCHRUN_FLAGS_WITH_VALUE)
@@ -122,10 +149,13 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
-        i, seen = _skip_options(words, i + 2, _ACCELERATE_FLAGS_WITH_VALUE)
+        first = i + 2
+        i, seen = _skip_accelerate_options(words, first)
         nproc = _int(seen.get("--num_processes", seen.get("--num-processes", "1")), "--num_processes")
         mixed = seen.get("--mixed_precision", seen.get("--mixed-precision"))
         launcher = "accelerate"
+        launcher_args = tuple(w for w in words[first:i] if w != "--")
+        config_file = seen.get("--config_file", seen.get("--config-file"))
     elif _is_python(base):
         i += 1
         while i < len(words) and words[i] in _PYTHON_FLAGS:
@@ -143,7 +173,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
                             "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ... or accelerate launch ...")
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
-    return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed)
+    return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
+                        config_file)
 
 
 def find_train_command(command_lines: list[str]) -> TrainCommand | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ..errors import EstimateError
 from .bwrap import sandbox_argv, tree_cpu_wait_s, tree_rss_bytes
 from .children import CONFINED_ENV
+from . import accelerate_env
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
 from ..estimate.trace import AllocEvent, AllocTrace
@@ -115,6 +116,25 @@ def _model_caches(env: dict) -> dict:
     return {"HF_HUB_CACHE": hub, "TORCH_HOME": env.get("TORCH_HOME") or os.path.join(xdg, "torch")}
 
 
+def _accelerate_config(cmd: TrainCommand, where: str) -> str | None:
+    """The accelerate config file the launch reads, absolute: --config_file, else the user's default
+    one (accelerate's default_config_file: $HF_HOME/accelerate/default_config.yaml, HF_HOME defaulting
+    to ~/.cache/huggingface), which the child, whose HF_HOME is its temp dir, would not find."""
+    if cmd.config_file:
+        path = os.path.join(where, cmd.config_file)
+        if not os.path.isfile(path):
+            raise EstimateError(f"accelerate config file {cmd.config_file!r} not found (looked in {where})",
+                                "run from the directory the job runs in, or give the config file's path")
+        return os.path.abspath(path)
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                     os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    for name in ("default_config.yaml", "default_config.json"):
+        path = os.path.join(home, "accelerate", name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -136,6 +156,16 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     tmpdir = tempfile.mkdtemp(prefix="vest-dyn-")
     out = os.path.join(tmpdir, "result.json")
     world = max(num_gpus, cmd.nproc if cmd.nproc > 0 else num_gpus)
+    launcher_args = list(cmd.launcher_args)
+    if cmd.launcher == "accelerate":   # its config file says how many processes; the child reads the rest
+        config = _accelerate_config(cmd, where)
+        if config:
+            if not any(a.startswith(("--num_processes", "--num-processes")) for a in launcher_args):
+                world = max(world, accelerate_env.config_processes(config))
+            if not cmd.config_file:
+                launcher_args = ["--config_file", config] + launcher_args
+            else:
+                launcher_args = [config if a == cmd.config_file else a for a in launcher_args]
     argv = [sys.executable, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
             "--tmpdir", tmpdir, "--gpu-name", profile.name, "--total-memory", str(profile.total_bytes),
             "--capability", str(profile.capability[0]), str(profile.capability[1]),
@@ -153,6 +183,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         with open(log_path, "wb") as log:
             env = _child_env(cmd, tmpdir, world)
             env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
+            if cmd.launcher == "accelerate":
+                env[accelerate_env.ENV] = json.dumps(launcher_args)
             proc = subprocess.Popen(argv, cwd=where, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             limit_hit = None   # (the limits' failures have kind "limit")
