@@ -59,6 +59,8 @@ class Config:
     source: str = ""
     published_config: str = ""
     alloc_conf: str = ""
+    env: tuple[tuple[str, str], ...] = ()   # the job's stack where it is not this one (VEST_JOB_TORCH)
+    tracker_note: str = ""                  # why the tracker did not run on this row
 
 
 def _llama7b(parallelism: str) -> tuple[str, ...]:
@@ -85,6 +87,29 @@ CONFIGS = (
            published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB, source=TT165,
            published_config="FSDP1 (AC): same run as the FSDP2 row; 24.81% active 33.82% reserved of 95.0396 GiB",
            alloc_conf="default (run_llama_train.sh sets none)"),
+    # The same run estimated for its own torch: FSDP2 of March 2024 allocated the reduce-scatter
+    # input on the reduce-scatter stream (pytorch/pytorch PR #129721 moved it to the compute stream
+    # in June 2024, first in torch 2.5): VEST_JOB_TORCH=2.4 models that (sharding.py).
+    Config("llama-2-7b fsdp2 x8 AC batch 8 seq 2048, job torch 2.4", _llama7b("fsdp2"), "h100-80gb", tracker=False,
+           published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB, source=TT165,
+           published_config="as the FSDP2 row, estimated with VEST_JOB_TORCH=2.4 (the run's FSDP2 predates PR #129721)",
+           alloc_conf="default (run_llama_train.sh sets none)", env=(("VEST_JOB_TORCH", "2.4"),),
+           tracker_note="same model and config as the FSDP2 row"),
+    # pytorch/pytorch PR #132445 (github.com/pytorch/pytorch/pull/132445), its "Before" (= the
+    # "After" of PR #129721), 2024-06-27: torchtitan Llama3-8B, 1D FSDP2 over 8 H100 (95.04 GiB),
+    # bf16 params / fp32 reduce, no AC, local batch 1; torchtitan's llama3_8b.toml of that day
+    # (commit 1ec2ece51): seq_len 8192, AdamW lr 3e-4, max_norm 1.0, compile off; its log's
+    # "memory" is reserved_bytes.all.peak, reset every step: steps 2 and 3 77.29 GiB (81.32%).
+    # run_llama_train.sh sets no PYTORCH_CUDA_ALLOC_CONF. RS input on the compute stream, as 2.14.
+    Config("llama-3-8b fsdp2 x8 no AC batch 1 seq 8192",
+           ("--model", "hf:llama-3-8b", "--batch-size", "1", "--input", "seq8192", "--optimizer", "adamw",
+            "--parallelism", "fsdp2", "--num-gpus", "8", "--param-dtype", "bf16", "--reduce-dtype", "fp32"),
+           "h100-80gb", tracker=False, published_reserved_gib=77.29,
+           source="pytorch/pytorch PR #132445 'Before' (github.com/pytorch/pytorch/pull/132445)",
+           published_config="FSDP2: 8xH100 95.04 GiB; torchtitan Llama3-8B; local batch 1; seq 8192; bf16 params fp32 "
+                            "reduce; no AC; AdamW; eager; steps 2-3 reserved 77.29 GiB (81.32%)",
+           alloc_conf="default (run_llama_train.sh sets none)",
+           tracker_note="not run: FSDPMemTracker on 8B x 8192 tokens takes longer than this pass had"),
 )
 
 
@@ -172,7 +197,7 @@ def _vest(cfg: Config) -> tuple[dict | None, float, str]:
     cmd = ["/usr/bin/time", "-f", "VEST_RSS_KB %M", sys.executable, "-m", "vest_slurm.cli", "estimate", *cfg.args,
            "--gpu", cfg.gpu, "--json"]
     t0 = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **dict(cfg.env))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     rss = [ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("VEST_RSS_KB")]
@@ -206,7 +231,7 @@ def main() -> int:
             continue
         print(f"[{cfg.name}] ...", flush=True)
         tr, tr_wall, tr_err = (_child([sys.executable, os.path.abspath(__file__), "--tracker-child", *cfg.args])
-                               if cfg.tracker else (None, 0.0, "FSDP1: FSDPMemTracker tracks fully_shard only"))
+                               if cfg.tracker else (None, 0.0, cfg.tracker_note or "FSDP1: FSDPMemTracker tracks fully_shard only"))
         ve, ve_wall, ve_err = _vest(cfg)
         b = ve["estimates"][0]["breakdown"] if ve else {}
         mib = lambda k: b[k] * MiB if k in b else None   # noqa: E731
@@ -226,7 +251,8 @@ def main() -> int:
             "vest_optimizer_state_gib": gib(mib("optimizer_state")),
             "vest_seconds": f"{ve_wall:.1f}",
             "vest_rss_mib": f"{ve['rss'] / MiB:.0f}" if ve else "",
-            "vest_note": ve_err,
+            "vest_note": ve_err or "; ".join(n for n in (ve or {}).get("trace_notes", ())),
+            "vest_env": " ".join(f"{k}={v}" for k, v in cfg.env),
             "published_active_gib": f"{cfg.published_active_gib:.2f}" if cfg.published_active_gib else "",
             "published_reserved_gib": f"{cfg.published_reserved_gib:.2f}" if cfg.published_reserved_gib else "",
             "allocated_vs_active": pct(mib("allocator_peak_allocated"), cfg.published_active_gib),

@@ -101,6 +101,22 @@ def test_gather_buffers_go_through_their_streams():
     assert 2 in {e.stream for e in tr.events if e.category == "gradient" and e.action == "alloc"}
 
 
+def test_fsdp2_before_torch_2_5_reduces_from_the_reduce_scatter_stream(monkeypatch):
+    """A job on torch before 2.5 ($VEST_JOB_TORCH): FSDP2 allocated the reduce-scatter input on the
+    reduce-scatter stream (pytorch PR #129721 moved it to the compute stream), so it is in that
+    stream's pool, one at a time; the shards are the same. A value that is no version is refused."""
+    new = _summary(_spec("fsdp2", 2, "--param-dtype", "bf16"))
+    monkeypatch.setenv("VEST_JOB_TORCH", "2.4.1")
+    old = _summary(_spec("fsdp2", 2, "--param-dtype", "bf16"))
+    streams = {e.stream for e in old.trace.events if e.module == "reduce_scatter_input" and e.action == "alloc"}
+    assert streams == {2}
+    assert (old.param_bytes, old.grad_bytes, old.optimizer_state_bytes) == \
+        (new.param_bytes, new.grad_bytes, new.optimizer_state_bytes)
+    monkeypatch.setenv("VEST_JOB_TORCH", "nightly")
+    with pytest.raises(WorkloadError, match="VEST_JOB_TORCH"):
+        _summary(_spec("fsdp2", 2, "--param-dtype", "bf16"))
+
+
 def test_token_inputs_for_a_user_model(tmp_path, monkeypatch):
     """--input seqN on a user factory whose model embeds tokens: integer ids (8 bytes each), not floats."""
     (tmp_path / "lm.py").write_text(

@@ -31,7 +31,9 @@ unsharded for backward). backward: the unit and the next one in backward order a
 (explicit backward prefetch of one); after its gradients are complete: reshard, reduce-scatter
 input (compute stream, reduce dtype), the unsharded gradients freed, the reduce-scatter output on
 the reduce-scatter stream (stream 2), cast to the parameters' dtype where the reduce dtype
-differs; one reduce-scatter input is kept in flight (reduce_scatter_max_input_buffers = 1). FSDP1
+differs; one reduce-scatter input is kept in flight (reduce_scatter_max_input_buffers = 1). For a
+job on torch before 2.5 ($VEST_JOB_TORCH) the reduce-scatter input is on the reduce-scatter stream
+and freed there at once (RS_INPUT_ON_COMPUTE_SINCE). FSDP1
 all-gathers into one flat buffer on its unshard stream and frees it with record_stream to the
 compute stream: the free takes effect when the compute stream has passed it; the CPU runs ahead by
 at most two all-gathers (limit_all_gathers), so the free is placed two units later. Streams have
@@ -61,6 +63,33 @@ SHARD_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ZERO_REDUCE_BUCKET = 500_000_000
 ZERO3_PREFETCH = 50_000_000
 ZERO_ALIGN = 2   # stage_1_and_2.py nccl_start_alignment_factor: partitions padded to 2 x world size
+
+
+# FSDP2's reduce-scatter input (the unit's unsharded gradients in the reduce dtype): allocated on
+# the compute stream since pytorch/pytorch PR #129721 (2024-06-27, first in torch 2.5: "to avoid
+# fragmenting that memory across stream memory pools"); before it, on the reduce-scatter stream,
+# whose pool the compute stream cannot reuse (_fsdp_collectives.py foreach_reduce_scatter).
+RS_INPUT_ON_COMPUTE_SINCE = (2, 5)
+JOB_TORCH_ENV = "VEST_JOB_TORCH"   # the job's torch where it is not this one (e.g. 2.4.1): its FSDP2
+
+
+def job_torch_version() -> tuple[int, int]:
+    """(major, minor) of the torch the job runs: $VEST_JOB_TORCH where set, else the installed one
+    (read from its package metadata: this module imports no torch)."""
+    import os
+    import re
+    from importlib import metadata
+
+    text = os.environ.get(JOB_TORCH_ENV) or ""
+    if not text:
+        try:
+            text = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return (99, 0)
+    m = re.match(r"(\d+)\.(\d+)", text)
+    if not m:
+        raise WorkloadError(f"${JOB_TORCH_ENV}={text!r} is not a torch version", "set it like 2.4 or 2.4.1, or unset it")
+    return int(m.group(1)), int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -266,6 +295,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
     offload_params = spec.offload == "params"
     offload_opt = spec.offload != "none"
     fsdp2 = kind in ("fsdp2", "hsdp")
+    rs_input_on_rs_stream = fsdp2 and job_torch_version() < RS_INPUT_ON_COMPUTE_SINCE
     flat = kind == "fsdp"
     zero3 = kind == "zero3"
     gathers = fsdp2 or flat or zero3          # parameters are all-gathered per unit
@@ -418,6 +448,11 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                     grad_in = cast
                 out = b.alloc(shard * r, REDUCE_SCATTER, "backward", "gradient", u.name)
                 delayed.append((gathers_done[0] + 1, [grad_in]))   # record_stream(post-backward stream)
+            elif rs_input_on_rs_stream:   # FSDP2 before PR #129721: copy-in on the RS stream, freed there
+                rs_in = b.alloc(full * r, REDUCE_SCATTER, "backward", "temporary", "reduce_scatter_input")
+                b.free_all(traced_grads)
+                out = b.alloc(shard * r, REDUCE_SCATTER, "backward", "gradient", u.name)
+                b.free(rs_in)   # a local of foreach_reduce_scatter, used on its own stream only
             else:
                 while len(rs_inflight) >= 1:   # reduce_scatter_max_input_buffers
                     b.free(rs_inflight.pop(0))
