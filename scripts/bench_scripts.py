@@ -170,10 +170,90 @@ def _cora(workdir, dir, nodes, features, classes, edges):
             f.write(f"{1000 + rng.randrange(nodes)} {1000 + rng.randrange(nodes)}\n")
 
 
+def _hf_local(workdir, dir, model_type, config, weights=False, text=None, jsonl=None, words=40000, vocab=2000):
+    """A Hugging Face model folder built here, never downloaded: ``dir`` holds the config of
+    ``model_type`` with ``config``'s fields (a published model's sizes), a byte-level BPE tokenizer
+    trained on synthetic words (``tokenizers``; the model's vocab_size stays the config's, the ids
+    the tokenizer makes are a subset of it) and, with ``weights``, randomly initialised weights
+    (safetensors), so that ``from_pretrained(dir)`` finds everything locally. ``text``: folder of
+    train.txt / valid.txt; ``jsonl``: folder with train.jsonl of {"text": ...} (a local dataset
+    that ``load_dataset(folder)`` reads)."""
+    import tokenizers
+    import transformers
+
+    d = os.path.join(workdir, dir)
+    os.makedirs(d, exist_ok=True)
+    corpus = [" ".join(_words(50, vocab, i)) for i in range(words // 50)]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token=None))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab + 300, special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                                eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(d)
+    cfg = transformers.AutoConfig.for_model(model_type, **config)
+    if weights:
+        import torch
+
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    else:
+        cfg.save_pretrained(d)
+    if text:
+        os.makedirs(os.path.join(workdir, text), exist_ok=True)
+        for split, lines in (("train", corpus), ("valid", corpus[: len(corpus) // 10])):
+            with open(os.path.join(workdir, text, f"{split}.txt"), "w") as f:
+                f.writelines(line + "\n" for line in lines)
+    if jsonl:
+        os.makedirs(os.path.join(workdir, jsonl), exist_ok=True)
+        with open(os.path.join(workdir, jsonl, "train.jsonl"), "w") as f:
+            f.writelines(json.dumps({"text": line}) + "\n" for line in corpus)
+
+
+def _hub_cache_timm(workdir, hub, model, hf_hub_id):
+    """A Hugging Face hub cache (huggingface_hub's layout: models--ORG--NAME/refs/main names a
+    snapshot folder) holding randomly initialised weights of the timm ``model`` under its
+    ``hf_hub_id``, as a user's cache holds the downloaded ones: timm's ``pretrained=True`` then
+    loads offline. The entry's ``env`` points HF_HUB_CACHE here."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    repo = os.path.join(workdir, hub, "models--" + hf_hub_id.replace("/", "--"))
+    rev = "0" * 40
+    snap = os.path.join(repo, "snapshots", rev)
+    os.makedirs(snap, exist_ok=True)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(rev)
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in timm.create_model(model, pretrained=False).state_dict().items()}
+    save_file(state, os.path.join(snap, "model.safetensors"))
+
+
+def _pets(workdir, dir, classes, per_class, size, hub, model, hf_hub_id):
+    """The Oxford-IIIT Pets layout accelerate's cv_example reads: one folder of LABEL_N.jpg, and the
+    timm backbone's weights in a hub cache (_hub_cache_timm)."""
+    from PIL import Image
+    import numpy as np
+
+    d = os.path.join(workdir, dir)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                os.path.join(d, f"breed{c:02d}_{i}.jpg"))
+    _hub_cache_timm(workdir, hub, model, hf_hub_id)
+
+
 RECIPES = {
     "none": lambda workdir: None,
     "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "tokens-u16": _tokens_u16,
     "llmc-bin": _llmc_bin, "imagefolder": _imagefolder, "bsds300": _bsds300, "cora": _cora,
+    "hf-local": _hf_local, "pets": _pets,
 }
 
 
@@ -227,9 +307,11 @@ print(json.dumps({"rc": p.returncode, "seconds": dt, "maxrss_kib": peak, "stdout
 """
 
 
-def measure(argv: list[str], cwd: str) -> dict:
-    """Run one `vest estimate` as a user would (cold, its own process tree); its seconds and peak RSS."""
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], cwd=cwd, capture_output=True, text=True)
+def measure(argv: list[str], cwd: str, env: dict | None = None) -> dict:
+    """Run one `vest estimate` as a user would (cold, its own process tree); its seconds and peak RSS.
+    ``env``: the user's environment variables the entry names (paths relative to ``cwd``)."""
+    full = {**os.environ, **{k: os.path.join(cwd, v) for k, v in (env or {}).items()}}
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], cwd=cwd, capture_output=True, text=True, env=full)
     doc = json.loads(out.stdout)
     doc["json"] = _last_json(doc["stdout"])
     return doc
@@ -275,7 +357,7 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     RECIPES[entry.get("recipe", "none")](workdir, **entry.get("recipe_args", {}))
     vest = [sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", gpu, "--json"]
-    dyn = measure(vest + ["--", *shlex.split(entry["command"])], workdir)
+    dyn = measure(vest + ["--", *shlex.split(entry["command"])], workdir, entry.get("env"))
     row = {"script": entry["name"], "family": entry["family"], "repo": entry["repo"],
            "commit": entry["commit"][:12], "command": entry["command"],
            "seconds": round(dyn["seconds"], 1), "peak_rss_mib": round(dyn["maxrss_kib"] / 1024)}
