@@ -311,6 +311,9 @@ def _count(b: Burst, env: dict, log: str, wall: float) -> dict:
     lat = [dt for _n, _rc, dt, _e in b.results]
     via = {k: sum(1 for ln in lines.values() if f"via={k}" in ln) for k in ("server", "program", "lua")}
     in_flight = [ln for ln in lines.values() if "after=server-io" in ln]
+    # decided by job_submit.lua itself (not its fail mode): what each took inside the controller's lock
+    by_lua = [float(m.group(1)) for ln in lines.values() if " via=lua" in ln and "reason=bridge-" not in ln
+              for m in [re.search(r" lua_ms=([0-9.]+)", ln)] if m]
     return {
         "jobs": len(b.results), "wall_s": wall, "submissions_per_s": len(b.results) / wall,
         "median_ms": statistics.median(lat) * 1000, "p99_ms": pct(lat, 0.99) * 1000, "max_ms": max(lat) * 1000,
@@ -324,6 +327,8 @@ def _count(b: Burst, env: dict, log: str, wall: float) -> dict:
         "in_flight_retried": len(in_flight),
         "in_flight_decided": sum(1 for ln in in_flight if "reason=rerouted" in ln),
         "socket_timeouts": sum(1 for *_x, e in b.results if "timed out" in e),
+        "decided_by_lua": len(by_lua), "lua_call_ms_median": statistics.median(by_lua) if by_lua else None,
+        "lua_call_ms_max": max(by_lua) if by_lua else None,
     }
 
 
@@ -396,9 +401,11 @@ def _pool(rows: list[dict]) -> dict:
         return rows[0]
     out = {}
     for k, v in rows[0].items():
-        if k in ("median_ms", "p99_ms", "submissions_per_s"):
+        if v is None:
+            out[k] = None
+        elif k in ("median_ms", "p99_ms", "submissions_per_s", "lua_call_ms_median"):
             out[k] = statistics.median(r[k] for r in rows)      # per round, the median of the rounds
-        elif k in ("max_ms", "sinfo_max_ms"):
+        elif k in ("max_ms", "sinfo_max_ms", "lua_call_ms_max"):
             out[k] = max(r[k] for r in rows)
         elif isinstance(v, dict):
             out[k] = {kk: sum(r[k][kk] for r in rows) for kk in v}
@@ -406,6 +413,12 @@ def _pool(rows: list[dict]) -> dict:
             out[k] = sum(r[k] for r in rows)
     out["rounds"] = len(rows)
     return out
+
+
+def _ms_pair(r: dict) -> str:
+    if r.get("lua_call_ms_median") is None:
+        return "-"
+    return f"{r['lua_call_ms_median']:.1f}/{r['lua_call_ms_max']:.1f}"
 
 
 def burst_main(a) -> int:
@@ -427,13 +440,15 @@ def burst_main(a) -> int:
     print(f"the bridge under a burst of {clients} clients x {jobs} plain sbatch ([bridge] "
           f"timeout {b.timeout_s:g} s, fallback {b.fallback_ms_per_s} ms/s, burst {b.fallback_burst_ms} ms)")
     hdr = (f"{'fault':<6} {'fail':<6} {'subm/s':>7} {'med ms':>7} {'p99 ms':>7} {'max ms':>7} {'sinfo max':>9} "
-           f"{'ghost':>5} {'wrong':>5} {'by open':>7} {'rerouted':>8} {'refused':>7} {'in flight':>9}")
+           f"{'ghost':>5} {'wrong':>5} {'by open':>7} {'rerouted':>8} {'refused':>7} {'in flight':>9} {'by lua':>6} "
+           f"{'lua ms med/max':>14}")
     print(hdr)
     for r in rows:
         inf = f"{r['in_flight_decided']}/{r['in_flight_retried']}" if r["fault"] == "kill" else "-"
         print(f"{r['fault']:<6} {r['fail']:<6} {r['submissions_per_s']:7.1f} {r['median_ms']:7.0f} {r['p99_ms']:7.0f} "
               f"{r['max_ms']:7.0f} {r['sinfo_max_ms']:9.0f} {r['ghost_jobs']:5d} {r['wrong_admissions']:5d} "
-              f"{r['wrong_by_fail_open']:7d} {r['rerouted']:8d} {r['sbatch_failed']:7d} {inf:>9}")
+              f"{r['wrong_by_fail_open']:7d} {r['rerouted']:8d} {r['sbatch_failed']:7d} {inf:>9} "
+              f"{r['decided_by_lua']:6d} {_ms_pair(r):>14}")
         if "plain" in r:
             pl = r["plain"]
             print(f"{'plain':<6} {'-':<6} {pl['submissions_per_s']:7.1f} {pl['median_ms']:7.0f} {pl['p99_ms']:7.0f} "

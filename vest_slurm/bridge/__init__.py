@@ -4,7 +4,9 @@ Slurm runs ``site-config/job_submit.lua`` in the controller for every ``sbatch``
 while it holds its locks. The Lua is a thin shim: it sends the job's description as one JSON line
 over a UNIX socket to a resident Python decision server (``vest bridge serve``), waits at most the
 site's ``bridge.timeout_s``, and applies the answer (set partition/gres, or refuse with the user's
-message). When the socket does not answer at all (no server) it runs the per-call decision program
+message). When the server gives no answer, the Lua decides by itself a job carrying vsbatch's
+estimate, as decide.py would, from the site's rules that luaconf writes for it; what it cannot
+decide that way, where no server listens, goes to the per-call decision program
 (``python -m vest_slurm.bridge.decide``) with the job in a temp file, bounded by the same timeout.
 When neither gives an answer in time, the site's ``bridge.fail`` (open or closed) decides.
 
