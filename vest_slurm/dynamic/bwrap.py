@@ -128,7 +128,17 @@ def sandbox_argv(argv: list[str], tmpdir: str, cwd: str, read: tuple[str, ...] =
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and every process under it (under bubblewrap the child is a
     grandchild of the runner, in its own PID namespace)."""
-    return sum(_rss(p) for p in _tree(pid))
+    return rss_bytes(_tree(pid))
+
+
+def rss_bytes(pids) -> int:
+    """Resident memory of these processes (one /proc/PID/status read each; gone ones count 0)."""
+    return sum(_rss(p) for p in pids)
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process under it: a scan of all of /proc, a few ms of CPU."""
+    return _tree(pid)
 
 
 def tree_cpu_wait_s(pid: int) -> float:
