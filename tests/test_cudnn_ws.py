@@ -384,3 +384,46 @@ def test_placement_bounds_the_engines_where_the_cudnn_asked_is_not_the_jobs(monk
     assert all(b >= a for a, b in sizes) and any(b > a for a, b in sizes)
     payload = make_payload({"a100": other})
     assert payload.gpu("a100").peak_bytes == max(other.peak_bytes, bound)
+
+
+def test_the_job_python_s_cudnn_is_asked_of_that_python(monkeypatch, tmp_path):
+    """A job whose command runs another Python than vest's: its torch is asked for its cuDNN
+    ($VEST_JOB_CUDNN, said with where it comes from). Real interpreters: vest's own through a
+    symlink elsewhere (another path, the same torch: its real cuDNN), Debian's python3 without torch
+    (unknown: placement bounds the engines), and vest's own (nothing asked)."""
+    import os
+    import shutil
+    import sys
+
+    from vest_slurm.dynamic.launch import parse_train_command
+
+    monkeypatch.delenv(cudnn_ws.JOB_CUDNN_ENV, raising=False)
+    # vest's own python: nothing to ask
+    assert cudnn_ws.use_job_python(sys.executable) == "" and cudnn_ws.JOB_CUDNN_ENV not in os.environ
+    # a venv-style python elsewhere, found on the job's PATH through a launcher's #! line
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").symlink_to(sys.executable)
+    (bindir / "torchrun").write_text("#!/usr/bin/env python\nimport sys\n")
+    (bindir / "torchrun").chmod(0o755)
+    cmd = parse_train_command("srun torchrun --nproc_per_node=2 train.py --lr 1")
+    assert cmd.program == "torchrun" and cmd.launcher == "torchrun"
+    note = cudnn_ws.use_job_python(cmd.program, str(bindir), str(tmp_path))
+    assert str(bindir / "python") in note and os.environ[cudnn_ws.JOB_CUDNN_ENV] == \
+        cudnn_ws.version_text(torch.backends.cudnn.version())
+    version, src = cudnn_ws.jobs_cudnn()
+    assert version == torch.backends.cudnn.version() and str(bindir / "python") in src
+    # a later job of this process that runs vest's python: the earlier job's answer is dropped
+    assert cudnn_ws.use_job_python(sys.executable) == "" and cudnn_ws.JOB_CUDNN_ENV not in os.environ
+    # the site's or the user's $VEST_JOB_CUDNN is not overridden
+    monkeypatch.setenv(cudnn_ws.JOB_CUDNN_ENV, "8.9.7")
+    assert cudnn_ws.use_job_python("/usr/bin/python3") == "" and os.environ[cudnn_ws.JOB_CUDNN_ENV] == "8.9.7"
+    monkeypatch.delenv(cudnn_ws.JOB_CUDNN_ENV)
+    plain = shutil.which("python3", path="/usr/bin")
+    if plain is None or os.system(f"{plain} -c 'import torch' 2>/dev/null") == 0:
+        pytest.skip("no python3 without torch in /usr/bin")
+    note = cudnn_ws.use_job_python(parse_train_command(f"{plain} train.py").program)
+    assert os.environ[cudnn_ws.JOB_CUDNN_ENV] == "unknown" and "no torch answered" in note
+    ok, why = cudnn_ws.heuristics_are_the_jobs()
+    require_cudnn()
+    assert not ok and "unknown" in why and plain in why

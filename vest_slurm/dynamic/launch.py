@@ -51,6 +51,7 @@ class TrainCommand:
     mixed_precision: str | None = None       # accelerate's --mixed_precision
     launcher_args: tuple[str, ...] = ()      # accelerate launch's own option words (accelerate_env.py)
     config_file: str | None = None           # accelerate's --config_file, as written
+    program: str = ""          # the command's first word (python, a venv's python, torchrun, ./train.py): whose torch runs
 
     @property
     def display(self) -> str:
@@ -145,7 +146,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
         launcher = "torchrun"
         if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
-            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env))
+            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head)
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
@@ -163,7 +164,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         if i < len(words) and words[i] == "-m":
             if i + 1 >= len(words):
                 raise WorkloadError(f"`{command}`: -m without a module", "give the module, e.g. python -m pkg.train")
-            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), 1, "python", tuple(env))
+            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), 1, "python", tuple(env), program=head)
         if i < len(words) and words[i] == "-c":
             raise WorkloadError("`python -c` code cannot be estimated", "put the training code in a file and run that")
     elif head.endswith(".py"):
@@ -174,7 +175,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
     return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
-                        config_file)
+                        config_file, program=head)
 
 
 def find_train_command(command_lines: list[str]) -> TrainCommand | None:

@@ -384,7 +384,12 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     error only when it fails on every class."""
     from ..estimate.estimator import gpu_class, summarize
 
+    from ..estimate import cudnn_ws
+
     gpus = num_gpus or (cmd.nproc if cmd.nproc > 0 else 1)
+    # the cuDNN of the Python the job runs (a venv's, another torch), not this process's (item 2 of
+    # issue 25): the trace runs here, the job's convolutions run on that cuDNN's engines
+    cudnn_ws.use_job_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first = {}, None

@@ -28,7 +28,8 @@ says so.
 
 Heuristics are those of the installed cuDNN. Where that is not the job's cuDNN (the job's torch
 ships another, one before 9.8 that cannot answer without a GPU, or a CPU build of torch, where it
-is unknown; $VEST_JOB_CUDNN names it where the job runs another torch than this one), placement
+is unknown; $VEST_JOB_CUDNN names it where the job runs another torch than this one, and a job
+whose command runs another Python than this one has that Python's torch asked: use_job_python), placement
 takes the largest workspace over the engines cuDNN may pick for each convolution
 (heuristics_are_the_jobs, estimator._engines_bound) and the estimate says so; the peak stays the
 first plan's.
@@ -41,6 +42,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 
 from .profiles import DeviceProfile
 
@@ -237,12 +239,86 @@ def _parse_version(text: str) -> int | None:
     return parts[0] * 10000 + parts[1] * 100 + parts[2] if parts[0] >= 9 else parts[0] * 1000 + parts[1] * 100 + parts[2]
 
 
+_JOB_SOURCE: dict[str, str] = {}    # {the $VEST_JOB_CUDNN value use_job_python set: where it comes from}
+_SET_HERE: str | None = None         # the value use_job_python set (a later job of this process may change it)
+
+
 def jobs_cudnn() -> tuple[int | None, str]:
     """(the job's cuDNN version or None, where that comes from)."""
     env = os.environ.get(JOB_CUDNN_ENV)
     if env is not None:
-        return _parse_version(env), f"${JOB_CUDNN_ENV}"
+        return _parse_version(env), _JOB_SOURCE.get(env, f"${JOB_CUDNN_ENV}")
     return job_cudnn_version(), "this torch"
+
+
+# ---------------------------------------------------------------- the job's own python
+
+# What the job's interpreter is asked (no GPU needed: cudnnGetVersion only loads the library).
+_PROBE = ("import json, torch; c = torch.version.cuda; "
+          "print(json.dumps([torch.__version__, c, torch.backends.cudnn.version() if c else None]))")
+PROBE_TIMEOUT_S = 120     # importing a CUDA build of torch reads ~2 GB of libraries; a cold disk is slow
+
+
+def _interpreter(program: str, path: str | None, cwd: str | None) -> str | None:
+    """The Python that runs ``program`` (a python, or a launcher / script whose #! line names one)."""
+    import shutil
+
+    exe = program if "/" in program else shutil.which(program, path=path)
+    if exe and "/" in program and not os.path.isabs(exe):
+        exe = os.path.join(cwd or os.getcwd(), exe)
+    if not exe or not os.path.isfile(exe):
+        return None
+    if re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(exe)):
+        return exe
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        return _interpreter(words[0], path, cwd) if words else None
+    return words[0] if words and os.path.isfile(words[0]) else None
+
+
+def use_job_python(program: str, env_path: str | None = None, cwd: str | None = None) -> str:
+    """Where a job's command runs another Python than this process (a venv's, a module's), ask its
+    torch for its cuDNN and set $VEST_JOB_CUDNN to it for this estimate ("unknown" for a CPU build,
+    no torch, or no answer), so that placement bounds the engines where it is not the cuDNN asked
+    (heuristics_are_the_jobs). Nothing where $VEST_JOB_CUDNN is set already (the site's or the
+    user's word) or the job's Python is this one. Returns the note ("" where nothing changed)."""
+    import json
+    import subprocess
+    import sys
+
+    global _SET_HERE
+    now = os.environ.get(JOB_CUDNN_ENV)
+    if now is not None and now != _SET_HERE:
+        return ""                  # the site's or the user's
+    if now is not None:            # an earlier job's answer in this process: not this job's
+        del os.environ[JOB_CUDNN_ENV]
+        _SET_HERE = None
+    interp = _interpreter(program, env_path, cwd) if program else None
+    if interp is None or os.path.abspath(interp) == os.path.abspath(sys.executable):
+        return ""
+    try:
+        r = subprocess.run([interp, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, stdin=subprocess.DEVNULL)
+        torch_v, cuda_v, cudnn_v = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else (None,) * 3
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        torch_v = cuda_v = cudnn_v = None
+    if cudnn_v:
+        value, what = version_text(int(cudnn_v)), f"the job's python {interp} (torch {torch_v}, CUDA {cuda_v})"
+    else:
+        value = "unknown"
+        what = (f"the job's python {interp} (torch {torch_v}, a CPU build)" if torch_v else
+                f"the job's python {interp} (no torch answered)")
+    os.environ[JOB_CUDNN_ENV] = _SET_HERE = value
+    _JOB_SOURCE[value] = what
+    return f"cuDNN: {what}"
 
 
 def heuristics_are_the_jobs() -> tuple[bool, str]:
@@ -255,7 +331,8 @@ def heuristics_are_the_jobs() -> tuple[bool, str]:
     here = fe.backend_version()
     job, src = jobs_cudnn()
     if job is None:
-        return False, (f"the job's cuDNN is unknown ({src}: a CPU build of torch); cuDNN {version_text(here)} "
+        why = f"{src}: a CPU build of torch" if src == "this torch" else src
+        return False, (f"the job's cuDNN is unknown ({why}); cuDNN {version_text(here)} "
                        "was asked")
     if job < 90800:
         return False, f"the job's cuDNN {version_text(job)} ({src}) cannot be asked without a GPU (9.8 and newer can)"
