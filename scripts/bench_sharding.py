@@ -17,7 +17,7 @@ For each configuration, in one run:
   (reserved_bytes.all.peak), with the source, the configuration and the allocator setting it ran with.
 
 Writes benchmarks/sharding-results.csv (paths relative to the checkout) and prints the table.
-    python scripts/bench_sharding.py [--quick]     # --quick: the small rows only
+    python scripts/bench_sharding.py [--quick] [--only TEXT]   # --quick: the small rows only
 """
 
 from __future__ import annotations
@@ -110,6 +110,11 @@ CONFIGS = (
                             "reduce; no AC; AdamW; eager; steps 2-3 reserved 77.29 GiB (81.32%)",
            alloc_conf="default (run_llama_train.sh sets none)",
            tracker_note="not run: FSDPMemTracker on 8B x 8192 tokens takes longer than this pass had"),
+    # issue 24's speed target: an 8B model over 8 GPUs (32 identical blocks: traced at 4 and 5, scaled)
+    Config("llama-3-8b fsdp2 x8 batch 1 seq 2048 (speed)",
+           ("--model", "hf:llama-3-8b", "--batch-size", "1", "--input", "seq2048", "--optimizer", "adamw",
+            "--parallelism", "fsdp2", "--num-gpus", "8", "--param-dtype", "bf16", "--reduce-dtype", "fp32"),
+           "h100-80gb", tracker=False, tracker_note="speed row"),
 )
 
 
@@ -209,6 +214,13 @@ def _vest(cfg: Config) -> tuple[dict | None, float, str]:
     return d, wall, ""
 
 
+def _torch_import_seconds() -> float:
+    """Wall seconds of `python -c "import torch"` (the speed figures are read against it)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - t0
+
+
 def gib(v) -> str:
     return "" if v is None else f"{v / GiB:.2f}"
 
@@ -220,14 +232,17 @@ def pct(est, ref) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", metavar="TEXT", help="only the rows whose name contains TEXT (results: "
+                                                   "benchmarks/sharding-results-only.csv)")
     ap.add_argument("--tracker-child", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.tracker_child is not None:
         tracker_child(a.tracker_child)
         return 0
+    imports = [_torch_import_seconds()]   # the yardstick of the speed figures, before and after the rows
     rows = []
     for cfg in CONFIGS:
-        if a.quick and not cfg.quick:
+        if (a.quick and not cfg.quick) or (a.only and a.only not in cfg.name):
             continue
         print(f"[{cfg.name}] ...", flush=True)
         tr, tr_wall, tr_err = (_child([sys.executable, os.path.abspath(__file__), "--tracker-child", *cfg.args])
@@ -268,7 +283,13 @@ def main() -> int:
               f"reserved {r['vest_alloc_reserved_gib']} GiB ({r['vest_seconds']} s, {r['vest_rss_mib']} MiB) "
               f"{r['vest_note']} | published {r['published_active_gib'] or '-'} / {r['published_reserved_gib'] or '-'}",
               flush=True)
-    out = os.path.join(ROOT, "benchmarks", "sharding-results.csv" if not a.quick else "sharding-results-quick.csv")
+    imports.append(_torch_import_seconds())
+    mean_import = sum(imports) / len(imports)
+    for r in rows:
+        r["torch_import_seconds"] = f"{mean_import:.1f}"
+        r["vest_x_torch_import"] = f"{float(r['vest_seconds']) / mean_import:.2f}" if r["vest_seconds"] else ""
+    name = "sharding-results-quick.csv" if a.quick else "sharding-results-only.csv" if a.only else "sharding-results.csv"
+    out = os.path.join(ROOT, "benchmarks", name)
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -279,6 +300,8 @@ def main() -> int:
     print("\n" + " | ".join(cols))
     for r in rows:
         print(" | ".join(str(r[c]) for c in cols))
+    print(f"\nimport torch: {mean_import:.1f} s (mean of {len(imports)}); vest time / import: "
+          + ", ".join(f"{r['config']} {r['vest_x_torch_import']}" for r in rows))
     print(f"\nwrote {os.path.relpath(out, ROOT)}")
     return 0
 

@@ -33,7 +33,8 @@ input (compute stream, reduce dtype), the unsharded gradients freed, the reduce-
 the reduce-scatter stream (stream 2), cast to the parameters' dtype where the reduce dtype
 differs; one reduce-scatter input is kept in flight (reduce_scatter_max_input_buffers = 1). For a
 job on torch before 2.5 ($VEST_JOB_TORCH) the reduce-scatter input is on the reduce-scatter stream
-and freed there at once (RS_INPUT_ON_COMPUTE_SINCE). FSDP1
+and freed there at once (RS_INPUT_ON_COMPUTE_SINCE). FSDP1's
+post-backward hook casts, pads and reduce-scatters on its post-backward stream (stream 2). FSDP1
 all-gathers into one flat buffer on its unshard stream and frees it with record_stream to the
 compute stream: the free takes effect when the compute stream has passed it; the CPU runs ahead by
 at most two all-gathers (limit_all_gathers), so the free is placed two units later. Streams have
@@ -439,14 +440,24 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                                                        flat_shard_numel(sum(u.numels), w, ZERO_ALIGN) * r,
                                                        COMPUTE, "backward", "gradient", u.name))
                 return
-            if flat:   # the flat gradient (SplitBackward of the views), cast to the reduce dtype
-                grad_in = b.alloc(full * p, COMPUTE, "backward", "temporary", "fsdp_flat_grad")
+            if flat:
+                # The flat gradient (SplitBackward of the views) is the compute stream's. FSDP1's
+                # post-backward hook runs in its post-backward stream (_runtime_utils.py
+                # _post_backward_hook: `with stream(_post_backward_stream)`): the cast to the reduce
+                # dtype, the padding to a multiple of the ranks (_get_reduce_scatter_tensors' F.pad)
+                # and the sharded output are that stream's (2), the first two freed there when the
+                # hook returns; the autograd gradient is record_stream'ed to it (freed when that
+                # stream has passed it).
+                numel = sum(u.numels)
+                grad_in = b.alloc(numel * p, COMPUTE, "backward", "temporary", "fsdp_flat_grad")
                 b.free_all(traced_grads)
+                hook = []
                 if r != p:
-                    cast = b.alloc(full * r, COMPUTE, "backward", "temporary", "fsdp_grad_cast")
-                    b.free(grad_in)
-                    grad_in = cast
+                    hook.append(b.alloc(numel * r, REDUCE_SCATTER, "backward", "temporary", "fsdp_grad_cast"))
+                if full > numel:
+                    hook.append(b.alloc(full * r, REDUCE_SCATTER, "backward", "temporary", "fsdp_grad_pad"))
                 out = b.alloc(shard * r, REDUCE_SCATTER, "backward", "gradient", u.name)
+                b.free_all(hook)
                 delayed.append((gathers_done[0] + 1, [grad_in]))   # record_stream(post-backward stream)
             elif rs_input_on_rs_stream:   # FSDP2 before PR #129721: copy-in on the RS stream, freed there
                 rs_in = b.alloc(full * r, REDUCE_SCATTER, "backward", "temporary", "reduce_scatter_input")
