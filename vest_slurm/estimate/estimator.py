@@ -27,7 +27,7 @@ from .allocator_config import parse_alloc_conf
 from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
 from .sharding import strategy_world
-from .profiles import DeviceProfile
+from .profiles import DeviceProfile, eager_loading
 from .trace import BF16_NOTE, AllocEvent, AllocTrace
 from ..units import MiB
 from .workload import SHARDED, WorkloadSpec
@@ -202,6 +202,14 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     cudnn_find_max = _largest(events, "cudnn_find", default=None)
     outside = profile.context_mib * MiB
     parts = [("cuda_context", outside)]
+    if profile.floor == "default" and eager_loading():
+        # a default floor bounds lazily loaded code only; eager loading loads every module (eager.py).
+        # A calibrated floor was measured on the site's own stack and loading mode
+        from .eager import eager_code_bytes
+
+        eager, _ = eager_code_bytes(profile.capability, summary.uses_cudnn, spec.num_gpus > 1)
+        if eager:
+            parts.append(("eager_module_loading", eager))
     if summary.uses_cudnn:
         parts.append(("cudnn", profile.cudnn_mib * MiB))
     if spec.num_gpus > 1 and spec.parallelism in ("ddp", "dp"):

@@ -96,8 +96,11 @@ def _p(key, name, total, cap, sms, context, cudnn, reserved=None):
 #    measured stack with that stack left out.
 # 3. Eager module loading (CUDA_MODULE_LOADING=EAGER, or a torch built with CUDA < 11.7, i.e. torch <
 #    1.13) loads every kernel of every library at initialisation; no measured stack here loads
-#    eagerly, so the default cannot bound it and says so (eager_loading_note): such a site must
-#    calibrate.
+#    eagerly. The default floor then adds the device code of the libraries the job loads, read from
+#    the installed torch's files (eager.py: per module the cubin the driver picks for the board,
+#    uncompressed; e.g. A100 with torch 2.14 + CUDA 13: torch 702, cuBLAS 241, cuDNN 373, NCCL
+#    49 MiB), on top of term 2 (which already holds the lazily loaded part: errs high); the
+#    estimate says so (eager_loading_note), and where the files cannot be read, that it is not bounded.
 # 4. NCCL (multi-GPU jobs): its buffers and proxy state, estimator.NCCL_BYTES, added per job.
 # A site that calibrates a type (`vest calibrate`, or `vest audit --apply` from its finished jobs)
 # replaces 1-3 with its measured floor; estimates say which one they used (DeviceProfile.floor).
@@ -137,15 +140,28 @@ def default_floor_mib(capability: tuple[int, int], sm_count: int, floors: dict[s
     return local_memory_mib(capability, sm_count) + lazy_code_bound_mib(MEASURED_FLOORS if floors is None else floors)
 
 
-def eager_loading_note(environ=None) -> str:
-    """Why the default floor may be low for this job ("" when lazy loading applies): term 3."""
+def eager_loading(environ=None) -> bool:
+    """Whether the job loads modules eagerly: CUDA_MODULE_LOADING=EAGER in the environment vsbatch
+    and vest run in (sbatch's default --export=ALL hands it to the job)."""
     import os
 
     env = os.environ if environ is None else environ
-    if env.get("CUDA_MODULE_LOADING", "").strip().upper() == "EAGER":
-        return ("CUDA_MODULE_LOADING=EAGER: every kernel of torch, cuBLAS and cuDNN is loaded at start, which "
-                "the default floor (lazy loading) does not bound; calibrate this GPU type (vest calibrate / vest audit)")
-    return ""
+    return env.get("CUDA_MODULE_LOADING", "").strip().upper() == "EAGER"
+
+
+def eager_loading_note(environ=None, bounded_mib: dict[str, int] | None = None) -> str:
+    """What term 3 did to the default floor ("" when lazy loading applies): ``bounded_mib`` is the
+    per-type bound added (estimator.py), empty where the libraries could not be read."""
+    if not eager_loading(environ):
+        return ""
+    if bounded_mib:
+        each = ", ".join(f"{k} +{v} MiB" for k, v in sorted(bounded_mib.items()))
+        return ("CUDA_MODULE_LOADING=EAGER: every kernel of torch, cuBLAS, cuDNN and NCCL is loaded at start; the "
+                f"default floor adds their device code read from the installed libraries ({each}), an upper bound; "
+                "calibrate this GPU type for a tight floor (vest calibrate / vest audit)")
+    return ("CUDA_MODULE_LOADING=EAGER: every kernel of torch, cuBLAS and cuDNN is loaded at start, which the "
+            "default floor (lazy loading) does not bound here (torch's CUDA libraries not readable); calibrate this "
+            "GPU type (vest calibrate / vest audit)")
 
 
 # key: (nvidia-smi name, capability, SMs, memory.total MiB). total_mib and SM counts: nvidia-smi's

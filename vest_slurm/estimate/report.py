@@ -114,7 +114,9 @@ def floor_notes(estimates: Sequence[MemoryEstimate]) -> list[str]:
         return []
     notes = [f"floor 'default' ({', '.join(default)}): no site calibration; a bound on the CUDA context and "
              "lazily loaded libraries that errs high (calibrate: vest calibrate, or vest audit --apply)"]
-    if eager := eager_loading_note():
+    added = {e.gpu: round(v / (1 << 20)) for e in estimates if e.floor == "default"
+             for k, v in e.breakdown if k == "eager_module_loading"}
+    if eager := eager_loading_note(bounded_mib=added):
         notes.append(eager)
     return notes
 
