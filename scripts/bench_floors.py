@@ -144,7 +144,7 @@ def main(argv=None) -> int:
            "median over-prov", "median |err|", f"<= {100 * TARGET_BELOW:.0f}% / {100 * TARGET_OVER:.0f}%",
            "calibrated: < meas", "calibrated: over-prov"]
     print(f"Leave-one-stack-out on {' '.join(a.results)} ({len(rows)} NVIDIA rows): default floor = SMs x threads/SM x 1 KiB "
-          f"+ the largest (floor - that) of the stacks kept; request = peak x (1 + {POLICY.headroom_percent:g}%)\n")
+          f"+ the largest (floor - that) of the stacks kept; request = max(peak, required, cuDNN engines bound) x (1 + {POLICY.headroom_percent:g}%)\n")
     print(tabulate(table, headers=hdr, disable_numparse=True))
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(out[0]))
