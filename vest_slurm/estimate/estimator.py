@@ -36,6 +36,41 @@ from .workload import SHARDED, WorkloadSpec
 # for each protocol (SIMPLE NCCL_BUFFSIZE 4 MiB, LL128 ~4.6 MiB, LL 256 KiB), ~9 MiB per peer
 # direction; NCCL opens 16 channels or more on NVLink/NVSwitch nodes: 2 x 16 x 9 MiB ~ 288 MiB.
 NCCL_BYTES = 288 * MiB
+# NCCL's NVLink SHARP (NVLS) buffers, per communicator, as src/transport/nvls.cc (NCCL 2.2x) sets them
+# up: only where the GPU supports multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: Hopper and later
+# on NVSwitch; NCCL_NVLS_ENABLE's default 2 asks the device) and the communicator has more than two
+# GPUs on the node (ncclNvlsInit: gpuCount <= 2 returns). ncclNvlsBufferSetup then binds on every GPU
+# nvlsTotalSize = nvlsChannels x 2 (reduce and broadcast) x buffSize x nHeads, with buffSize =
+# NCCL_NVLS_CHUNKSIZE (128 KiB) x NCCL_STEPS (8) = 1 MiB and one head per local rank; the credits
+# (64 B per channel, direction and head) are negligible. nvlsChannels: NVLS_NCHANNELS_SM90 16,
+# NVLS_NCHANNELS_SM100 32. 8 H100 of one HGX node: 16 x 2 x 1 MiB x 8 = 256 MiB per GPU. Older NCCL
+# (2.18-2.19) sized buffSize as the SIMPLE protocol's 4 MiB plus 2 MiB alignment, six times more; a
+# job that exports NCCL_NVLS_ENABLE=0 holds none (not read from the job: the estimate errs high).
+NVLS_BUFF_BYTES = 128 * 1024 * 8
+NVLS_CHANNELS = {9: 16, 10: 32}
+
+
+def nvls_bytes(profile: DeviceProfile, local_ranks: int) -> int:
+    """NCCL's NVLS buffers of one communicator with ``local_ranks`` GPUs on this GPU's node (0 where
+    NCCL would not set NVLS up)."""
+    if not profile.nvswitch or local_ranks <= 2 or profile.capability[0] < 9:
+        return 0
+    channels = NVLS_CHANNELS.get(profile.capability[0], max(NVLS_CHANNELS.values()))
+    return channels * 2 * NVLS_BUFF_BYTES * local_ranks
+
+
+def _nvls_parts(spec: WorkloadSpec, profile: DeviceProfile) -> list[tuple[str, int]]:
+    """NVLS buffers of the job's communicators: the data-parallel (or shard) group's, whose local ranks
+    are the GPUs of one node it spans (--gpus-per-node, else one HGX node's 8 at most); HSDP's and
+    FSDP1 hybrid's replicate group has one rank per node, so none."""
+    if spec.num_gpus <= 2 or spec.parallelism not in ("ddp", *SHARDED):   # dp: one process, not modelled
+        return []
+    per_node = spec.gpus_per_node or min(spec.num_gpus, 8)
+    group = strategy_world(spec) if spec.parallelism in SHARDED else spec.num_gpus
+    n = nvls_bytes(profile, min(group, per_node))
+    return [("nccl_nvls", n)] if n else []
+
+
 DDP_BUCKET_BLOCK = -10_000_000   # block id of the DDP buckets the estimator adds (not from the trace)
 _CUDNN_WORKSPACES = ("cudnn", "cudnn_find")   # per convolution run; benchmark mode's timing one per shape
 
@@ -219,6 +254,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         # parallel group); HSDP adds the replicate group's (its all-reduce across shard groups)
         comms = 2 if spec.parallelism in ("hsdp", "fsdp") and strategy_world(spec) < spec.num_gpus else 1
         parts.append(("nccl", comms * NCCL_BYTES))
+    parts += _nvls_parts(spec, profile)
     fixed = sum(v for _, v in parts)
     breakdown = tuple(parts) + (
         ("parameters", summary.param_bytes),

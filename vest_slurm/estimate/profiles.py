@@ -55,6 +55,7 @@ class DeviceProfile:
     cublas_workspace_bytes: int
     vendor: str = "nvidia"
     floor: str = "default"   # where context_mib comes from: "default" (the bound above) or "calibrated"
+    nvswitch: bool = False   # the type's nodes join their GPUs through NVSwitch (NCCL's NVLS: estimator.nvls_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -191,8 +192,14 @@ _SPEC: dict[str, tuple[str, tuple[int, int], int, int]] = {
     "rtx-3090-24gb": ("NVIDIA GeForce RTX 3090", (8, 6), 82, 24576),
     "a10-24gb": ("NVIDIA A10", (8, 6), 72, 23028),
 }
+# Boards sold on NVSwitch baseboards (HGX H100 / H200 / B200: 8 SXM GPUs, each NVLink port on the
+# switches), where NCCL can set up NVLink SHARP. The PCIe and NVL boards (NVLink bridges between
+# pairs) and GH200 (one GPU per node; its multi-node NVLink is a site's fabric) have none; a site
+# says otherwise with [gpu.X] nvswitch.
+_NVSWITCH = ("h100-80gb", "h200-141gb", "b200-180gb")
 PROFILES: dict[str, DeviceProfile] = {
-    k: _p(k, name, total, cap, sms, default_floor_mib(cap, sms), 0) for k, (name, cap, sms, total) in _SPEC.items()}
+    k: replace(_p(k, name, total, cap, sms, default_floor_mib(cap, sms), 0), nvswitch=k in _NVSWITCH)
+    for k, (name, cap, sms, total) in _SPEC.items()}
 
 
 def calibrated(profile: DeviceProfile, context_mib: int, cudnn_mib: int | None = None) -> DeviceProfile:

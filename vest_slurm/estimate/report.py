@@ -16,6 +16,7 @@ _BREAKDOWN_LABELS = {
     "cuda_context": "CUDA context + kernels (outside the allocator)",
     "cudnn": "cuDNN handle + kernels (outside the allocator)",
     "nccl": "NCCL buffers (outside the allocator)",
+    "nccl_nvls": "NCCL NVLink SHARP buffers (outside the allocator)",
     "parameters": "parameters",
     "gradients": "gradients (largest set alive)",
     "optimizer_state": "optimizer state",

@@ -42,7 +42,8 @@ separate pools in the replay, as in CUDACachingAllocator (a block is only reused
 
 Known limitations (each said in the estimate's notes where it applies): DeepSpeed is modelled from
 its defaults, not traced (reduce_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7
-elements); activations are traced once and repeated; NCCL's NVLS buffers are not modelled.
+elements); activations are traced once and repeated. NCCL's NVLS buffers are added outside the allocator
+where the GPU type's nodes have NVSwitch (estimator.nvls_bytes).
 """
 
 from __future__ import annotations

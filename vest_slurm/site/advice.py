@@ -73,7 +73,7 @@ def site_profiles(site: SiteConfig) -> dict[str, DeviceProfile]:
         if g.memory_bytes is not None:
             # memory_mib is what a process can use: no further driver reservation on top.
             p = replace(p, total_mib=g.memory_bytes // MiB, reserved_mib=0)
-        out[g.name] = p.with_overrides(context_mib=g.context_mib, cudnn_mib=g.cudnn_mib)   # `vest calibrate`
+        out[g.name] = p.with_overrides(context_mib=g.context_mib, cudnn_mib=g.cudnn_mib, nvswitch=g.nvswitch)   # `vest calibrate`
     return out
 
 

@@ -62,6 +62,7 @@ class GpuType:
     cost: float | None = None
     context_mib: int | None = None    # measured by `vest calibrate` on this site's stack
     cudnn_mib: int | None = None      # likewise, what cuDNN adds for jobs that convolve
+    nvswitch: bool | None = None      # its nodes have NVSwitch (NCCL's NVLS buffers); None: the profile's
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,7 @@ class _Checker:
 
 
 TOP_KEYS = ("gpu", "partition", "policy", "bridge", "dynamic")
-GPU_KEYS = ("profile", "memory_mib", "cost", "context_mib", "cudnn_mib")
+GPU_KEYS = ("profile", "memory_mib", "cost", "context_mib", "cudnn_mib", "nvswitch")
 DYNAMIC_KEYS = ("timeout_s", "memory_mib", "steps")
 PARTITION_KEYS = ("gpu_types", "gpus_per_node", "max_gpus_per_job", "cost", "nodes")
 POLICY_KEYS = ("headroom_percent", "headroom_mib", "selection", "on_user_choice_too_small",
@@ -295,8 +296,9 @@ def site_config_from_dict(data: Mapping[str, Any], path: str = "<dict>") -> Site
         cost = c.get(t, w, "cost", "number", minimum=0)
         context = c.get(t, w, "context_mib", "int", minimum=0)
         cudnn = c.get(t, w, "cudnn_mib", "int", minimum=0)
+        nvswitch = c.get(t, w, "nvswitch", "bool")
         if profile is not None:
-            gpus.append(GpuType(name, profile, mem * MiB if mem is not None else None, cost, context, cudnn))
+            gpus.append(GpuType(name, profile, mem * MiB if mem is not None else None, cost, context, cudnn, nvswitch))
 
     partitions: list[Partition] = []
     for name, table in _named_tables(c, top, "partition", "no [partition.<name>] table: define at least one GPU partition"):
