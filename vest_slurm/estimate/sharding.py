@@ -43,7 +43,10 @@ separate pools in the replay, as in CUDACachingAllocator (a block is only reused
 Known limitations (each said in the estimate's notes where it applies): DeepSpeed is modelled from
 its defaults, not traced (reduce_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7
 elements); activations are traced once and repeated. NCCL's NVLS buffers are added outside the allocator
-where the GPU type's nodes have NVSwitch (estimator.nvls_bytes).
+where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's behaviour is the installed
+torch's, or that of $VEST_JOB_TORCH where the job runs another (before 2.5 only the reduce-scatter
+input's stream differs); FSDP1's record_stream frees are placed two all-gathers later
+(limit_all_gathers), not where the GPU would pass them.
 """
 
 from __future__ import annotations
