@@ -66,6 +66,19 @@ def sacct(tb, *args: str) -> str:
     return r.stdout
 
 
+def decision_line(tb, name: str) -> str:
+    """The bridge's log line for job ``name``: the server's log, else the controller's (the Lua logs
+    there, e.g. when it answered without the server); waited for, the server writes it after it answers."""
+    def find() -> str:
+        for path in (tb.log_path, tb.slurm.log_dir / "slurmctld.log"):
+            for ln in path.read_text(errors="replace").splitlines():
+                if f"job={name} " in ln and "vest-bridge: action=" in ln:
+                    return ln
+        return ""
+    wait_until(lambda: find() != "", 30, f"the bridge's decision for {name} logged")
+    return find()
+
+
 def finished(tb, ids: list[str]) -> bool:
     out = sacct(tb, "--format=JobID,State", f"--jobs={','.join(ids)}")
     states = dict(ln.split("|")[:2] for ln in out.splitlines()[1:] if "." not in ln.split("|")[0])
@@ -107,7 +120,7 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
             text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, "true",
                               f"# {name}", forged, ""])
             directive = sbatch_as(tb, USER, text, jobdir, name)
-            line = next(ln for ln in tb.log_path.read_text().splitlines() if f"job={name} " in ln)
+            line = decision_line(tb, name)
             if "source=directives" in line or time.monotonic() > deadline:
                 break
             assert "directives-over-budget" in line, line
