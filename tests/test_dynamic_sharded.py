@@ -129,3 +129,31 @@ def test_accelerate_launch_options_take_their_values():
     assert cmd.config_file == "a.yaml"
     assert cmd.launcher_args == ("--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--num_processes", "2",
                                  "--config_file", "a.yaml")
+
+
+def test_hf_trainer_with_fsdp_arguments(monkeypatch):
+    """transformers' Trainer with --fsdp "full_shard auto_wrap" --fsdp_config (its arguments from the
+    command line, torchrun over 4): the Trainer leaves the model on the CPU and accelerate shards it with
+    fully_shard (FSDP2, bf16 policy), which moves it to the GPU; the same shards and optimizer states as
+    the workload declared. accelerate keeps its tail units unsharded after forward: modelled as off for
+    every unit, and said."""
+    monkeypatch.chdir(SCRIPTS)
+    h100 = get_profile("h100-80gb")
+    cmd = parse_train_command("torchrun --nproc_per_node 4 hf_trainer_args_train.py --output_dir out --fsdp "
+                              "'full_shard auto_wrap' --fsdp_config hf_fsdp_config.json --bf16 "
+                              "--per_device_train_batch_size 4 --max_steps 10")
+    (dyn,), run = estimate_command(cmd, [h100], cwd=SCRIPTS)
+    s = run.spec
+    assert (s.parallelism, s.num_gpus, s.param_dtype, s.optimizer, s.reshard_after_forward) == \
+        ("fsdp2", 4, "bf16", "adamw", "off")
+    assert any("reshard_after_forward" in n for n in run.trace.notes)
+    declared = parse_workload_args(["--model", "hf_trainer_args_train.py:build_model", "--input", "seq128",
+                                    "--batch-size", "4", "--optimizer", "adamw", "--optimizer-impl", s.optimizer_impl,
+                                    "--weight-decay", str(s.weight_decay), "--parallelism", "fsdp2",
+                                    "--num-gpus", "4", "--param-dtype", "bf16", "--reduce-dtype", s.reduce_dtype,
+                                    "--reshard-after-forward", "off"])
+    (dec,) = estimate(declared, [h100])
+    d, c = dict(dyn.breakdown), dict(dec.breakdown)
+    for part in ("parameters", "optimizer_state"):
+        assert d[part] == c[part], part
+    assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes

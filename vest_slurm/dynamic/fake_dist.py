@@ -145,6 +145,12 @@ class FsdpRecord:
                 self.fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
                                  offload_policy=offload_policy, ignored_params=ignored_params)
             return module
+        if not isinstance(module, (list, tuple)):
+            states = [*module.parameters(), *module.buffers()]
+            # FSDP2 moves a module's CPU states to the device (_fsdp_init._move_states_to_device; meta
+            # ones stay for to_empty): transformers' Trainer and accelerate leave the model on the CPU
+            if states and not any(t.is_meta for t in states) and any(t.device.type == "cpu" for t in states):
+                module.to(torch.device("cuda", 0))
         param = getattr(mp_policy, "param_dtype", None)
         reduce = getattr(mp_policy, "reduce_dtype", None)
         offload = offload_policy is not None and type(offload_policy).__name__ == "CPUOffloadPolicy"
@@ -363,6 +369,10 @@ class FsdpRecord:
                           "bwd_pre": m.bwd_pre.get(name), "bwd_post": m.bwd_post.get(name),
                           "grad_blocks": list(m.grad_blocks.get(name, ()))})
         opt = self.optimizer
+        inner = [w for w in self.wrapped if w.module is not self.root]
+        if len({w.reshard_after_forward for w in inner}) > 1:   # accelerate keeps its tail units unsharded
+            self.notes.append("the script's units differ in reshard_after_forward: modelled as off for every unit "
+                              "(the per-rank schedule has one setting), which errs high")
         kinds = {w.kind for w in self.wrapped}
         if len(kinds) > 1:
             return {"refused": ["the script wraps with both FSDP1 (FullyShardedDataParallel) and FSDP2 (fully_shard): "
