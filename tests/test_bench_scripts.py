@@ -48,6 +48,9 @@ def test_corpus_is_pinned_and_complete():
             parse_workload_args(shlex.split(e["oracle"]))   # raises on a bad oracle
         else:
             assert e.get("oracle_why"), f"{e['name']}: an entry without an oracle says why"
+        if e.get("live_oracle"):   # the second oracle's reduced size: the same script, one process
+            small = parse_train_command(e["live_oracle"])
+            assert (small.script, small.module, small.nproc) == (cmd.script, cmd.module, 1), e["name"]
         if e.get("expect", "estimated") != "estimated":
             assert e.get("expect_why"), e["name"]
 

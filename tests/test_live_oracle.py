@@ -29,6 +29,7 @@ def test_counts_device_storages_only():
 
 
 def test_refuses_a_launch_of_several_processes():
+    """torchrun of 2: the oracle runs one process (and never starts this one)."""
     res = run_command("torchrun --nproc_per_node 2 ddp_train.py", SCRIPTS, 3)
     assert res["status"] == "unsupported" and "2 processes" in res["message"]
 
@@ -43,6 +44,8 @@ def test_refuses_a_launch_of_several_processes():
     "python old_amp_api.py",
     # torchvision v2 transforms on host images, pinned batches, DataLoader workers
     "python image_transforms_train.py -b 8",
+    # DDP at world size 1 (RANK set, as nanoGPT's branch reads it): a real one-rank gloo group
+    "python ddp_train.py",
 ])
 def test_agrees_with_the_estimate(command):
     res = run_command(command, SCRIPTS, 3)

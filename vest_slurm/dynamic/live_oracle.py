@@ -43,8 +43,9 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
   inside torch's own Python functions (not the script's) makes an unmarked tensor (what follows from
   it with a device input is marked).
-- One process: distributed launches (DDP, FSDP, tensor parallel) and nn.DataParallel over more
-  than one GPU are refused (status "unsupported"); ``torch.set_default_device("cuda")`` is not mapped.
+- One process: a launch of several processes, a process group of more than one rank and
+  nn.DataParallel over more than one GPU are refused (status "unsupported"); a script's DDP branch
+  at world size 1 runs for real (gloo, one rank). ``torch.set_default_device("cuda")`` is not mapped.
 """
 
 from __future__ import annotations
@@ -287,13 +288,31 @@ def _patched(census: Census, steps: int, state: dict):
         k.pop("prefetch_factor", None)
         return orig_dl_init(self, *a, **k)
 
-    def refuse(what):
-        def fn(*a, **k):
-            raise Unsupported(f"{what}: the live oracle runs one CPU process")
-        return fn
-
     import torch.distributed as dist
     import torch.nn.parallel as par
+
+    real_init = dist.init_process_group
+
+    def init_process_group(backend=None, *a, **k):
+        # a script that takes its DDP branch at world size 1 (nanoGPT's: RANK is set): a real
+        # one-rank gloo group over a file store in the run's temp dir (no port to collide on)
+        world = int(k.get("world_size", os.environ.get("WORLD_SIZE", "1")))
+        if world != 1:
+            raise Unsupported(f"torch.distributed.init_process_group at world size {world}")
+        store = dist.FileStore(os.path.join(os.environ.get("TMPDIR", "/tmp"), "oracle-store"), 1)
+        return real_init("gloo", store=store, rank=0, world_size=1)
+
+    class DistributedDataParallel(par.DistributedDataParallel):
+        """DDP of one rank on the CPU: device_ids name the GPU the module is on (dropped: a CPU
+        module takes none); what DDP makes while it is built (its gradient buckets, Reducer.cpp)
+        is the device's, as the module's."""
+
+        def __init__(self, module, device_ids=None, output_device=None, *a, **k):
+            census.factory += 1
+            try:
+                super().__init__(module, None, None, *a, **k)
+            finally:
+                census.factory -= 1
 
     class DataParallel(par.DataParallel):
         def forward(self, *inputs, **kw):   # one GPU: DataParallel calls its module (data_parallel.py)
@@ -311,7 +330,9 @@ def _patched(census: Census, steps: int, state: dict):
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch, "compile", _compile),
         (torch.cuda, "_lazy_init", lambda: None),
-        (dist, "init_process_group", refuse("torch.distributed.init_process_group")),
+        (dist, "init_process_group", init_process_group),
+        (par, "DistributedDataParallel", DistributedDataParallel),
+        (torch.nn.parallel.distributed, "DistributedDataParallel", DistributedDataParallel),
         (par, "DataParallel", DataParallel), (torch.nn, "DataParallel", DataParallel),
         *_autocast_on_cpu(), *_gpu_kernels(census),
         *cuda_surface.patches(cuda_surface.Answers(lambda: census.live_bytes, lambda: census.peak_bytes)),
