@@ -157,3 +157,20 @@ def test_hf_trainer_with_fsdp_arguments(monkeypatch):
     for part in ("parameters", "optimizer_state"):
         assert d[part] == c[part], part
     assert abs(dyn.peak_bytes - dec.peak_bytes) <= 0.03 * dec.peak_bytes
+
+
+@pytest.mark.parametrize("command,line", [
+    ("torchrun --nproc_per_node 4 hf_trainer_args_train.py --output_dir out --deepspeed ds_zero3.json --bf16",
+     "--parallelism zero3 --offload optimizer --precision bf16"),
+    ("accelerate launch --config_file accelerate_deepspeed.yaml accelerate_fsdp_train.py",
+     "--parallelism zero2 --precision bf16"),
+])
+def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, command, line):
+    """DeepSpeed is not traced (dynamic/deepspeed_plan.py): a Trainer's --deepspeed ds.json and an
+    accelerate DeepSpeed config are refused before any run, as vest's gap, with the #VEST line of the
+    ZeRO stage, offload and precision they ask for (the per-rank model of estimate/sharding.py)."""
+    monkeypatch.chdir(SCRIPTS)
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command(command), [get_profile("h100-80gb")], cwd=SCRIPTS)
+    assert e.value.kind == "vest-unsupported" and "DeepSpeed" in e.value.what
+    assert line in e.value.fix

@@ -158,12 +158,18 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     if cmd.script and not os.path.isfile(os.path.join(where, cmd.script)):
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
                             "run from the directory the job runs in, or give the script's path")
-    tmpdir = tempfile.mkdtemp(prefix="vest-dyn-")
-    out = os.path.join(tmpdir, "result.json")
     world = max(num_gpus, cmd.nproc if cmd.nproc > 0 else num_gpus)
     launcher_args = list(cmd.launcher_args)
+    config = _accelerate_config(cmd, where) if cmd.launcher == "accelerate" else None
+    from .deepspeed_plan import plan
+
+    ds = plan(cmd, where, config)
+    if ds is not None:   # not traced (deepspeed_plan.py): the declarative ZeRO model answers it
+        raise EstimateError(f"{cmd.display}: DeepSpeed ZeRO (from {ds.source}) is not traced by the dynamic estimate",
+                            f"describe the workload declaratively: {ds.vest_line}", kind="vest-unsupported")
+    tmpdir = tempfile.mkdtemp(prefix="vest-dyn-")
+    out = os.path.join(tmpdir, "result.json")
     if cmd.launcher == "accelerate":   # its config file says how many processes; the child reads the rest
-        config = _accelerate_config(cmd, where)
         if config:
             if not any(a.startswith(("--num_processes", "--num-processes")) for a in launcher_args):
                 world = max(world, accelerate_env.config_processes(config))

@@ -1,0 +1,115 @@
+"""DeepSpeed in a training command: read what it asks for, refuse the dynamic estimate, and say which
+declarative workload stands for it. No torch.
+
+DeepSpeed is not traced: its engine (deepspeed.initialize) builds flat fp32 partitions, CUDA streams
+and events and JIT-compiled ops (FusedAdam, ...) that a fake-CUDA run cannot build, and it is not a
+dependency of vest-slurm. The per-rank model of ZeRO-1/2/3 (estimate/sharding.py: partitions padded
+as stage_1_and_2.py and partition_parameters.py cut them, DeepSpeed's default buckets) covers it
+declaratively, so a DeepSpeed job is answered with the #VEST line that names its stage, offload and
+precision, read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers' Trainer, Megatron-style
+scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its ``deepspeed_config`` or
+``deepspeed_config_file``). What this does not cover: the model (the user names it with --model),
+DeepSpeed settings other than stage, offload and precision (bucket sizes, stage3_max_live_parameters,
+activation checkpointing and partitioning), ZeRO++ and MiCS.
+
+``plan(cmd, cwd)``: None when the command asks for no DeepSpeed, else a DeepSpeedPlan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from .launch import TrainCommand
+
+_DS_ARGS = ("--deepspeed_config", "--deepspeed-config", "--deepspeed")
+
+
+@dataclass(frozen=True)
+class DeepSpeedPlan:
+    source: str            # where the settings came from
+    stage: int | None      # ZeRO stage (None: not said)
+    offload: str           # none, optimizer, params (the per-rank model's --offload)
+    precision: str | None  # bf16, fp16, or None (fp32)
+
+    @property
+    def vest_line(self) -> str:
+        stage = self.stage if self.stage in (1, 2, 3) else None
+        parts = ["#VEST --model ...", f"--parallelism zero{stage}" if stage else "--parallelism zero2 (its stage: 1, 2 or 3)"]
+        if self.offload != "none":
+            parts.append(f"--offload {self.offload}")
+        if self.precision:
+            parts.append(f"--precision {self.precision}")
+        return " ".join(parts + ["--num-gpus N --batch-size B --optimizer ..."])
+
+
+def _value(args, names) -> str | None:
+    """The value of the first of ``names`` given with one (``--deepspeed`` is a bare switch in
+    Megatron-DeepSpeed scripts, whose file is ``--deepspeed_config``); "" for a bare switch."""
+    bare = None
+    for name in names:
+        for i, a in enumerate(args):
+            k, eq, v = a.partition("=")
+            if k != name:
+                continue
+            v = v if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if v and not v.startswith("-"):
+                return v
+            bare = ""
+    return bare
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        try:
+            import yaml
+
+            doc = yaml.safe_load(text)
+        except Exception:
+            return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _from_ds_json(doc: dict, source: str, args=()) -> DeepSpeedPlan:
+    zero = doc.get("zero_optimization") or {}
+    stage = zero.get("stage") if isinstance(zero.get("stage"), int) else None
+    dev = lambda k: str((zero.get(k) or {}).get("device", "none")).lower()   # noqa: E731
+    offload = "params" if dev("offload_param") in ("cpu", "nvme") else (
+        "optimizer" if dev("offload_optimizer") in ("cpu", "nvme") else "none")
+    def on(k: str) -> bool:   # "auto": the Trainer's own --bf16 / --fp16 decides (transformers' HfDeepSpeedConfig)
+        v = str((doc.get(k) or {}).get("enabled", False)).lower()
+        return v == "true" or (v == "auto" and any(a in (f"--{k}", f"--{k}=True", f"--{k}=true") for a in args))
+
+    precision = "bf16" if on("bf16") else ("fp16" if on("fp16") else None)
+    return DeepSpeedPlan(source, stage, offload, precision)
+
+
+def plan(cmd: TrainCommand, cwd: str, accelerate_config: str | None = None) -> DeepSpeedPlan | None:
+    path = _value(cmd.args, _DS_ARGS)
+    if path is not None:
+        doc = _load(os.path.join(cwd, path)) if path else {}
+        return _from_ds_json(doc, f"{path or 'no config file'} (the script's DeepSpeed arguments)", cmd.args)
+    if cmd.launcher == "accelerate":
+        cfg = _load(accelerate_config) if accelerate_config else {}
+        if "--use_deepspeed" not in cmd.launcher_args and str(cfg.get("distributed_type", "")).upper() != "DEEPSPEED":
+            return None
+        ds = cfg.get("deepspeed_config") or {}
+        file = ds.get("deepspeed_config_file") or _value(cmd.launcher_args, ("--deepspeed_config_file",))
+        if file:
+            return _from_ds_json(_load(os.path.join(cwd, file)), f"{file} (accelerate's deepspeed_config_file)")
+        stage = ds.get("zero_stage", _value(cmd.launcher_args, ("--zero_stage",)))
+        off_p = str(ds.get("offload_param_device", "none")).lower()
+        off_o = str(ds.get("offload_optimizer_device", "none")).lower()
+        mp = str(cfg.get("mixed_precision") or cmd.mixed_precision or "no").lower()
+        return DeepSpeedPlan("the accelerate config's deepspeed_config", int(stage) if str(stage).isdigit() else None,
+                             "params" if off_p in ("cpu", "nvme") else ("optimizer" if off_o in ("cpu", "nvme") else "none"),
+                             mp if mp in ("bf16", "fp16") else None)
+    return None
