@@ -135,7 +135,7 @@ def test_host_tools_run_python_training_children_are_refused():
     """Libraries start host tools and, when refused, take another path without a word (LightningCLI
     built no model arguments at all when jsonargparse's `python -c` query of sys.path was refused):
     under bubblewrap a host tool runs for real; a Python child running a file is refused."""
-    from vest_slurm.dynamic import bwrap
+    import vest_slurm.dynamic.bwrap as bwrap
 
     bwrap.reset_probe()
     path, why = bwrap.available()
