@@ -40,7 +40,7 @@ def test_the_second_estimate_reads_the_trace(cache):
     path, calls = cache
     first = estimator.trace_for(spec(), A100, cache=True)
     second = estimator.trace_for(spec(), A100, cache=True)
-    assert len(calls) == 1 and list(path.rglob("*.json.gz"))
+    assert len(calls) == 1 and list(path.glob("traces/*/*.json.gz"))
     assert second.trace.events == first.trace.events and second.trace.step_ends == first.trace.step_ends
     assert second.seconds == first.seconds and "read from the trace cache" in second.trace.notes
     assert estimator.estimate_from_trace(second, spec(), A100) == estimator.estimate_from_trace(first, spec(), A100)
@@ -67,7 +67,7 @@ def test_off_user_code_and_no_cache_flag_trace_every_time(cache, monkeypatch):
     monkeypatch.setenv("VEST_CACHE_DIR", "off")
     estimator.trace_for(spec(), A100, cache=True)
     estimator.trace_for(spec(), A100, cache=True)
-    assert len(calls) == 4 and not list(path.rglob("*.json.gz"))
+    assert len(calls) == 4 and not list(path.glob("traces/*/*.json.gz"))
 
 
 def test_a_failed_trace_fails_again_from_the_cache(cache):
@@ -85,7 +85,7 @@ def test_a_failed_trace_fails_again_from_the_cache(cache):
 def test_a_damaged_entry_is_a_miss_and_is_replaced(cache):
     path, calls = cache
     estimator.trace_for(spec(), A100, cache=True)
-    (entry,) = path.rglob("*.json.gz")
+    (entry,) = path.glob("traces/*/*.json.gz")
     entry.write_bytes(b"not gzip")
     again = estimator.trace_for(spec(), A100, cache=True)
     assert len(calls) == 2 and again.trace.events
@@ -99,12 +99,12 @@ def test_the_least_recently_used_traces_go_first(cache, monkeypatch):
     monkeypatch.setattr(tracecache, "MAX_TRACES", 2)
     for b in ("1", "2", "3"):
         estimator.trace_for(spec("--batch-size", b), A100, cache=True)
-        entry = max(path.rglob("*.json.gz"), key=os.path.getmtime)
+        entry = max(path.glob("traces/*/*.json.gz"), key=os.path.getmtime)
         os.utime(entry, (0, {"1": 100, "2": 200, "3": 300}[b]))   # in order of use, far apart
     # storing the third left the two most recently used: batch 2 and 3
     estimator.trace_for(spec("--batch-size", "2"), A100, cache=True)
     estimator.trace_for(spec("--batch-size", "3"), A100, cache=True)
-    assert len(calls) == 3 and len(list(path.rglob("*.json.gz"))) == 2
+    assert len(calls) == 3 and len(list(path.glob("traces/*/*.json.gz"))) == 2
     estimator.trace_for(spec("--batch-size", "1"), A100, cache=True)   # gone: traced again
     assert len(calls) == 4
 
@@ -127,7 +127,7 @@ def test_vest_estimate_twice_gives_the_same_answer_from_the_cache(tmp_path):
             "3x64x64", "--batch-size", "4", "--gpu", "a100-40gb", "--gpu", "h100", "--json"]
     out = [subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300) for _ in range(2)]
     assert all(r.returncode == 0 for r in out), out[0].stderr + out[1].stderr
-    assert len(list(tmp_path.rglob("*.json.gz"))) == 1   # one trace: both GPUs are sm80+
+    assert len(list(tmp_path.glob("traces/*/*.json.gz"))) == 1   # one trace: both GPUs are sm80+
     first, second = (json.loads(r.stdout)["estimates"] for r in out)
     assert first == second
 

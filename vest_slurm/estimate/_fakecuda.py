@@ -206,7 +206,8 @@ def conv_on_cudnn(x, w, xs, ws, stride, dilation) -> tuple[bool, bool]:
     channels_last = x.dim() == 4 and (suggests_channels_last(x.shape, x.stride())
                                       or suggests_channels_last(w.shape, w.stride()))
     capability = _TRACED_CAPABILITY[0]
-    if torch.bfloat16 in (x.dtype, w.dtype) and capability is not None and tuple(capability) < (8, 0):
+    if torch.bfloat16 in (x.dtype, w.dtype) and capability is not None and \
+            not asked("conv_bf16_on_cudnn", None, tuple(capability) >= (8, 0)):
         return False, channels_last
     return depthwise_on_cudnn(xs, ws, stride, dilation, x.dtype, channels_last), channels_last
 
@@ -972,11 +973,31 @@ def _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, sc
 # (nn.MultiheadAttention calls it inside F.multi_head_attention_forward, below any function mode).
 _TRACED_CAPABILITY: list = [None]
 
+# The GPU-dependent questions the traced run asked (cuda_answers collects them; trace.holds_on says
+# whether another GPU answers them alike): a list while tracing, None outside.
+_GPU_ASKED: list = [None]
+
+
+def asked(question: str, arg, answer):
+    """Record a question whose answer depends on the GPU (trace.gpu_answer re-derives it; any other
+    question name marks the trace as holding on its own GPU class only), and return the answer."""
+    log = _GPU_ASKED[0]
+    if log is not None:
+        log.append((question, arg, answer))
+    return answer
+
+
+def gpu_asked() -> tuple | None:
+    """What the run traced under the innermost cuda_answers asked so far (None outside one)."""
+    log = _GPU_ASKED[0]
+    return None if log is None else tuple(dict.fromkeys(log))   # each question once, in order
+
 
 def _sdpa_kernel(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                  enable_gqa=False):
     capability = _TRACED_CAPABILITY[0]
     if capability is not None and _is_fake_cuda(query):
+        asked("sdpa_kernel", None, None)   # the kernel chosen depends on the GPU and the tensors
         return _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     # a real CUDA tensor: PyTorch's own composite, which chooses among the GPU's kernels itself
     gqa = {"enable_gqa": enable_gqa} if enable_gqa else {}
@@ -992,8 +1013,18 @@ def _bf16_supported(capability: tuple[int, int]):
     device, which it can with any CUDA 11+ (torch/cuda/__init__.py). So autocast to bfloat16 runs
     on a V100 or T4 too, on kernels that compute in fp32; its tensors are the same."""
     def is_bf16_supported(including_emulation: bool = True) -> bool:
-        return tuple(capability) >= (8, 0) or bool(including_emulation)
+        return asked("bf16_supported", bool(including_emulation),
+                     tuple(capability) >= (8, 0) or bool(including_emulation))
     return is_bf16_supported
+
+
+def _asking(question: str, recorded, answer):
+    """A torch.cuda query's stand-in that records the question (asked) and gives ``answer()``:
+    ``recorded`` is the answer as trace.gpu_answer re-derives it, None where it is not."""
+    def query(*args, **kwargs):
+        asked(question, None, recorded)
+        return answer()
+    return query
 
 
 @contextlib.contextmanager
@@ -1022,9 +1053,9 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         (torch.cuda, "is_available", lambda: True),
         (torch.cuda, "device_count", lambda: device_count),
         (torch.cuda, "current_device", lambda: 0),
-        (torch.cuda, "get_device_properties", lambda *a, **k: props),
-        (torch.cuda, "get_device_name", lambda *a, **k: name),
-        (torch.cuda, "get_device_capability", lambda *a, **k: capability),
+        (torch.cuda, "get_device_properties", _asking("device_properties", None, lambda: props)),
+        (torch.cuda, "get_device_name", _asking("device_name", None, lambda: name)),
+        (torch.cuda, "get_device_capability", _asking("capability", "%d.%d" % tuple(capability), lambda: capability)),
         (torch.cuda, "synchronize", lambda *a, **k: None),
         (torch, "clear_autocast_cache", _clear_autocast_cache(torch.clear_autocast_cache)),
         (torch.utils, "swap_tensors", _swap_or_set_data(torch.utils.swap_tensors)),
@@ -1037,14 +1068,15 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
             patches.append((torch.optim.Optimizer, attr, lambda self: None))
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     _register_kernels()
-    saved_capability = _TRACED_CAPABILITY[0]
+    saved_capability, saved_asked = _TRACED_CAPABILITY[0], _GPU_ASKED[0]
     try:
         for obj, attr, new in patches:
             setattr(obj, attr, new)
         _TRACED_CAPABILITY[0] = tuple(capability)
+        _GPU_ASKED[0] = []
         yield props
     finally:
-        _TRACED_CAPABILITY[0] = saved_capability
+        _TRACED_CAPABILITY[0], _GPU_ASKED[0] = saved_capability, saved_asked
         for obj, attr, old in saved:
             setattr(obj, attr, old)
         CAST_CACHE.clear()

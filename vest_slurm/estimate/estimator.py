@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from . import steady
-from .allocator import min_capacity_bytes, replay
+from .allocator import replay
 from .allocator_config import parse_alloc_conf
 from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
@@ -145,10 +145,10 @@ def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config) -
 
 
 def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
-    """The events at capacity: PyTorch falls back to cuDNN plans that fit when a workspace
-    allocation fails (Conv_v8.cpp try_plans), down to ones that need none, and benchmark mode
-    halves its timing workspace until it fits; ``required`` counts none."""
-    return [replace(e, size_bytes=0) if e.module in _CUDNN_WORKSPACES and e.action == "alloc" else e for e in events]
+    """The events at capacity (replaycache.zero_cudnn): ``required`` counts no cuDNN workspace."""
+    from .replaycache import zero_cudnn
+
+    return zero_cudnn(events)
 
 
 def _largest(events: Sequence[AllocEvent], module: str, default):
@@ -209,8 +209,9 @@ _REPLAYS_KEPT = 8   # traces whose replays are kept (a batch search holds a few 
 
 
 def _replayed(summary: TraceSummary, events: list[AllocEvent], spec: WorkloadSpec, config):
-    """(events with the rest of the run, ReplayResult, required bytes), made once per distinct
-    ``events`` (what a GPU type changes in them: workspace sizes) and allocator settings."""
+    """replaycache.Replayed (the events with the rest of the run, the ReplayResult, the required
+    bytes), made once per distinct ``events`` (what a GPU type changes in them: workspace sizes)
+    and allocator settings; read from disk where the trace cache is on and an earlier process made it."""
     key = (spec.alloc_conf, tuple(events))
     held = _REPLAYS.get(id(summary))
     if held is None or held[0] is not summary:
@@ -218,8 +219,10 @@ def _replayed(summary: TraceSummary, events: list[AllocEvent], spec: WorkloadSpe
             _REPLAYS.pop(next(iter(_REPLAYS)))
         held = _REPLAYS[id(summary)] = (summary, {})
     if key not in held[1]:
-        full, _ = _with_rest_of_run(events, summary, config)
-        held[1][key] = (full, replay(full, config), min_capacity_bytes(_without_cudnn_workspaces(full), config))
+        from .replaycache import replayed
+
+        held[1][key] = replayed(events, summary.trace.step_ends, config,
+                                lambda: _with_rest_of_run(events, summary, config)[0])
     return held[1][key]
 
 
@@ -227,12 +230,15 @@ def replayed_events(summary: TraceSummary, spec: WorkloadSpec, profile: DevicePr
     """(the events estimate_from_trace replays on ``profile``, the allocator settings): what the
     timeline picture and the memory snapshot (timeline.py) show."""
     config = parse_alloc_conf(spec.alloc_conf)
-    return _replayed(summary, _events_for(summary.trace.events, profile, spec, summary), spec, config)[0], config
+    return _replayed(summary, _events_for(summary.trace.events, profile, spec, summary), spec, config).full(), config
 
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
     config = parse_alloc_conf(spec.alloc_conf)
-    events, result, need = _replayed(summary, _events_for(summary.trace.events, profile, spec, summary), spec, config)
+    events = _events_for(summary.trace.events, profile, spec, summary)
+    done = _replayed(summary, events, spec, config)
+    result, need = done.result, done.need_bytes
+    # the steps steady.py adds repeat the last one: the run's largest workspaces are the trace's
     cudnn_ws_max = _largest(events, "cudnn", default=0)
     cudnn_find_max = _largest(events, "cudnn_find", default=None)
     outside = profile.context_mib * MiB
@@ -268,7 +274,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     placement = 0
     if summary.uses_cudnn:
         breakdown += (("cudnn_workspace_max", cudnn_ws_max),)
-        placement = _engines_bound(events, profile, config, fixed)
+        placement = _engines_bound(done.full, profile, config, fixed)
         if placement:
             breakdown += (("cudnn_engines_bound_peak", placement),)
     if cudnn_find_max is not None:
@@ -284,7 +290,7 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     )
 
 
-def _engines_bound(events: list[AllocEvent], profile: DeviceProfile, config, fixed: int) -> int:
+def _engines_bound(full_events, profile: DeviceProfile, config, fixed: int) -> int:
     """Where the cuDNN asked is not the job's (cudnn_ws.heuristics_are_the_jobs), the peak with each
     convolution's workspace at the largest over the engines cuDNN may pick for it (heuristics mode
     A and the fallback list: cudnn_ws.find_workspace_bytes); 0 where it is the job's. Placement
@@ -296,6 +302,7 @@ def _engines_bound(events: list[AllocEvent], profile: DeviceProfile, config, fix
     ok, _ = cudnn_ws.heuristics_are_the_jobs()
     if ok:
         return 0
+    events = full_events()   # the run's events (replaycache.Replayed.full)
     bounded = [replace(e, size_bytes=max(e.size_bytes, cudnn_ws.workspace_for(profile, e.detail, benchmark=True)))
                if e.module == "cudnn" and e.action == "alloc" and e.detail else e for e in events]
     return fixed + replay(bounded, config).peak_reserved_bytes
@@ -307,13 +314,26 @@ def gpu_class(profile: DeviceProfile) -> bool:
     return profile.capability >= (8, 0)
 
 
+def shared_trace(made: Iterable, profile: DeviceProfile) -> TraceSummary | None:
+    """A trace already made (of another GPU class) that holds on ``profile`` (trace.holds_on)."""
+    from .trace import holds_on
+
+    return next((s for s in made if isinstance(s, TraceSummary) and holds_on(s.trace, profile.capability)), None)
+
+
 def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
                   cache: bool = False) -> dict[bool, TraceSummary | EstimateError]:
     """One trace per GPU class of ``profiles``, or the EstimateError of a class whose trace failed
-    (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised."""
+    (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised. A class whose
+    GPUs answer every GPU-dependent question a trace of another class asked alike (trace.holds_on:
+    none asked, as for a CNN in fp32 or fp16) takes that trace: it is the trace it would make."""
     out: dict[bool, TraceSummary | EstimateError] = {}
     for p in profiles:
         if gpu_class(p) not in out:
+            same = shared_trace(out.values(), p)
+            if same is not None:
+                out[gpu_class(p)] = same
+                continue
             try:
                 out[gpu_class(p)] = trace_for(spec, p, cache)
             except EstimateError as e:

@@ -47,6 +47,10 @@ class AllocTrace:
     # Index of the event just after each completed training step (optimizer step and the loop's
     # bookkeeping): iteration k is events[step_ends[k-1]:step_ends[k]]. steady.py repeats the last one.
     step_ends: tuple[int, ...] = field(default=())
+    # What the traced run asked the fake GPU whose answer depends on the GPU (_fakecuda.asked):
+    # (question, argument, answer) each; None where it was not recorded (the trace holds only on
+    # the GPU class it was made for). See holds_on.
+    gpu_asked: tuple[tuple, ...] | None = None
 
     def live_peak_bytes(self) -> int:
         """Peak of the sum of live tensor sizes: what a FakeTensor / MemTracker count reports. The
@@ -64,3 +68,30 @@ class AllocTrace:
             else:
                 live -= sizes.pop(e.block, 0)
         return peak
+
+
+def gpu_answer(question: str, arg, capability: tuple[int, int]):
+    """What a GPU of ``capability`` answers to a question the tracer recorded (_fakecuda.asked),
+    as the fake GPU answers it; ``NOT_DERIVED`` for a question whose answer is not re-derived here
+    (the device's properties, the attention kernel chosen for given tensors)."""
+    cap = tuple(capability)
+    if question == "conv_bf16_on_cudnn":   # Convolution.cpp: cuDNN's bf16 convolutions need sm80
+        return cap >= (8, 0)
+    if question == "bf16_supported":       # torch.cuda.is_bf16_supported(including_emulation=arg)
+        return cap >= (8, 0) or bool(arg)
+    if question == "capability":           # torch.cuda.get_device_capability(), as "major.minor"
+        return "%d.%d" % cap
+    return NOT_DERIVED
+
+
+NOT_DERIVED = "not re-derived"
+
+
+def holds_on(trace: AllocTrace, capability: tuple[int, int]) -> bool:
+    """Whether ``trace``, made on a GPU of another capability, is the trace a GPU of ``capability``
+    makes: the tracer recorded every GPU-dependent question the run asked, and this GPU answers each
+    alike. The run is deterministic given those answers (the model, its inputs and the fake
+    device's other answers do not depend on the GPU), so it makes the same allocations."""
+    if trace.gpu_asked is None:
+        return False
+    return all(answer != NOT_DERIVED and gpu_answer(q, arg, capability) == answer for q, arg, answer in trace.gpu_asked)

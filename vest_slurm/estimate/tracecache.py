@@ -105,8 +105,10 @@ def load(k: str | None) -> tuple[AllocTrace, float] | None:
         if "error" in doc:
             err = _ERRORS[doc["error"]["class"]](doc["error"]["what"], doc["error"]["fix"])
         else:
+            asked = doc.get("gpu_asked")
             trace = AllocTrace(events=tuple(AllocEvent(*e) for e in doc["events"]), iterations=doc["iterations"],
-                               notes=tuple(doc["notes"]), step_ends=tuple(doc["step_ends"]))
+                               notes=tuple(doc["notes"]), step_ends=tuple(doc["step_ends"]),
+                               gpu_asked=None if asked is None else tuple(tuple(q) for q in asked))
             return trace, float(doc["seconds"])
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         return None
@@ -128,6 +130,7 @@ def store(k: str | None, trace: AllocTrace | VestError, seconds: float) -> None:
         doc = {"events": [[e.action, e.block, e.size_bytes, e.stream, e.phase, e.category, e.module, e.detail, e.op]
                           for e in trace.events],
                "iterations": trace.iterations, "notes": list(trace.notes), "step_ends": list(trace.step_ends),
+               "gpu_asked": None if trace.gpu_asked is None else [list(q) for q in trace.gpu_asked],
                "seconds": seconds}
     try:
         write_atomic(path, gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), 3))

@@ -278,7 +278,7 @@ class Tracer:
             if b is not None and b in self.s.blocks:
                 self.s.blocks[b].category = category
 
-    def finish(self, iterations: int, notes=()) -> AllocTrace:
+    def finish(self, iterations: int, notes=(), gpu_asked: tuple | None = None) -> AllocTrace:
         s = self.s
         out = []
         for action, block, size, phase, _cat, module, *detail in s.events:
@@ -290,7 +290,7 @@ class Tracer:
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
         notes = tuple(notes) + ((BF16_NOTE,) if s.bf16 else ())
-        return AllocTrace(tuple(out), iterations, notes, tuple(s.step_ends))
+        return AllocTrace(tuple(out), iterations, notes, tuple(s.step_ends), gpu_asked)
 
     def _lifetime_category(self, block: int, info: _Block) -> str:
         freed = self.s.freed_in.get(block)
@@ -623,6 +623,7 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
             try:
                 opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
                 tracer.freeze()   # the run is over: what is released from here on is not part of it
+                asked = fc.gpu_asked()   # what it asked of the GPU (trace.holds_on)
                 del opt
             finally:
                 for h in module_hooks:
@@ -648,7 +649,7 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
         raise EstimateError(f"tracing {spec.model} failed: {type(e).__name__}: {msg}",
                             "check that --input matches the model (shape, channels, sequence length) and --loss fits its output") from None
     notes = (f"traced in {time.perf_counter() - t0:.2f} s",)
-    return tracer.finish(spec.steps, notes)
+    return tracer.finish(spec.steps, notes, asked)
 
 
 class _null:

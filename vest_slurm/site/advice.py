@@ -150,6 +150,13 @@ class Prober:
             raise EstimateError(f"{spec.model[len(SCRIPT_PREFIX):].strip()} was not run for this GPU class",
                                 "add #VEST --model ... lines to describe the workload")
         if key not in self._traces:
+            from ..estimate.estimator import shared_trace
+
+            # the other class's trace where it holds here (trace.holds_on): the trace this one makes
+            other = shared_trace((v for (k, _), v in self._traces.items() if k == key[0]), profile)
+            if other is not None:
+                self._traces[key] = other
+        if key not in self._traces:
             if bounded and self._over_budget():
                 self.stopped = True
                 return None

@@ -1,0 +1,99 @@
+"""The allocator's answers, made once (replaycache.py): the same answers as replaying every GPU type
+afresh, one capacity search for GPU types that differ only in cuDNN workspaces, and read back from
+disk by the next process."""
+
+from __future__ import annotations
+
+import pytest
+import torch  # noqa: F401
+
+from vest_slurm.estimate import estimator, replaycache
+from vest_slurm.estimate.allocator import min_capacity_bytes, replay
+from vest_slurm.estimate.allocator_config import parse_alloc_conf
+from vest_slurm.estimate.profiles import PROFILES, get_profile
+from vest_slurm.estimate.workload import parse_workload_args
+
+
+def spec(*argv):
+    return parse_workload_args(["--model", "torchvision:resnet18", "--input", "3x64x64", "--batch-size", "8", *argv])
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+    real = replaycache.min_capacity_bytes
+
+    def counting(events, config):
+        calls.append(len(events))
+        return real(events, config)
+
+    monkeypatch.setattr(replaycache, "min_capacity_bytes", counting)
+    replaycache._NEEDS.clear()
+    estimator._REPLAYS.clear()
+    return calls
+
+
+def _fresh(summary, sp, profile):
+    """The answers as the estimator made them before: every GPU type replayed afresh."""
+    config = parse_alloc_conf(sp.alloc_conf)
+    events = estimator._events_for(summary.trace.events, profile, sp, summary)
+    full, _ = estimator._with_rest_of_run(events, summary, config)
+    return replay(full, config), min_capacity_bytes(estimator._without_cudnn_workspaces(full), config)
+
+
+def test_every_gpu_type_gets_the_answers_a_fresh_replay_gives_with_fewer_capacity_searches(counted, monkeypatch):
+    monkeypatch.setenv("VEST_CACHE_DIR", "off")
+    sp = spec()
+    profiles = [get_profile(k) for k in PROFILES]
+    traces = {}
+    for p in profiles:
+        traces.setdefault(estimator.gpu_class(p), estimator.trace_for(sp, p))
+    for p in profiles:
+        est = estimator.estimate_from_trace(traces[estimator.gpu_class(p)], sp, p)
+        result, need = _fresh(traces[estimator.gpu_class(p)], sp, p)
+        parts = dict(est.breakdown)
+        assert parts["allocator_peak_reserved"] == result.peak_reserved_bytes, p.key
+        assert parts["allocator_peak_allocated"] == result.peak_allocated_bytes, p.key
+        assert parts["allocator_required"] == need, p.key
+    distinct = {(estimator.gpu_class(p), p.cublas_workspace_bytes) for p in profiles}
+    assert len(counted) <= len(distinct) < len(profiles)   # one search per run without cuDNN workspaces
+
+
+def test_the_next_process_reads_the_replays_and_gets_the_same_estimate(counted, tmp_path, monkeypatch):
+    monkeypatch.setenv("VEST_CACHE_DIR", str(tmp_path))
+    sp, p = spec(), get_profile("a100-40gb")
+    summary = estimator.trace_for(sp, p, cache=True)
+    first = estimator.estimate_from_trace(summary, sp, p)
+    assert len(counted) == 1 and list(tmp_path.glob("replays/*/*.json.gz"))
+    estimator._REPLAYS.clear()      # a new process: nothing in memory
+    replaycache._NEEDS.clear()
+    again = estimator.estimate_from_trace(estimator.trace_for(sp, p, cache=True), sp, p)
+    assert again == first and len(counted) == 1   # read, not searched again
+    events, _ = estimator.replayed_events(estimator.trace_for(sp, p, cache=True), sp, p)
+    assert len(events) > len(summary.trace.events)   # the whole run is made again where it is asked for
+
+
+def test_a_damaged_replay_entry_is_a_miss_and_is_replaced(counted, tmp_path, monkeypatch):
+    monkeypatch.setenv("VEST_CACHE_DIR", str(tmp_path))
+    sp, p = spec(), get_profile("h100-80gb")
+    first = estimator.estimate_from_trace(estimator.trace_for(sp, p, cache=True), sp, p)
+    (entry,) = tmp_path.glob("replays/*/*.json.gz")
+    entry.write_bytes(b"not gzip")
+    estimator._REPLAYS.clear()
+    replaycache._NEEDS.clear()
+    assert estimator.estimate_from_trace(estimator.trace_for(sp, p, cache=True), sp, p) == first
+    assert len(counted) == 2 and replaycache._load(entry) is not None
+
+
+def test_what_the_replay_reads_changes_the_key():
+    from vest_slurm.estimate.trace import AllocEvent
+
+    base = [AllocEvent("alloc", 1, 4096, 0, "forward", "activation", "conv1"), AllocEvent("free", 1, 4096)]
+    d = replaycache._digest(base, [1])
+    assert replaycache._digest(base, [1]) == d
+    assert replaycache._digest([AllocEvent("alloc", 1, 4097, 0, "forward", "activation", "conv1"), base[1]], [1]) != d
+    assert replaycache._digest([AllocEvent("alloc", 1, 4096, 0, "forward", "workspace", "cudnn"), base[1]], [1]) != d
+    assert replaycache._digest(base, [2]) != d
+    # what no replay reads (phase, category, module name, op) does not
+    assert replaycache._digest([AllocEvent("alloc", 1, 4096, 0, "backward", "temporary", "fc", op="mm"), base[1]],
+                               [1]) == d
