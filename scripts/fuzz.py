@@ -78,7 +78,7 @@ class Mutator:
 
 def run_target(name: str, n: int, corpus_n: int, base_seed: int) -> dict:
     strategy, check = TARGETS[name]
-    as_text = name != "protocol"
+    as_text = name not in ("protocol", "lua")      # these draw bytes
     outcomes: collections.Counter = collections.Counter()
     failures: list[dict] = []
     corpus: list[bytes] = []

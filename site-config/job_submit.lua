@@ -30,10 +30,9 @@ anyway (a ghost job). Hence:
     fallback_burst_ms, refilled at fallback_ms_per_s; a call that finds too little in it takes the
     fail mode at once, without trying anything;
   - a circuit breaker: after the server failed, it is tried again at most once a second (or at once
-    when vest-bridge.json is rewritten: a (re)started server writes it), within PROBE_FLOOR_S;
-    logged when it opens and closes ("vest-bridge: breaker=...");
-  - a job the Lua can decide by itself (below) waits for the server at most PROBE_FLOOR_S too: its
-    answer is the same either way, so a hung server costs that, not the whole timeout;
+    when vest-bridge.json is rewritten: a (re)started server writes it), within the bucket or, when
+    it is empty, within PROBE_FLOOR_S; logged when it opens and closes ("vest-bridge: breaker=...");
+  - the Lua's own decision (below) is drawn from the same bucket;
   - a request in flight when the server dies (an I/O error, not a timeout) is retried once through
     the per-call program within what is left of timeout_s (into the bucket's debt if need be).
 The state lives in this Lua state, which the plugin keeps from call to call (it reloads the script
@@ -66,9 +65,9 @@ local MAX_FACTS_BYTES = 1048576            -- vest-bridge.json with the site's r
 local MAX_TIMEOUT_S = 9                    -- below MessageTimeout (10 s)
 local RETRY_S = 1.0                        -- the breaker tries the server at most once a second
 local MIN_PROGRAM_S = 0.05                 -- less than this left: not worth a Python start
--- A retry of a failed server, and any wait for the server on a job the Lua can decide itself, gets
--- this long: a healthy server answers in a few ms (a whole sbatch: p99 35 ms, benchmarks/
--- bench_bridge.json), so this finds a restarted one, and a hung one costs at most this per retry.
+-- A retry of the server while the bucket is empty still gets this long (drawn as debt): a healthy
+-- server answers in a few ms (a whole sbatch: p99 35 ms, benchmarks/bench_bridge.json), so this
+-- finds a restarted one, and a hung one costs at most this per retry, i.e. 100 ms a second.
 local PROBE_FLOOR_S = 0.1
 -- The per-call program is started only when the bucket holds what its recent runs took: a weighted
 -- mean of their durations (weight 0.3 for the newest: it follows a change of load within a few runs)
@@ -137,7 +136,7 @@ local function load_facts()
 end
 
 -- ---------------------------------------------------------------- the budget across calls
-local bucket = { ms = nil, t = 0, cost_ms = nil }   -- ms: what is left (nil: full at first use)
+local bucket = { ms = nil, t = 0, cost_ms = nil, local_ms = nil }   -- ms: what is left (nil: full at first use)
 local breaker = { open = false, since = 0, next_try = 0, why = "", written = nil,
                   program = 0, failed = 0, lua = 0 }
 
@@ -157,6 +156,19 @@ local function program_cost_ms(ran_s, finished)
   if not finished then ms = 2 * ms end
   if bucket.cost_ms == nil then bucket.cost_ms = ms
   else bucket.cost_ms = (1 - COST_WEIGHT) * bucket.cost_ms + COST_WEIGHT * ms end
+end
+
+-- The Lua's own decision costs one sha256sum start (about a millisecond on an idle machine; tens
+-- of ms on a loaded one: benchmarks/bench_bridge_burst.json's lua_call_ms): drawn from the same
+-- bucket and started only when the bucket holds what its recent runs took, as for the program.
+local function local_cost_ms(ran_s)
+  local ms = ran_s * 1000
+  if bucket.local_ms == nil then bucket.local_ms = ms
+  else bucket.local_ms = (1 - COST_WEIGHT) * bucket.local_ms + COST_WEIGHT * ms end
+end
+
+local function local_affordable()
+  return bucket.ms > 0 and bucket.ms >= (bucket.local_ms or 0) * COST_MARGIN
 end
 
 local function program_affordable(facts)
@@ -301,6 +313,8 @@ local MAX_ATTACH_BYTES = 1125899906842624  -- 2^50, attach.MAX_BYTES
 local MAX_ATTACH_STRING = 128
 local MAX_GPU_TYPES = 64
 local MAX_MESSAGE_CHARS = 4000         -- protocol.MAX_MESSAGE_CHARS
+local MAX_FIELD_CHARS = 65536          -- protocol.MAX_FIELD_CHARS (every field but the script)
+local MAX_REQUEST_BYTES = 16777216     -- protocol.MAX_REQUEST_BYTES
 local SHA256SUM = "/usr/bin/sha256sum"
 local ESLURM_INVALID_GRES = 2072
 local PLAIN = "^[A-Za-z0-9_.,:/=+%-]*$"   -- nothing Python's strip/split/regexes treat otherwise
@@ -912,28 +926,19 @@ local function fields_for(overrides, job)   -- decide._fields_for
   return out
 end
 
--- Whether decide_local will most likely answer (no I/O, microseconds): the request in the plain
--- form, and vsbatch's estimate line, or no GPU, or directives off.
-local function lua_can_decide(facts, job)
-  local rules = facts.rules
-  if type(rules) ~= "table" then return false end
-  for _, k in ipairs({ "partition", "tres_per_node", "tres_per_job", "tres_per_task", "gres", "account" }) do
-    local v = job[k]
-    if v ~= nil and (type(v) ~= "string" or not v:match(PLAIN)) then return false end
-  end
-  local script = job.script
-  if type(script) ~= "string" then return false end
-  local first = script:find("\n", 1, true)
-  if first and script:sub(first + 1, first + 18) == "#VEST-ESTIMATE v1 " then return true end
-  return rules.allow_vest_directives == false
-end
-
 -- The whole decision (decide._decide) for one job, or nil and why the Lua leaves it to Python.
 local function decide_local(facts, job, uid)
   local rules = facts.rules
   if type(rules) ~= "table" or type(rules.gpus) ~= "table" or type(rules.partitions) ~= "table" then
     return nil, "no-rules"
   end
+  -- what protocol.parse_request refuses (an "error" answer) is Python's to say
+  for _, k in ipairs(FIELDS) do
+    local v = job[k]
+    if k ~= "script" and type(v) == "string" and #v > MAX_FIELD_CHARS then return nil, "field-size-" .. k end
+  end
+  local ok, line = pcall(request_line, job, uid)       -- the request the server would have read
+  if not ok or #line >= MAX_REQUEST_BYTES then return nil, "request-size" end
   local user = job.user_name
   if type(user) ~= "string" then user = nil end
   if uid == 0 or (user and member(rules.exempt_users or {}, user)) or member(facts.exempt_accounts, job.account) then
@@ -1081,9 +1086,12 @@ end
 -- The Lua's own decision, its time charged to the bucket (it holds the per-call program off, which
 -- costs a hundred times more); a Lua error in it is a bug of ours, logged, and leaves the job to Python.
 local function try_local(facts, job_desc, uid)
+  if not local_affordable() then return nil, "budget" end
   local t = socket.gettime()
   local ok, a, why = pcall(decide_local, facts, job_desc, uid)
-  spend(socket.gettime() - t)
+  local ran = socket.gettime() - t
+  spend(ran)
+  local_cost_ms(ran)
   if not ok then
     log("vest-bridge: action=lua-decide-error detail=" .. kv(tostring(a)))
     return nil, "lua-error"
@@ -1114,10 +1122,11 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local answer, err, via = nil, nil, "server"
   local server_err = nil
   if not breaker.open or t0 >= breaker.next_try then
-    -- A retry of a failed server gets PROBE_FLOOR_S: a healthy one answers in a few ms, and a hung
-    -- one then holds the controller at most that long a second (the Lua decides meanwhile). So
-    -- does a job whose answer the Lua can give itself.
-    if breaker.open or lua_can_decide(facts, job_desc) then limit = math.min(limit, PROBE_FLOOR_S) end
+    -- A retry of a failed server gets what the bucket holds, at least PROBE_FLOOR_S. Not less: on
+    -- a loaded machine a healthy server takes longer than that, and a breaker that keeps it cut
+    -- off leaves every job to the Lua's own decision, which costs the bucket too (measured:
+    -- benchmarks/README.md, "The Lua's own decision").
+    if breaker.open then limit = math.min(limit, math.max(bucket.ms / 1000, PROBE_FLOOR_S)) end
     deadline = t0 + limit
     answer, err = ask_server(facts, line, deadline)
     local a, why
@@ -1137,7 +1146,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     breaker_open(server_err, submit_uid, now)
   end
   -- No answer from the server (it failed now, or the breaker holds it off): the Lua decides what
-  -- it can by itself, in about a millisecond.
+  -- it can by itself, within the bucket.
   local a, lwhy = try_local(facts, job_desc, submit_uid)
   if a then
     breaker.lua = breaker.lua + 1

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import re
 import string
+import dataclasses
 from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import strategies as st
 
-from vest_slurm.bridge.decide import decide_bytes
-from vest_slurm.bridge.protocol import ACTIONS, SETTABLE
+from vest_slurm.bridge.decide import decide, decide_bytes
+from vest_slurm.bridge.protocol import ACTIONS, INT_FIELDS, NO_VAL, SETTABLE, STRING_FIELDS, parse_request
 from vest_slurm.errors import VestError
 from vest_slurm.estimate.record import MemoryEstimate
 from vest_slurm.site.config import load_site_config
@@ -196,6 +197,135 @@ def request_line(draw) -> bytes:
     return data
 
 
+# ---------------------------------------------------------------- job_submit.lua's own decision
+# Site rules and job descriptions as slurmctld hands them to job_submit.lua (tests/
+# test_bridge_lua_decide.py; the "lua" target below mutates them).
+
+LUA_SITES = {name: load_site_config(str(REPO / "site-config" / name)) for name in ("testbed.toml", "example-site.toml")}
+USERS = ("alice", "bob", "root")
+MiB = 1 << 20
+
+
+@st.composite
+def site_rules(draw):
+    site = LUA_SITES[draw(st.sampled_from(sorted(LUA_SITES)))]
+    pol, br = site.policy, site.bridge
+    msgs = pol.messages
+    if draw(st.booleans()):
+        msgs = dataclasses.replace(msgs, reroute=draw(st.sampled_from([
+            msgs.reroute, "Moved to {partition} ({gres}), {user}: {requested} too small. See {help_url}.",
+            "Moved. {{literal braces}} {partition!r}", "  padded {gres}  ", "{partition:>10}"])),
+            refuse=draw(st.sampled_from([msgs.refuse, "", "Ask {user} about {reason}. Help: {help_url}"])))
+    pol = dataclasses.replace(
+        pol, headroom_percent=draw(st.sampled_from([0.0, 5.0, 10.0, 12.5, 33.3])),
+        headroom_bytes=draw(st.sampled_from([0, 256 * MiB, 1000 * MiB + 7])),
+        selection=draw(st.sampled_from(["smallest-fit", "cost"])),
+        on_user_choice_too_small=draw(st.sampled_from(["reroute", "warn", "refuse"])),
+        exempt_users=draw(st.sampled_from([(), ("bob",)])),
+        help_url=draw(st.sampled_from(["", "https://help.example/gpu"])), messages=msgs)
+    br = dataclasses.replace(br, unknown_jobs=draw(st.sampled_from(["allow", "warn", "refuse"])),
+                             allow_vest_directives=draw(st.booleans()))
+    gpus = tuple(dataclasses.replace(g, cost=draw(st.sampled_from([None, 1.0, 2.5, g.cost])),
+                                     memory_bytes=draw(st.sampled_from([None, g.memory_bytes, 20 * GiB])))
+                 for g in site.gpus)
+    parts = tuple(dataclasses.replace(p, max_gpus_per_job=draw(st.sampled_from([None, 2, 8])),
+                                      nodes=draw(st.sampled_from([None, 1, 3])),
+                                      cost=draw(st.sampled_from([None, p.cost, 0.5])))
+                  for p in site.partitions)
+    return dataclasses.replace(site, policy=pol, bridge=br, gpus=gpus, partitions=parts)
+
+
+def _script(draw, site, partition, gres, total: int) -> str | None:
+    kind = draw(st.sampled_from(["estimate", "estimate", "estimate", "plain", "none", "tampered", "foreign"]))
+    body = "\n".join(["#!/bin/bash", f"#SBATCH --partition={partition}" if partition else "",
+                      f"#SBATCH --gres={gres}" if gres else "", draw(st.sampled_from(["", "# é ünïcode", "#VEST model=x"])),
+                      "srun true", ""])
+    if kind == "none":
+        return None
+    if kind == "plain":
+        return body
+    names = [g.name for g in site.gpus] + ["mi300"]
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    est = {}
+    for t in chosen:
+        g = site.gpu(t)
+        profile = g.profile if g is not None and draw(st.integers(0, 9)) else "other-profile"
+        need = draw(st.one_of(st.integers(1, 100 * 1024), st.integers(8 * 1024, 40 * 1024))) * MiB \
+            + draw(st.integers(0, MiB - 1))
+        est[t] = MemoryEstimate(profile, 0, draw(st.sampled_from([need, need // 2])), need)
+    num = total if draw(st.integers(0, 4)) else draw(st.sampled_from([1, 2, 4, 8]))
+    text = attach(body, make_payload(est, num_gpus=num, batch_size=draw(st.sampled_from([None, 32]))))
+    if kind == "tampered":
+        text = text.replace("srun true", "srun false")
+    if kind == "foreign":
+        head, line, rest = text.split("\n", 2)
+        text = "\n".join([head, line.replace("v1", "v2"), rest])
+    return text
+
+
+@st.composite
+def job_desc(draw, site):
+    parts = [p.name for p in site.partitions]
+    types = [g.name for g in site.gpus] + ["k80"]
+    partition = draw(st.one_of(st.none(), st.sampled_from(parts + ["debug", ""]),
+                               st.lists(st.sampled_from(parts + ["cpu"]), min_size=2, max_size=3, unique=True).map(",".join)))
+    n = draw(st.sampled_from([1, 1, 2, 4, 8, 16]))
+    t = draw(st.one_of(st.none(), st.sampled_from(types)))
+    pre = draw(st.sampled_from(["gres:", "gres/"]))
+    typed = f"gpu:{t}:{n}" if t else f"gpu:{n}"
+    form = draw(st.sampled_from(["gres", "gres", "gres+shard", "gpus", "gpus-per-task", "none", "odd"]))
+    job: dict = {}
+    if form == "gres":
+        job["tres_per_node"] = pre + typed
+    elif form == "gres+shard":
+        job["tres_per_node"] = f"{pre}{typed},{pre}shard:2"
+    elif form == "gpus":
+        job["tres_per_job"] = pre + typed
+    elif form == "gpus-per-task":
+        job["tres_per_task"] = pre + typed
+        job["num_tasks"] = draw(st.sampled_from([1, 2, NO_VAL]))
+    elif form == "odd":
+        job["tres_per_node"] = draw(st.sampled_from([f"{pre}gpu:a100:1,{pre}gpu:v100:1", f"{pre}gpu::1",
+                                                     f"{pre}gpu:a100:x", f"{pre}gpu:a 100:1", f"{pre}none"]))
+    job["min_nodes"] = draw(st.sampled_from([1, 1, 2, NO_VAL]))
+    nodes = job["min_nodes"] if job["min_nodes"] != NO_VAL else 1
+    tasks = job.get("num_tasks", NO_VAL)
+    total = {"gres": n * nodes, "gres+shard": n * nodes, "gpus": n,
+             "gpus-per-task": n * (tasks if tasks != NO_VAL else nodes)}.get(form, 1)
+    if partition is not None:
+        job["partition"] = partition
+    job["account"] = draw(st.sampled_from(["physics", "physics", "physics", "admins", "bio"]))
+    job["name"] = draw(st.sampled_from(["train", "x y 'z'"]))
+    job["user_name"] = draw(st.sampled_from(USERS + ("alice",) * 6))
+    script = _script(draw, site, partition, None, total)
+    if script is not None:
+        job["script"] = script
+    return job
+
+
+def python_answer(job: dict, uid: int, site) -> dict:
+    """decide.py's wire answer, less its log line, to the request job_submit.lua would send."""
+    req = {"v": 1, "uid": uid, **{k: v for k, v in job.items() if k != "user_name"}}
+    d = decide(parse_request(json.dumps(req).encode("utf-8", "surrogateescape")), site,
+               users=lambda _uid: job.get("user_name"))
+    out = json.loads(d.wire())
+    out.pop("log")
+    return out
+
+
+def lua_answer(L, job: dict, uid: int) -> tuple[dict | None, str | None]:
+    """job_submit.lua's own answer, less its log line, or None and why it leaves the job to Python."""
+    r = L.decide_local(job, uid)
+    a = r["answer"]
+    if a is None:
+        return None, r["why"]
+    a.pop("log")
+    if a.get("set") == []:              # cjson writes an empty table as []
+        a["set"] = {}
+    return a, None
+
+
+
 # ---------------------------------------------------------------- targets
 
 
@@ -241,10 +371,75 @@ def check_protocol(data: bytes) -> str:
     return f"{a['action']}:{a.get('reason', '')}"
 
 
+# The site the "lua" target decides on: directives off, so that the Lua decides the GPU jobs without
+# an estimate too (with them on it leaves those to Python).
+SITE_LUA = replace(_BASE, bridge=replace(_BASE.bridge, allow_vest_directives=False))
+_LUA: list = []
+
+
+def _lua_state():
+    if not _LUA:
+        import tempfile
+
+        from lua_run import LuaJob
+        from vest_slurm.bridge.luaconf import write_lua_conf
+        d = Path(tempfile.mkdtemp(prefix="vest-fuzz-lua-"))
+        write_lua_conf(SITE_LUA, d / "vest-bridge.json")
+        _LUA.append(LuaJob(d))
+    return _LUA[0]
+
+
+@st.composite
+def lua_job(draw) -> bytes:
+    """{"uid": N, "job": job_desc} as JSON bytes (mutated as bytes by scripts/fuzz.py)."""
+    job = draw(job_desc(SITE_LUA))
+    uid = 0 if job["user_name"] == "root" else 1001
+    return json.dumps({"uid": uid, "job": job}, ensure_ascii=False).encode("utf-8", "surrogateescape")
+
+
+def _as_slurm_gives(obj: object) -> tuple[int, dict] | None:
+    """A job description of the types slurmctld's job_desc has (strings, uint32 counts), or None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("job"), dict):
+        return None
+    uid = obj.get("uid")
+    if not isinstance(uid, int) or isinstance(uid, bool) or not 0 <= uid < 2**32:
+        return None
+    job = {}
+    for k, v in obj["job"].items():
+        if k in STRING_FIELDS or k == "user_name":
+            if isinstance(v, str):
+                job[k] = v
+        elif k in INT_FIELDS and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32:
+            job[k] = v
+    try:
+        json.dumps(job, ensure_ascii=False).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:            # a surrogate no byte string makes: not from slurmctld
+        return None
+    return uid, job
+
+
+def check_lua(data: bytes) -> str:
+    """The Lua's answer, where it gives one, is decide.py's (all but the log line)."""
+    try:
+        got = _as_slurm_gives(json.loads(data.decode("utf-8", "surrogateescape")))
+    except (ValueError, RecursionError):
+        got = None
+    if got is None:
+        return "not-a-job"
+    uid, job = got
+    a, why = lua_answer(_lua_state(), job, uid)
+    if a is None:
+        return f"lua-left:{why}"
+    want = python_answer({**job, "user_name": job.get("user_name")}, uid, SITE_LUA)
+    assert a == want, (job, a, want)
+    return f"lua-decided:{a['action']}"
+
+
 TARGETS = {
     "jobscript": (job_script(), check_jobscript),
     "attached": (job_script(), check_attached),
     "protocol": (request_line(), check_protocol),
+    "lua": (lua_job(), check_lua),
 }
 
 

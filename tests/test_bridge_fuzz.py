@@ -49,4 +49,5 @@ def test_the_targets_reach_every_outcome():
     assert seen["jobscript"] == {"parsed", "error"}, seen
     assert {"none", "estimate"} <= seen["attached"] and any(s.startswith("refused-") for s in seen["attached"]), seen
     assert {"allow", "modify", "refuse", "error"} <= seen["protocol"], seen
+    assert {"lua-decided", "lua-left"} <= seen["lua"], seen
     assert decode_line_directly("#VEST-ESTIMATE v2 x") == "version"
