@@ -295,8 +295,9 @@ end
 -- ---------------------------------------------------------------- the Lua's own decision
 --[[
 When no server answers, a job that carries vsbatch's estimate is decided here, in this Lua state,
-without starting a process but sha256sum (a C program, about a millisecond): the per-call Python
-program costs a Python start-up inside the controller's lock. It is a port of vest_slurm/bridge/
+without starting a process but sha256sum (a C program: about a millisecond on an idle machine,
+tens of ms on a loaded one, so its time is drawn from the bucket too): the per-call Python program
+costs a Python start-up inside the controller's lock. It is a port of vest_slurm/bridge/
 decide.py with site/placement.py for the jobs it can decide exactly as they do, from the site's
 rules in vest-bridge.json (luaconf.rules); its answer has the server's wire form and goes through
 the same checks (parse_answer). Anything else is left to the server or the per-call program
