@@ -63,29 +63,10 @@ def _is_python(word: str) -> bool:
     return bool(re.fullmatch(r"(.*/)?python(\d(\.\d+)?)?", word))
 
 
-def _skip_options(words: list[str], i: int, with_value: set[str]) -> tuple[int, dict]:
-    seen: dict[str, str] = {}
-    while i < len(words) and words[i].startswith("-") and words[i] != "--":
-        w = words[i]
-        if "=" in w:
-            k, v = w.split("=", 1)
-            seen[k] = v
-            i += 1
-        elif w in with_value and i + 1 < len(words):
-            seen[w] = words[i + 1]
-            i += 2
-        else:
-            seen[w] = ""
-            i += 1
-    if i < len(words) and words[i] == "--":
-        i += 1
-    return i, seen
-
-
-def _skip_accelerate_options(words: list[str], i: int) -> tuple[int, dict]:
-    """accelerate launch's options: it has dozens that take a value (--fsdp_sharding_strategy X,
-    --zero_stage 2, --deepspeed_config_file ds.json, ...) besides switches (--use_fsdp): a word after
-    an option is its value unless it is an option itself or the script (a .py path)."""
+def _skip_options(words: list[str], i: int, takes_value) -> tuple[int, dict]:
+    """The launcher's options from words[i] on, up to its script (or past a `--`): the index there
+    and the options seen. ``takes_value(option, next_word)`` says whether the next word is the
+    option's value."""
     seen: dict[str, str] = {}
     while i < len(words) and words[i].startswith("-") and words[i] != "--":
         w = words[i]
@@ -94,8 +75,7 @@ def _skip_accelerate_options(words: list[str], i: int) -> tuple[int, dict]:
             k, v = w.split("=", 1)
             seen[k] = v
             i += 1
-        elif w in _ACCELERATE_FLAGS_WITH_VALUE or (nxt is not None and not nxt.startswith("-")
-                                                    and not nxt.endswith(".py") and w not in ("-m", "--module")):
+        elif takes_value(w, nxt):
             seen[w] = nxt or ""
             i += 2
         else:
@@ -104,6 +84,19 @@ def _skip_accelerate_options(words: list[str], i: int) -> tuple[int, dict]:
     if i < len(words) and words[i] == "--":
         i += 1
     return i, seen
+
+
+def _named(options: set[str]):
+    """The options that take a value are exactly these (srun's, torchrun's)."""
+    return lambda w, nxt: w in options and nxt is not None
+
+
+def _accelerate_takes_value(w: str, nxt: str | None) -> bool:
+    """accelerate launch's options: it has dozens that take a value (--fsdp_sharding_strategy X,
+    --zero_stage 2, --deepspeed_config_file ds.json, ...) besides switches (--use_fsdp): a word after
+    an option is its value unless it is an option itself or the script (a .py path)."""
+    return w in _ACCELERATE_FLAGS_WITH_VALUE or (nxt is not None and not nxt.startswith("-")
+                                                 and not nxt.endswith(".py") and w not in ("-m", "--module"))
 
 
 def _int(value: str, what: str) -> int:
@@ -133,7 +126,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     if i < len(words) and words[i] in ("exec", "time", "env"):
         i += 1
     if i < len(words) and os.path.basename(words[i]) == "srun":
-        i, _ = _skip_options(words, i + 1, _SRUN_FLAGS_WITH_VALUE)
+        i, _ = _skip_options(words, i + 1, _named(_SRUN_FLAGS_WITH_VALUE))
     if i >= len(words):
         raise WorkloadError(f"no training command in {command!r}", "give e.g. `python train.py ...`")
     head = words[i]
@@ -142,7 +135,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     launcher_args, config_file = (), None
     if base == "torchrun" or (_is_python(base) and words[i + 1:i + 3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])):
         start = i + 1 if base == "torchrun" else i + 3
-        i, seen = _skip_options(words, start, _TORCHRUN_FLAGS_WITH_VALUE)
+        i, seen = _skip_options(words, start, _named(_TORCHRUN_FLAGS_WITH_VALUE))
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
         launcher = "torchrun"
         if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
@@ -151,7 +144,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
         first = i + 2
-        i, seen = _skip_accelerate_options(words, first)
+        i, seen = _skip_options(words, first, _accelerate_takes_value)
         nproc = _int(seen.get("--num_processes", seen.get("--num-processes", "1")), "--num_processes")
         mixed = seen.get("--mixed_precision", seen.get("--mixed-precision"))
         launcher = "accelerate"
