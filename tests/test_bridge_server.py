@@ -28,6 +28,16 @@ def _wait(cond, limit_s: float = 60.0, what: str = "") -> None:
         time.sleep(0.05)
 
 
+def _stop_server(p, listener, short):
+    """Stop the server, close systemd's stand-in socket, remove the short socket folder."""
+    p.terminate()
+    p.wait(30)
+    listener.close()
+    for name in os.listdir(short):
+        os.unlink(os.path.join(short, name))
+    os.rmdir(short)
+
+
 def test_server_listens_only_once_its_config_loads_then_tells_systemd(tmp_path):
     short = tempfile.mkdtemp(prefix="vest-srv-")          # AF_UNIX paths are short
     sock, notify = os.path.join(short, "bridge.sock"), os.path.join(short, "notify")
@@ -52,13 +62,7 @@ def test_server_listens_only_once_its_config_loads_then_tells_systemd(tmp_path):
         st = query_status(sock)
         assert st["generation"] == 1 and st["problem"] == "" and st["pid"] == p.pid
     finally:
-        p.terminate()
-        p.wait(30)
-        listener.close()
-        for f in (sock, notify):
-            if os.path.exists(f):
-                os.unlink(f)
-        os.rmdir(short)
+        _stop_server(p, listener, short)
 
 
 def test_the_shipped_unit_restarts_at_once_and_waits_for_readiness(tmp_path):
@@ -122,13 +126,7 @@ def test_watchdog_pings_only_while_the_server_answers(tmp_path):
         assert listener.recv(4096) == b"WATCHDOG=1"
     finally:
         os.kill(p.pid, signal.SIGCONT)
-        p.terminate()
-        p.wait(30)
-        listener.close()
-        for f in (sock, notify):
-            if os.path.exists(f):
-                os.unlink(f)
-        os.rmdir(short)
+        _stop_server(p, listener, short)
 
 
 def test_watchdog_period_follows_systemds_variables(monkeypatch):
