@@ -210,6 +210,18 @@ def test_torchrun_fsdp2_script_agrees_with_its_declarative_spec(monkeypatch):
     assert abs(dyn.required_bytes - dec.required_bytes) <= 0.03 * dec.required_bytes
 
 
+def _small_gpu_site(tmp_path):
+    """The site of the smallest-count tests: a 700 MiB 'small' GPU type, two to a node, and a
+    16-layer MLP that needs several of them. Returns the config's path, its text and the layers."""
+    import json
+
+    text = SITE.replace("[policy]", '[gpu.small]\nprofile = "a100-40gb"\nmemory_mib = 700\ncontext_mib = 100\n'
+                        '[partition.q]\ngpu_types = ["small"]\ngpus_per_node = 2\n[policy]')
+    path = tmp_path / "site.toml"
+    path.write_text(text)
+    return path, text, json.dumps([["Linear", 2048, 2048]] * 16)
+
+
 def test_vest_check_names_the_smallest_gpu_and_node_count_per_gpu_type(tmp_path, capsys):
     """vest check of a sharded job: per GPU type the smallest GPU count (and nodes of that type's
     partition) at which it fits per rank; one count fewer does not fit there."""
@@ -219,11 +231,7 @@ def test_vest_check_names_the_smallest_gpu_and_node_count_per_gpu_type(tmp_path,
     from vest_slurm.site.advice import Prober
     from vest_slurm.site.config import parse_site_config
 
-    text = SITE.replace("[policy]", '[gpu.small]\nprofile = "a100-40gb"\nmemory_mib = 700\ncontext_mib = 100\n'
-                        '[partition.q]\ngpu_types = ["small"]\ngpus_per_node = 2\n[policy]')
-    path = tmp_path / "site.toml"
-    path.write_text(text)
-    layers = json.dumps([["Linear", 2048, 2048]] * 16)
+    path, text, layers = _small_gpu_site(tmp_path)
     argv = ["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8", "--optimizer", "adam",
             "--parallelism", "fsdp2", "--num-gpus", "2"]
     assert run(["check", *argv, "--site-config", str(path), "--no-search", "--json"]) in (0, 3)
@@ -363,11 +371,7 @@ def test_vest_estimate_num_gpus_auto_names_the_smallest_count_per_gpu_type(tmp_p
     from vest_slurm.site.advice import Prober
     from vest_slurm.site.config import parse_site_config
 
-    text = SITE.replace("[policy]", '[gpu.small]\nprofile = "a100-40gb"\nmemory_mib = 700\ncontext_mib = 100\n'
-                        '[partition.q]\ngpu_types = ["small"]\ngpus_per_node = 2\n[policy]')
-    path = tmp_path / "site.toml"
-    path.write_text(text)
-    layers = json.dumps([["Linear", 2048, 2048]] * 16)
+    path, text, layers = _small_gpu_site(tmp_path)
     argv = ["--model", "mlp:" + layers, "--input", "2048", "--batch-size", "8", "--optimizer", "adam",
             "--parallelism", "fsdp2"]
     assert run(["estimate", *argv, "--num-gpus", "auto", "--site-config", str(path), "--json"]) == 0
