@@ -117,7 +117,8 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         while True:     # the first submission may find the worker still tracing: allowed without an estimate
             name = f"d-{uuid.uuid4().hex[:8]}"
             # a script of its own each time: slurmdbd keeps one text per hash of the submitted script
-            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, "true",
+            # (it runs 2 s, as the vsbatch job below does: its stored script is read back)
+            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, "sleep 2",
                               f"# {name}", forged, ""])
             directive = sbatch_as(tb, USER, text, jobdir, name)
             line = decision_line(tb, name)

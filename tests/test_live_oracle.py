@@ -6,6 +6,7 @@ script (within the issue's 10%) on scripts written in the corpus's styles (tests
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -18,8 +19,16 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "scri
 MiB = 1 << 20
 
 
-def test_counts_device_storages_only():
-    res = run_command("python oracle_census.py", SCRIPTS, 3)
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    """A copy of the scripts: the oracle runs them for real, and they write logs and checkpoints."""
+    d = tmp_path_factory.mktemp("oracle") / "scripts"
+    shutil.copytree(SCRIPTS, d)
+    return str(d)
+
+
+def test_counts_device_storages_only(scripts):
+    res = run_command("python oracle_census.py", scripts, 3)
     assert res["status"] == "ok", res
     assert res["steps"] == 3 and res["stopped_by"] == "optimizer steps"
     # a (1 MiB) + b (1 MiB) + view * 2 (0.5 MiB) at once; the 4 MiB host tensor and the .cpu() copy
@@ -28,9 +37,9 @@ def test_counts_device_storages_only():
     assert 2.5 * MiB <= res["live_peak_bytes"] <= 2.5 * MiB + small
 
 
-def test_refuses_a_launch_of_several_processes():
+def test_refuses_a_launch_of_several_processes(scripts):
     """torchrun of 2: the oracle runs one process (and never starts this one)."""
-    res = run_command("torchrun --nproc_per_node 2 ddp_train.py", SCRIPTS, 3)
+    res = run_command("torchrun --nproc_per_node 2 ddp_train.py", scripts, 3)
     assert res["status"] == "unsupported" and "2 processes" in res["message"]
 
 
@@ -47,10 +56,10 @@ def test_refuses_a_launch_of_several_processes():
     # DDP at world size 1 (RANK set, as nanoGPT's branch reads it): a real one-rank gloo group
     "python ddp_train.py",
 ])
-def test_agrees_with_the_estimate(command):
-    res = run_command(command, SCRIPTS, 3)
+def test_agrees_with_the_estimate(command, scripts):
+    res = run_command(command, scripts, 3)
     assert res["status"] == "ok", res
-    (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=SCRIPTS)
+    (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=scripts)
     assert res["steps"] == run.steps == 3
     vest, oracle = run.trace.live_peak_bytes(), res["live_peak_bytes"]
     assert abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)
