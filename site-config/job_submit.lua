@@ -54,7 +54,7 @@ local DEFAULTS = {
   pythonpath = "",
   site_config = "/etc/vest/site.toml",
   fallback_ms_per_s = 200,       -- the site config's [bridge] defaults (vest_slurm/site/config.py)
-  fallback_burst_ms = 800,
+  fallback_burst_ms = 600,
   written = 0,
 }
 local FACTS_FILE = "vest-bridge.json"      -- beside this file

@@ -239,8 +239,8 @@ def test_budget_across_calls_reaches_the_lua_and_is_bounded_by_message_timeout()
     assert (f["fallback_ms_per_s"], f["fallback_burst_ms"]) == (150, 700)
     assert isinstance(f["written"], float)               # a stamp per write: the Lua's breaker resets on it
     b = Bridge()
-    assert b.call_limit_s == 0.8                          # the bucket caps one call below the timeout
-    assert b.worst_wait_s == pytest.approx((0.8 + 2.0) / 0.7)
+    assert b.call_limit_s == 0.6                          # the bucket caps one call below the timeout
+    assert b.worst_wait_s == pytest.approx((0.6 + 2.0) / 0.7)
     data = toml.loads((REPO / "site-config" / "testbed.toml").read_text())
     for bad, words in (({"fallback_ms_per_s": 800}, "at most 500"), ({"fallback_burst_ms": 50}, "at least 100"),
                        ({"fallback_ms_per_s": 500, "fallback_burst_ms": 8000, "timeout_s": 8}, "MessageTimeout"),

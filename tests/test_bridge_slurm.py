@@ -207,7 +207,7 @@ class FakeServer:
         os.unlink(self.path)
 
 
-BRIDGE_TIMEOUT_S = 0.6      # below the default fallback_burst_ms (0.8 s), so that the timeout is the limit
+BRIDGE_TIMEOUT_S = 0.5      # below the default fallback_burst_ms (0.6 s), so that the timeout is the limit
 # sbatch's own limit in these tests: the bridge's timeout plus a margin far above a loaded machine's
 # noise, so that only a plugin that does not give up at its timeout (a hang) exceeds it
 SBATCH_LIMIT_S = BRIDGE_TIMEOUT_S + 60.0

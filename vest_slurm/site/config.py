@@ -140,8 +140,14 @@ class Bridge:
     # answer (the per-call program, a server that hangs or dies) is drawn from a token bucket that
     # holds at most fallback_burst_ms and refills at fallback_ms_per_s; a call that finds it empty
     # takes the fail mode at once. No single call waits longer than call_limit_s.
+    # The bucket's size is also the longest one call may stall a reader: the first call that finds a
+    # hung server waits it out before the breaker opens, and an sinfo that came just after waits that
+    # long plus the queued calls' own work (each a fail-mode answer or the Lua's own decision, about
+    # 10 ms loaded: benchmarks/bench_bridge_burst.json's lua_call_ms) and the breaker's probes with an
+    # empty bucket (0.1 s). 600 ms keeps such a reader within 1 s and still holds one run of the per-call
+    # program (about 300 ms); at 800 ms the hang case measured an sinfo of 1,012 ms.
     fallback_ms_per_s: int = 200
-    fallback_burst_ms: int = 800
+    fallback_burst_ms: int = 600
 
     @property
     def call_limit_s(self) -> float:
