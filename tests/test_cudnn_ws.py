@@ -427,3 +427,27 @@ def test_the_job_python_s_cudnn_is_asked_of_that_python(monkeypatch, tmp_path):
     ok, why = cudnn_ws.heuristics_are_the_jobs()
     require_cudnn()
     assert not ok and "unknown" in why and plain in why
+
+
+@pytest.mark.parametrize("gpu", ["v100-16gb", "t4-16gb", "a100-80gb", "h100-80gb", "l40s-48gb"])
+def test_the_cpp_graph_answers_what_the_python_frontend_does(gpu):
+    """cudnn_ws asks the frontend's C++ graph directly (cudnn_ws._graph_class), not its Python IR:
+    the plan PyTorch runs and benchmark mode's largest are those of cuDNN asked through the Python
+    frontend (ask_cudnn), on convolutions of each kind, layout and dtype."""
+    require_cudnn()
+    p = get_profile(gpu)
+    props = cudnn_ws.device_properties_json(p)
+    cudnn_ws.workspace_bytes.cache_clear()
+    cudnn_ws.find_workspace_bytes.cache_clear()
+    for kind in ("fprop", "dgrad", "wgrad"):
+        for x, w, stride, pad, dtype, nhwc, tf32 in (
+                ([32, 256, 28, 28], [128, 256, 1, 1], [1, 1], [0, 0], "float32", False, True),
+                ([32, 64, 56, 56], [64, 64, 3, 3], [2, 2], [1, 1], "float32", False, False),
+                ([32, 128, 28, 28], [128, 128, 3, 3], [1, 1], [1, 1], "float16", True, True),
+                ([32, 64, 56, 56], [256, 64, 1, 1], [1, 1], [0, 0], "bfloat16", False, True)):
+            key = cudnn_ws.conv_key(kind, x, w, stride, pad, [1, 1], dtype, nhwc, tf32)
+            if dtype == "bfloat16" and p.capability < (8, 0):
+                assert cudnn_ws.workspace_bytes(props, key) is None   # no bf16 convolution before sm80
+                continue
+            assert cudnn_ws.workspace_bytes(props, key) == ask_cudnn(p, key), (gpu, key)
+            assert cudnn_ws.find_workspace_bytes(props, key) == ask_cudnn(p, key, benchmark=True), (gpu, key)

