@@ -48,3 +48,54 @@ def test_find_train_command_skips_setup_lines():
     c = find_train_command(lines)
     assert c is not None and c.script == "train.py" and c.args == ("--x",)
     assert find_train_command(["echo hi", "bash other.sh"]) is None
+
+
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("line,world,rank_vars", [
+    # a plain python process gets no launcher variables at any GPU count (the job's own python
+    # has none: nanoGPT's RANK check then takes its one-process branch, as on the GPU node)
+    ("python train.py", 1, False),
+    ("python train.py", 2, False),
+    ("srun python train.py", 1, False),            # srun sets SLURM_PROCID, not RANK
+    ("torchrun --nproc_per_node 1 train.py", 1, True),
+    ("torchrun --nproc_per_node 2 train.py", 2, True),
+    ("accelerate launch train.py", 1, False),      # accelerate's simple_launcher
+    ("accelerate launch --num_processes 2 train.py", 2, True),    # multi_gpu_launcher: torchrun
+    ("accelerate launch --use_fsdp --num_processes 1 train.py", 1, True),
+])
+def test_rank_variables_only_where_the_launcher_sets_them(line, world, rank_vars, tmp_path, monkeypatch):
+    from vest_slurm.dynamic.runner import _child_env
+
+    for k in _RANK_VARS:
+        monkeypatch.delenv(k, raising=False)
+    env = _child_env(parse_train_command(line), str(tmp_path), world)
+    if rank_vars:
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("0", "0", str(world))
+        assert env["MASTER_ADDR"] and env["MASTER_PORT"]
+    else:
+        assert not any(k in env for k in _RANK_VARS), {k: env[k] for k in _RANK_VARS if k in env}
+
+
+def test_a_plain_python_run_keeps_the_users_own_rank_variables(tmp_path, monkeypatch):
+    """What the user's environment has is what the job's python sees (not overwritten, not removed)."""
+    from vest_slurm.dynamic.runner import _child_env
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    env = _child_env(parse_train_command("python train.py"), str(tmp_path), 1)
+    assert env["RANK"] == "3" and "WORLD_SIZE" not in env
+
+
+@pytest.mark.parametrize("distributed_type,rank_vars", [("FSDP", True), ("MULTI_GPU", True), ("NO", False)])
+def test_accelerate_config_of_one_process_decides_the_launcher(distributed_type, rank_vars, tmp_path, monkeypatch):
+    """accelerate launch of one process takes torchrun (multi_gpu_launcher) for an FSDP config, its
+    simple launcher otherwise (accelerate.commands.launch.launch_command)."""
+    from vest_slurm.dynamic.runner import _child_env
+
+    monkeypatch.delenv("RANK", raising=False)
+    config = tmp_path / "acc.yaml"
+    config.write_text(f"distributed_type: {distributed_type}\nnum_processes: 1\n")
+    cmd = parse_train_command(f"accelerate launch --config_file {config} train.py")
+    assert ("RANK" in _child_env(cmd, str(tmp_path), 1, str(config))) == rank_vars

@@ -53,8 +53,11 @@ def test_refuses_a_launch_of_several_processes(scripts):
     "python old_amp_api.py",
     # torchvision v2 transforms on host images, pinned batches, DataLoader workers
     "python image_transforms_train.py -b 8",
-    # DDP at world size 1 (RANK set, as nanoGPT's branch reads it): a real one-rank gloo group
-    "python ddp_train.py",
+    # DDP under torchrun of one process (RANK set, as torchrun sets it): a real one-rank gloo group
+    "torchrun --nproc_per_node 1 ddp_train.py",
+    # a DDP branch chosen by RANK (nanoGPT's style): under a plain python no RANK, no DDP
+    "python rank_branch_train.py",
+    "torchrun --nproc_per_node 1 rank_branch_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)
@@ -63,3 +66,6 @@ def test_agrees_with_the_estimate(command, scripts):
     assert res["steps"] == run.steps == 3
     vest, oracle = run.trace.live_peak_bytes(), res["live_peak_bytes"]
     assert abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)
+    if "rank_branch" in command:   # the branch the launcher's variables choose, in both runs
+        ddp = any(e.module == "ddp_buckets" for e in run.trace.events)
+        assert ddp == command.startswith("torchrun"), command

@@ -45,7 +45,7 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
   it with a device input is marked).
 - One process: a launch of several processes, a process group of more than one rank and
   nn.DataParallel over more than one GPU are refused (status "unsupported"); a script's DDP branch
-  at world size 1 runs for real (gloo, one rank). ``torch.set_default_device("cuda")`` is not mapped.
+  at world size 1 (torchrun of one process) runs for real (gloo, one rank). ``torch.set_default_device("cuda")`` is not mapped.
 """
 
 from __future__ import annotations
@@ -294,8 +294,8 @@ def _patched(census: Census, steps: int, state: dict):
     real_init = dist.init_process_group
 
     def init_process_group(backend=None, *a, **k):
-        # a script that takes its DDP branch at world size 1 (nanoGPT's: RANK is set): a real
-        # one-rank gloo group over a file store in the run's temp dir (no port to collide on)
+        # a script's DDP branch at world size 1 (under torchrun of one process, which sets RANK): a
+        # real one-rank gloo group over a file store in the run's temp dir (no port to collide on)
         world = int(k.get("world_size", os.environ.get("WORLD_SIZE", "1")))
         if world != 1:
             raise Unsupported(f"torch.distributed.init_process_group at world size {world}")
@@ -412,8 +412,10 @@ if __name__ == "__main__":
 def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0) -> dict:
     """Run a job's training command line (``python train.py ARGS``, ``VAR=x python ...``) through
     this oracle in a child process in ``cwd``, with the environment the estimate's child gets
-    (runner._child_env: offline hubs, rank 0 of one, a private TMPDIR). Returns the child's
-    result, with ``seconds``; status ``unsupported`` for a launch of more than one process."""
+    (runner._child_env: offline hubs, a private TMPDIR, the launcher's RANK / WORLD_SIZE only where
+    the launcher sets them, so a script that reads RANK takes the branch it takes in vest's run and
+    in the job). Returns the child's result, with ``seconds``; status ``unsupported`` for a launch
+    of more than one process."""
     import subprocess
     import tempfile
     import time

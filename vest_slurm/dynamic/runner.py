@@ -72,7 +72,7 @@ class DynamicRun:
     stopped_by: str = "optimizer steps"
 
 
-def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
+def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
     env.update(dict(cmd.env))
     cache = os.path.join(tmpdir, "cache")
@@ -83,10 +83,8 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
         "HF_HOME": os.path.join(cache, "hf"), "XDG_CACHE_HOME": cache,
         "MPLCONFIGDIR": os.path.join(cache, "mpl"), "WANDB_MODE": "disabled", "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
-        # what torchrun / srun would give rank 0
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(_per_node(cmd, world_size)),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
     })
+    env.update(_rank_env(cmd, world_size, accelerate_config))
     if cmd.mixed_precision:
         env["ACCELERATE_MIXED_PRECISION"] = cmd.mixed_precision
     # the vest_slurm package must import in the child even when run from a source checkout
@@ -95,6 +93,51 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int) -> dict:
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def _rank_env(cmd: TrainCommand, world: int, accelerate_config: str | None = None) -> dict:
+    """The process-placement variables the job's launcher gives rank 0, and only those: torchrun
+    (torch/distributed/elastic/agent/server/api.py: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), and accelerate launch where it starts the script through torchrun
+    (multi_gpu_launcher: more than one process, or FSDP / Megatron-LM). A plain ``python train.py``
+    (also behind srun, which sets SLURM_PROCID and SLURM_NTASKS, not torch's variables) and
+    accelerate's simple launcher of one process set none: the script sees the user's own
+    environment, as in the job. A script that reads RANK to choose its DDP branch (nanoGPT's
+    ``int(os.environ.get('RANK', -1)) != -1``) then takes the branch it takes on the GPU node."""
+    if cmd.launcher == "accelerate":
+        if world <= 1 and not _accelerate_uses_torchrun(cmd, accelerate_config):
+            return {}
+    elif cmd.launcher != "torchrun":
+        return {}
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(_per_node(cmd, world)),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+# accelerate launch's switches, and a config file's distributed_type values, for which
+# accelerate.commands.launch.launch_command takes multi_gpu_launcher (torch.distributed.run) even
+# for one process; the rest of one process take simple_launcher. (DeepSpeed is not traced, plan()).
+_ACCELERATE_TORCHRUN_FLAGS = ("--use_fsdp", "--use-fsdp", "--use_megatron_lm", "--use-megatron-lm", "--multi_gpu", "--multi-gpu")
+_ACCELERATE_TORCHRUN_TYPES = ("FSDP", "MEGATRON_LM", "MULTI_GPU")
+
+
+def _accelerate_uses_torchrun(cmd: TrainCommand, config: str | None) -> bool:
+    """Whether accelerate launch starts the script through torchrun: its switches, else the
+    distributed_type of its config file ``config`` (absolute, _accelerate_config)."""
+    if any(a.split("=", 1)[0] in _ACCELERATE_TORCHRUN_FLAGS for a in cmd.launcher_args):
+        return True
+    if not config:
+        return False
+    try:   # as accelerate's load_config_from_file reads it: JSON by its suffix, else YAML
+        with open(config) as f:
+            if config.endswith(".json"):
+                doc = json.load(f)
+            else:
+                import yaml
+
+                doc = yaml.safe_load(f)
+    except Exception:   # unreadable: accelerate's own parser says so in the child
+        return False
+    return isinstance(doc, dict) and str(doc.get("distributed_type", "")).upper() in _ACCELERATE_TORCHRUN_TYPES
 
 
 def _per_node(cmd: TrainCommand, world: int) -> int:
@@ -192,7 +235,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     peak_rss = 0
     try:
         with open(log_path, "wb") as log:
-            env = _child_env(cmd, tmpdir, world)
+            env = _child_env(cmd, tmpdir, world, config)
             env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
             if cmd.launcher == "accelerate":
                 env[accelerate_env.ENV] = json.dumps(launcher_args)
