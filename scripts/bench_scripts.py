@@ -308,10 +308,15 @@ print(json.dumps({"rc": p.returncode, "seconds": dt, "maxrss_kib": peak, "stdout
 """
 
 
+def user_env(cwd: str, env: dict | None) -> dict:
+    """The user's environment with the variables the entry names (paths relative to ``cwd``)."""
+    return {**os.environ, **{k: os.path.join(cwd, v) for k, v in (env or {}).items()}}
+
+
 def measure(argv: list[str], cwd: str, env: dict | None = None) -> dict:
     """Run one `vest estimate` as a user would (cold, its own process tree); its seconds and peak RSS.
     ``env``: the user's environment variables the entry names (paths relative to ``cwd``)."""
-    full = {**os.environ, **{k: os.path.join(cwd, v) for k, v in (env or {}).items()}}
+    full = user_env(cwd, env)
     out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], cwd=cwd, capture_output=True, text=True, env=full)
     doc = json.loads(out.stdout)
     doc["json"] = _last_json(doc["stdout"])
@@ -407,13 +412,13 @@ def _live_oracle(entry: dict, row: dict, vest: list[str], workdir: str) -> None:
     command = entry.get("live_oracle") or entry["command"]
     est_live = row["live_mib"]
     if command != entry["command"]:   # vest at the reduced size too
-        red = measure(vest + ["--", *shlex.split(command)], workdir)
+        red = measure(vest + ["--", *shlex.split(command)], workdir, entry.get("env"))
         est = (red["json"] or {}).get("estimates") if red["rc"] == 0 else None
         if not est:
             row["oracle"] = "live-oracle: vest failed at the reduced size: " + _error_text(red["stderr"])[:120]
             return
         est_live = est[0]["breakdown"]["live_tensor_peak"]
-    res = run_command(command, workdir, DEFAULT_STEPS)
+    res = run_command(command, workdir, DEFAULT_STEPS, user_env=user_env(workdir, entry.get("env")))   # what vest was given
     row["oracle_kind"] = "live-cpu"
     row["oracle_s"] = round(res.get("seconds", 0.0), 1)
     if res["status"] != "ok":

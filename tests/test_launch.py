@@ -99,3 +99,13 @@ def test_accelerate_config_of_one_process_decides_the_launcher(distributed_type,
     config.write_text(f"distributed_type: {distributed_type}\nnum_processes: 1\n")
     cmd = parse_train_command(f"accelerate launch --config_file {config} train.py")
     assert ("RANK" in _child_env(cmd, str(tmp_path), 1, str(config))) == rank_vars
+
+
+def test_child_env_starts_from_the_users_environment_given(tmp_path):
+    """The live oracle and the estimate are given the same user environment (a model cache the job
+    reads: HF_HUB_CACHE), not only this process's; the GPU's own variables are not passed on."""
+    from vest_slurm.dynamic.runner import _child_env
+
+    user = {"HF_HUB_CACHE": "/data/hub", "CUDA_VISIBLE_DEVICES": "3", "PATH": "/usr/bin"}
+    env = _child_env(parse_train_command("python train.py"), str(tmp_path), 1, user_env=user)
+    assert env["HF_HUB_CACHE"] == "/data/hub" and "CUDA_VISIBLE_DEVICES" not in env and env["PATH"] == "/usr/bin"

@@ -409,13 +409,14 @@ if __name__ == "__main__":
     main()
 
 
-def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0) -> dict:
+def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, user_env: dict | None = None) -> dict:
     """Run a job's training command line (``python train.py ARGS``, ``VAR=x python ...``) through
     this oracle in a child process in ``cwd``, with the environment the estimate's child gets
     (runner._child_env: offline hubs, a private TMPDIR, the launcher's RANK / WORLD_SIZE only where
     the launcher sets them, so a script that reads RANK takes the branch it takes in vest's run and
     in the job). Returns the child's result, with ``seconds``; status ``unsupported`` for a launch
-    of more than one process."""
+    of more than one process. ``user_env``: the user's environment (default this process's), as the
+    estimate is given it (a model cache the job reads)."""
     import subprocess
     import tempfile
     import time
@@ -432,7 +433,7 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0) ->
         argv += ["--module", cmd.module, "--", *cmd.args] if cmd.module else ["--", cmd.script, *cmd.args]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=cwd, env=_child_env(cmd, tmp, 1), stdin=subprocess.DEVNULL,
+            proc = subprocess.run(argv, cwd=cwd, env=_child_env(cmd, tmp, 1, user_env=user_env), stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"status": "limit", "message": f"the CPU run took over {timeout_s:.0f} s", "seconds": timeout_s}

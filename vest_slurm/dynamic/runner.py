@@ -72,8 +72,12 @@ class DynamicRun:
     stopped_by: str = "optimizer steps"
 
 
-def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
+def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
+               user_env: dict | None = None) -> dict:
+    """The child's environment: the user's (``user_env``, default this process's) less the GPU's and
+    the launchers' own variables, with the caches, offline switches and temp dir of the run."""
+    base = os.environ if user_env is None else user_env
+    env = {k: v for k, v in base.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
     env.update(dict(cmd.env))
     cache = os.path.join(tmpdir, "cache")
     env.update(_model_caches(env))
