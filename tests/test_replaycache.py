@@ -37,7 +37,7 @@ def _fresh(summary, sp, profile):
     """The answers as the estimator made them before: every GPU type replayed afresh."""
     config = parse_alloc_conf(sp.alloc_conf)
     events = estimator._events_for(summary.trace.events, profile, sp, summary)
-    full, _ = estimator._with_rest_of_run(events, summary, config)
+    full, _, _ = estimator._with_rest_of_run(events, summary, config)
     return replay(full, config), min_capacity_bytes(estimator._without_cudnn_workspaces(full), config)
 
 

@@ -136,6 +136,27 @@ def test_estimator_repeats_the_last_step(argv):
     summary = trace_for(spec, profile)
     events = _events_for(summary.trace.events, profile, spec, summary)
     assert (len(events) > len(summary.trace.events)) == bool(argv)   # the buckets, for DDP
-    extended, copies = _with_rest_of_run(events, summary, AllocatorConfig())
+    extended, copies, _ = _with_rest_of_run(events, summary, AllocatorConfig())
     assert copies >= steady.PATIENCE
     _check_valid(extended)
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:64,roundup_power2_divisions:4"])
+def test_the_replay_made_while_extending_is_the_replay_of_the_extended_run(conf):
+    """extend_and_replay's uncapped replay comes from the allocator run that decides when to stop,
+    carried on through the tail: it is what allocator.replay of the extended events answers, where
+    the step repeats, where it cannot be repeated and with one step."""
+    from vest_slurm.estimate.allocator_config import parse_alloc_conf
+
+    config = parse_alloc_conf(conf)
+    kept = _loop(2, 0)[0]
+    i = _loop(2, 0)[1][1] - 1
+    cases = [_loop(3, seed) for seed in range(6)] + [_loop(1, 0)] + [
+        (kept[:i] + [AllocEvent("alloc", 10_000, 512)] + kept[i:], [_loop(2, 0)[1][0], _loop(2, 0)[1][1] + 1])]
+    repeated = 0
+    for ev, ends in cases:
+        full, copies, result = steady.extend_and_replay(ev, ends, config)
+        assert (full, copies) == steady.extend(ev, ends, config)
+        assert result == replay(full, config)
+        repeated += copies > 0
+    assert 0 < repeated < len(cases)

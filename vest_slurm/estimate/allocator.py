@@ -721,6 +721,11 @@ def _replay_ops(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConf
                 capacity_bytes: int | None, check: bool) -> ReplayResult:
     a = CachingAllocator(config, capacity_bytes)
     oom, _, frag_at_peak = _run(a, ops, 0, check)
+    return result_of(a, oom, frag_at_peak)
+
+
+def result_of(a: CachingAllocator, oom: OomPoint | None, frag_at_peak: int) -> ReplayResult:
+    """The ReplayResult of an allocator that has run a trace (_run's oom and fragmentation at the peak)."""
     return ReplayResult(
         peak_allocated_bytes=a.peak_allocated_bytes,
         peak_reserved_bytes=a.peak_reserved_bytes,

@@ -82,6 +82,7 @@ def _board(profile: DeviceProfile) -> str | None:
     return key if key in _BOARDS else None
 
 
+@functools.lru_cache(maxsize=256)   # asked per convolution of a trace, per GPU type
 def device_properties_json(profile: DeviceProfile) -> str | None:
     board = _board(profile)
     if board is None:

@@ -28,7 +28,7 @@ from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
 from .sharding import strategy_world
 from .profiles import DeviceProfile, eager_loading
-from .trace import BF16_NOTE, AllocEvent, AllocTrace
+from .trace import BF16_NOTE, AllocEvent, AllocTrace, with_size
 from ..units import MiB
 from .workload import SHARDED, WorkloadSpec
 
@@ -126,9 +126,9 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
     for i, e in enumerate(events):
         if e.category == "workspace" and e.action == "alloc":
             if e.module == "cublas":
-                e = replace(e, size_bytes=profile.cublas_workspace_bytes)
+                e = with_size(e, profile.cublas_workspace_bytes)
             elif e.module in _CUDNN_WORKSPACES and e.detail:
-                e = replace(e, size_bytes=cudnn_ws.workspace_for(profile, e.detail, benchmark=e.module == "cudnn_find"))
+                e = with_size(e, cudnn_ws.workspace_for(profile, e.detail, benchmark=e.module == "cudnn_find"))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -136,12 +136,13 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
     return out
 
 
-def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config) -> tuple[list[AllocEvent], int]:
-    """The steps after the traced ones, until the allocator's layout settles (steady.py), and how
-    many were added. Step ends after an event _events_for inserted (DDP's buckets) move by one."""
+def _with_rest_of_run(events: list[AllocEvent], summary: TraceSummary, config):
+    """(the events with the steps after the traced ones, until the allocator's layout settles
+    (steady.py), how many steps were added, their uncapped replay). Step ends after an event
+    _events_for inserted (DDP's buckets) move by one."""
     added = [i for i, e in enumerate(events) if e.module == "ddp_buckets" and e.block == DDP_BUCKET_BLOCK]
     ends = [i + sum(1 for a in added if a <= i) for i in summary.trace.step_ends]
-    return steady.extend(events, ends, config)
+    return steady.extend_and_replay(events, ends, config)
 
 
 def _without_cudnn_workspaces(events: list[AllocEvent]) -> list[AllocEvent]:
@@ -212,7 +213,10 @@ def _replayed(summary: TraceSummary, events: list[AllocEvent], spec: WorkloadSpe
     """replaycache.Replayed (the events with the rest of the run, the ReplayResult, the required
     bytes), made once per distinct ``events`` (what a GPU type changes in them: workspace sizes)
     and allocator settings; read from disk where the trace cache is on and an earlier process made it."""
-    key = (spec.alloc_conf, tuple(events))
+    # Within one trace the events a GPU type makes differ only in the workspace sizes and in DDP's
+    # buckets (one event more): the sizes, in order, say which events they are. Hashing them is
+    # cheap; hashing and comparing the events (frozen dataclasses) cost as much as a replay's tenth.
+    key = (spec.alloc_conf, tuple(e.size_bytes for e in events))
     held = _REPLAYS.get(id(summary))
     if held is None or held[0] is not summary:
         while len(_REPLAYS) >= _REPLAYS_KEPT:
@@ -222,7 +226,7 @@ def _replayed(summary: TraceSummary, events: list[AllocEvent], spec: WorkloadSpe
         from .replaycache import replayed
 
         held[1][key] = replayed(events, summary.trace.step_ends, config,
-                                lambda: _with_rest_of_run(events, summary, config)[0])
+                                lambda: _with_rest_of_run(events, summary, config)[::2])
     return held[1][key]
 
 

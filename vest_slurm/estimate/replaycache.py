@@ -28,9 +28,9 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .allocator import OomPoint, ReplayResult, min_capacity_bytes, replay
+from .allocator import OomPoint, ReplayResult, min_capacity_bytes
 from .allocator_config import AllocatorConfig
-from .trace import AllocEvent
+from .trace import AllocEvent, with_size
 
 _FORMAT = 1
 MAX_ENTRIES = 4000   # the most recently used answers kept on disk (~300 bytes each)
@@ -68,9 +68,7 @@ def zero_cudnn(events: Sequence[AllocEvent]) -> list[AllocEvent]:
     """The events at capacity: PyTorch falls back to cuDNN plans that fit when a workspace
     allocation fails (Conv_v8.cpp try_plans), down to ones that need none, and benchmark mode
     halves its timing workspace until it fits; the need counts none."""
-    from dataclasses import replace
-
-    return [replace(e, size_bytes=0) if e.module in _CUDNN_MODULES and e.action == "alloc" else e for e in events]
+    return [with_size(e, 0) if e.module in _CUDNN_MODULES and e.action == "alloc" else e for e in events]
 
 
 def _need(full: list[AllocEvent], config: AllocatorConfig) -> int:
@@ -84,9 +82,9 @@ def _need(full: list[AllocEvent], config: AllocatorConfig) -> int:
 
 
 def replayed(events: Sequence[AllocEvent], step_ends: Sequence[int], config: AllocatorConfig,
-             with_rest_of_run: Callable[[], list[AllocEvent]]) -> Replayed:
-    """The answers for ``events`` (``with_rest_of_run()`` makes the whole run from them), read
-    from disk where an earlier process stored them."""
+             with_rest_of_run: Callable[[], tuple[list[AllocEvent], ReplayResult]]) -> Replayed:
+    """The answers for ``events`` (``with_rest_of_run()`` makes the whole run from them and its
+    uncapped replay: steady.extend_and_replay), read from disk where an earlier process stored them."""
     from . import tracecache
 
     path = None
@@ -95,9 +93,9 @@ def replayed(events: Sequence[AllocEvent], step_ends: Sequence[int], config: All
         path = tracecache.cache_dir() / "replays" / k[:2] / f"{k}.json.gz"
         hit = _load(path)
         if hit is not None:
-            return Replayed(hit[0], hit[1], None, with_rest_of_run)
-    full = with_rest_of_run()
-    out = Replayed(replay(full, config), _need(full, config), full)
+            return Replayed(hit[0], hit[1], None, lambda: with_rest_of_run()[0])
+    full, result = with_rest_of_run()
+    out = Replayed(result, _need(full, config), full)
     if path is not None:
         _store(path, out)
     return out

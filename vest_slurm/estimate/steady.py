@@ -21,12 +21,11 @@ accumulates tensors across steps) the trace is left as it is.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 from typing import Sequence
 
-from .allocator import CachingAllocator, _compile, _run
+from .allocator import CachingAllocator, ReplayResult, _compile, _run, replay, result_of
 from .allocator_config import AllocatorConfig
-from .trace import AllocEvent
+from .trace import AllocEvent, with_block
 
 PATIENCE = 3       # copies in a row without growth before the layout is taken as settled
 MAX_COPIES = 16    # at most this many steps are added
@@ -65,19 +64,36 @@ def extend(events: Sequence[AllocEvent], step_ends: Sequence[int], config: Alloc
            patience: int = PATIENCE, max_copies: int = MAX_COPIES) -> tuple[list[AllocEvent], int]:
     """The events with the last traced step repeated until the allocator settles (see the module
     docstring), and the number of steps added (0 when the trace is left as it is)."""
+    full, copies, _ = extend_and_replay(events, step_ends, config, patience, max_copies)
+    return full, copies
+
+
+def extend_and_replay(events: Sequence[AllocEvent], step_ends: Sequence[int],
+                      config: AllocatorConfig = AllocatorConfig(), patience: int = PATIENCE,
+                      max_copies: int = MAX_COPIES) -> tuple[list[AllocEvent], int, ReplayResult]:
+    """``extend``, and ``allocator.replay`` of the events it returns (uncapped), from the one
+    allocator run that decides when the layout has settled: the uncapped replay of the whole run is
+    that run carried on through the loop's clean-up, so it is not made twice."""
     events = list(events)
     if len(step_ends) < 2 or not (0 < step_ends[-2] < step_ends[-1] <= len(events)):
-        return events, 0
+        return events, 0, replay(events, config)
     start, end = step_ends[-2], step_ends[-1]
     carried_in, carried_out, sizes = _carried(events, start, end)
     pair = _pairing(carried_in, carried_out, sizes)
     if pair is None:
-        return events, 0
+        return events, 0, replay(events, config)
     template = events[start:end]
 
     a = CachingAllocator(config)   # uncapped: the run as replay() makes it, to see when it settles
-    _run(a, _compile(events[:end]), 0, False)
+    peak = [-1, 0, False]          # reserved at its first peak, reserved - allocated then (as replay()), an OOM
 
+    def run(ops) -> None:
+        oom, best, frag = _run(a, ops, 0, False)
+        if best > peak[0]:
+            peak[:2] = best, frag
+        peak[2] = peak[2] or oom is not None
+
+    run(_compile(events[:end]))
     next_id = max((abs(e.block) for e in events), default=0) + 1
     prev = {b: b for b in carried_out}   # the blocks the step before left alive, by template block
     added: list[AllocEvent] = []
@@ -90,15 +106,19 @@ def extend(events: Sequence[AllocEvent], step_ends: Sequence[int], config: Alloc
             if e.action == "alloc":
                 cur[e.block] = next_id
                 next_id += 1
-                step.append(replace(e, block=cur[e.block]))
+                step.append(with_block(e, cur[e.block]))
             else:
-                step.append(replace(e, block=cur[e.block] if e.block in cur else prev[pair[e.block]]))
-        _run(a, _compile(step), 0, False)
+                step.append(with_block(e, cur[e.block] if e.block in cur else prev[pair[e.block]]))
+        run(_compile(step))
         added += step
         prev = {b: cur[b] for b in carried_out}
         copies += 1
         still = still + 1 if a.peak_reserved_bytes == before else 0
 
     # what follows the last step (the loop's clean-up) frees the last copy's blocks
-    tail = [replace(e, block=prev[e.block]) if e.action == "free" and e.block in prev else e for e in events[end:]]
-    return events[:end] + added + tail, copies
+    tail = [with_block(e, prev[e.block]) if e.action == "free" and e.block in prev else e for e in events[end:]]
+    run(_compile(tail))
+    full = events[:end] + added + tail
+    if peak[2]:   # uncapped, the allocator cannot fail; were it to, replay() stops there
+        return full, copies, replay(full, config)
+    return full, copies, result_of(a, None, peak[1])

@@ -33,6 +33,20 @@ class AllocEvent:
     op: str = ""       # the aten op whose output (or workspace) this is; in backward, the autograd node
 
 
+def with_size(e: AllocEvent, size_bytes: int) -> AllocEvent:
+    """``dataclasses.replace(e, size_bytes=...)``, made by the constructor: the replay path makes
+    tens of thousands of these per estimate (a GPU type's workspace sizes, the steps steady.py adds),
+    and ``replace`` costs five times as much (it reads the fields and checks each by name)."""
+    if size_bytes == e.size_bytes:
+        return e
+    return AllocEvent(e.action, e.block, size_bytes, e.stream, e.phase, e.category, e.module, e.detail, e.op)
+
+
+def with_block(e: AllocEvent, block: int) -> AllocEvent:
+    """``dataclasses.replace(e, block=...)``, made by the constructor (see with_size)."""
+    return AllocEvent(e.action, block, e.size_bytes, e.stream, e.phase, e.category, e.module, e.detail, e.op)
+
+
 # AllocTrace.notes says so when the traced run computed in bfloat16 (autocast or bf16 weights): it
 # runs emulated, much slower, on GPUs before sm80 (placement takes them last).
 BF16_NOTE = "computes in bfloat16"
