@@ -392,3 +392,58 @@ def test_vest_estimate_num_gpus_auto_names_the_smallest_count_per_gpu_type(tmp_p
     # not sharded: refused with the reason and what to write
     assert run(["estimate", *argv[:-2], "--num-gpus", "auto", "--site-config", str(path)]) != 0
     assert "applies to sharded jobs" in capsys.readouterr().err
+
+
+# a root's shards, 7 identical blocks' (Llama's 9 tensors a block, as FSDP2 shards them), a last one
+_OPT_SHAPES = ((40, 8), (8,)) + ((8, 8), (2, 8), (2, 8), (8, 8), (28, 8), (28, 8), (8, 28), (8,), (8,)) * 7 + ((40, 8),)
+
+
+@pytest.mark.parametrize("optimizer,impl", [("adamw", "foreach"), ("adamw", "for-loop"), ("adam", "fused"),
+                                            ("sgd-momentum", "foreach"), ("adagrad", "foreach"),
+                                            ("rmsprop-centered", "for-loop"), ("adam-amsgrad", "foreach")])
+def test_optimizer_on_identical_blocks_shards_scaled_equals_the_whole_trace(optimizer, impl, monkeypatch):
+    """The optimizer stepped on 7 identical blocks' shards, traced with 4 and 5 of them and scaled
+    (optimizer_scaling.py): every field of every event, which allocation each free frees and the
+    step cuts, the same as the optimizer traced on all 7; also FSDP1's one flat shard per block."""
+    from vest_slurm.estimate import optimizer_scaling as os_
+    from vest_slurm.estimate import sharded_trace as st
+
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--batch-size", "1", "--optimizer", optimizer,
+                                "--optimizer-impl", impl])
+    calls = []
+    real = st._optimizer_events
+    monkeypatch.setattr(st, "_optimizer_events", lambda *a: calls.append(len(a[1])) or real(*a))
+    for shapes in (_OPT_SHAPES, ((100,),) + ((64,),) * 7 + ((100,),)):
+        run = os_.repeated_run(shapes)
+        assert run.count == 7 and run.cut(shapes, 4) == shapes[:run.start + 4 * run.period] + shapes[run.start + 7 * run.period:]
+        st.optimizer_trace.cache_clear()
+        calls.clear()
+        made = st.optimizer_trace(spec, shapes, "float32", False)
+        assert calls == [len(shapes) - 3 * run.period, len(shapes) - 2 * run.period]   # the 4- and 5-copy lists only
+        whole = st._split(*real(spec, shapes, "float32", False))
+        flat = lambda o: os_.canonical([*o.construct, *(e for s in o.steps for e in s)],   # noqa: E731
+                                       [len(o.construct)] + [len(o.construct) + sum(map(len, o.steps[:i + 1]))
+                                                             for i in range(len(o.steps))])
+        assert flat(made) == flat(whole)
+        assert any(e.action == "alloc" for e in whole.steps[0]) or optimizer == "sgd"
+
+
+def test_optimizer_that_differs_per_copy_is_traced_whole():
+    """A 4-copy trace that scaled to 5 is not the 5-copy trace (here: made up, the fifth copy
+    allocates twice) is refused, so the caller traces the whole list."""
+    from vest_slurm.estimate import optimizer_scaling as os_
+    from vest_slurm.estimate.trace import AllocEvent
+
+    def trace(copies, extra=False):
+        ev = [AllocEvent("alloc", 1, 512, phase="optimizer")]
+        for c in range(copies):
+            ev.append(AllocEvent("alloc", 10 + c, 64, phase="optimizer"))
+        if extra:
+            ev.append(AllocEvent("alloc", 99, 64, phase="optimizer"))
+        ev += [AllocEvent("free", 10 + c, 64, phase="optimizer") for c in reversed(range(copies))]
+        return ev, [0, len(ev)]
+
+    events, cuts = os_.scale(trace(4), trace(5), 7)
+    assert os_.canonical(events, cuts) == os_.canonical(*trace(7))
+    with pytest.raises(os_.NotPeriodic):
+        os_.scale(trace(4), trace(5, extra=True), 7)

@@ -26,6 +26,7 @@ from torch import nn
 
 from . import _fakecuda as fc
 from . import block_scaling as bs
+from . import optimizer_scaling as os_
 from .models import build_model
 from .sharding import (OptimizerTrace, Unit, UnitTrace, dtypes, rank_trace, shard_layout)
 from .trace import AllocEvent, AllocTrace
@@ -262,7 +263,30 @@ def optimizer_trace(spec: WorkloadSpec, shapes: tuple[tuple[int, ...], ...], dty
     """The optimizer of ``spec`` stepping tensors of ``shapes`` (this rank's shards) twice on fake
     CUDA: its states and temporaries, exactly as torch's implementation makes them. The shards and
     their gradients are left out (sharding.py places them), unless ``keep_grads`` (DeepSpeed's fp32
-    gradient partition, made for the step and dropped after it)."""
+    gradient partition, made for the step and dropped after it). A run of at least
+    optimizer_scaling.MIN_COPIES identical blocks' shards is traced with 4 and 5 of them and scaled
+    (optimizer_scaling.py), where the 4-copy trace scaled gives the 5-copy one exactly; else whole."""
+    run = os_.repeated_run(shapes)
+    if run is not None:
+        ev4, cuts4 = _optimizer_events(spec, run.cut(shapes, 4), dtype, keep_grads)
+        ev5, cuts5 = _optimizer_events(spec, run.cut(shapes, 5), dtype, keep_grads)
+        try:
+            return _split(*os_.scale((ev4, cuts4), (ev5, cuts5), run.count))
+        except os_.NotPeriodic:
+            pass   # traced whole
+    return _split(*_optimizer_events(spec, shapes, dtype, keep_grads))
+
+
+def _split(kept, pos) -> OptimizerTrace:
+    """The optimizer's events cut at its construction and each step's end."""
+    construct = tuple(kept[:pos[0]])
+    steps = tuple(tuple(kept[pos[i]:pos[i + 1]]) for i in range(len(pos) - 1))
+    return OptimizerTrace(construct, steps)
+
+
+def _optimizer_events(spec: WorkloadSpec, shapes, dtype: str, keep_grads: bool) -> tuple[list, list]:
+    """(the optimizer's events on ``shapes``, the index after its construction and after each of
+    its two steps)."""
     tracer = Tracer()
     mode = fc.FakeCudaMode(tracer.recorder)
     hooks = _TracerHooks(tracer, mode)
@@ -295,12 +319,8 @@ def optimizer_trace(spec: WorkloadSpec, shapes: tuple[tuple[int, ...], ...], dty
             (e.category == "parameter" or (e.category == "gradient" and not keep_grads))}
     kept = [e for e in ev if e.block not in drop]
     # cut positions in the kept list
-    pos = []
-    for c in cuts:
-        pos.append(sum(1 for e in ev[:c] if e.block not in drop))
-    construct = tuple(kept[:pos[0]])
-    steps = tuple(tuple(kept[pos[i]:pos[i + 1]]) for i in range(len(pos) - 1))
-    return OptimizerTrace(construct, steps)
+    pos = [sum(1 for e in ev[:c] if e.block not in drop) for c in cuts]
+    return kept, pos
 
 
 def trace_sharded(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0),
