@@ -654,3 +654,23 @@ def test_grouped_im2col_convolution_keeps_every_groups_result_until_cat():
         assert kernel_scratch(conv_bwd, bwd) == ("conv_scratch", [in_ + weight_grad, out // groups, slice_, columns])
         one = _conv(torch.bfloat16, groups=groups, n=1, c=c, hw=hw)
         assert kernel_scratch(conv, one) == ("conv_scratch", [c * hw * hw * 2, columns])
+
+
+def test_op_leaves_finds_the_tensors_devices_and_strings_pytree_finds():
+    """_fakecuda._op_leaves walks an aten op's arguments directly; what the dispatch checks among
+    them (tensors, devices, strings) is what pytree.tree_leaves finds, nested or not."""
+    from torch.utils import _pytree as pytree
+
+    from vest_slurm.estimate._fakecuda import _op_leaves
+
+    t, u = torch.zeros(2), torch.ones(3)
+    cases = [((t, 2, [u, None, t]), {}), ((t,), {"device": torch.device("cpu"), "dtype": torch.float32}),
+             (([t, [u]],), {}), ((t, {"a": u}), {"b": [t, (u,)]}), ((), {"size": [2, 3], "device": "cuda:0"}),
+             ((torch.Size([2, 3]), "cpu"), {})]
+
+    def seen(leaves):
+        return [x if not isinstance(x, torch.Tensor) else id(x) for x in leaves
+                if isinstance(x, (torch.Tensor, torch.device, str))]
+
+    for args, kwargs in cases:
+        assert seen(_op_leaves(args, kwargs)) == seen(pytree.tree_leaves((args, kwargs))), (args, kwargs)

@@ -278,6 +278,26 @@ def _written_args(func) -> tuple[tuple[int, str], ...]:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
+def _op_leaves(args, kwargs) -> list:
+    """The arguments of an aten op that pytree.tree_leaves((args, kwargs)) finds tensors, devices and
+    strings among (with None and the elements of int lists besides, which no caller looks at): an
+    op's schema types are scalars, tensors and one-level lists of them (Tensor[], Tensor?[],
+    int[]), so they are walked directly; anything nested deeper goes to pytree. Asked for every
+    op the fake mode sees, where pytree's general walk costs as much as the rest of our dispatch."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, (list, tuple, dict)):
+                    return pytree.tree_leaves((args, kwargs))
+            out.extend(a)
+        elif isinstance(a, dict):
+            return pytree.tree_leaves((args, kwargs))
+        else:
+            out.append(a)
+    return out
+
+
 def _is_fake_cuda(t) -> bool:
     return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
 
@@ -472,14 +492,18 @@ def _names_cuda(a) -> bool:
     return isinstance(a, str) and (a == "cuda" or a.startswith("cuda:") or a.startswith("torch.cuda."))
 
 
-def _real_host_op(args, kwargs) -> bool:
-    """An aten op on real host tensors only, with no CUDA device asked for: it runs for real."""
+def _real_host_op(leaves) -> bool:
+    """An aten op on real host tensors only, with no CUDA device asked for: it runs for real
+    (``leaves``: its arguments, _op_leaves)."""
     real = False
-    for a in pytree.tree_leaves((args, kwargs)):
+    for a in leaves:
         if isinstance(a, FakeTensor) or _names_cuda(a):
             return False
         real = real or isinstance(a, torch.Tensor)
     return real
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default   # autograd's device query (four attribute lookups per op otherwise)
 
 
 class FakeCudaMode(FakeTensorMode):
@@ -575,7 +599,7 @@ class FakeCudaMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.prim.device.default:
+        if func is _PRIM_DEVICE:
             return torch.device("cpu")
         if func is aten._local_scalar_dense.default:
             known = self.fill_of(args[0])
@@ -599,14 +623,15 @@ class FakeCudaMode(FakeTensorMode):
         if func is aten._grouped_mm.default and _is_fake_cuda(args[0]) and args[0].dtype == torch.float32:
             func, args, kwargs = _grouped_mm_fp32_output(*args, **kwargs)
         outermost = self._depth == 0
-        if self.host_real and outermost and _real_host_op(args, kwargs):
+        leaves = _op_leaves(args, kwargs) if outermost else ()
+        if self.host_real and outermost and _real_host_op(leaves):
             # host data the script computes on (C++ reached past CudaFactoryMode): real values
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         if outermost:
-            args, kwargs = self._onto_the_gpu(types, args, kwargs)
+            args, kwargs = self._onto_the_gpu(types, args, kwargs, leaves)
         self._depth += 1
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -620,7 +645,7 @@ class FakeCudaMode(FakeTensorMode):
         self._track_fills(func, args, kwargs, out)
         CURRENT_OP[0] = func.__name__
         try:
-            for t in pytree.tree_leaves(out):
+            for t in (out,) if isinstance(out, torch.Tensor) else pytree.tree_leaves(out):   # a tensor is a leaf
                 if isinstance(t, FakeTensor):
                     self.recorder.see(t)
             if self.recorder.on_op is not None:
@@ -631,12 +656,11 @@ class FakeCudaMode(FakeTensorMode):
             CURRENT_OP[0] = ""
         return out
 
-    def _onto_the_gpu(self, types, args, kwargs):
+    def _onto_the_gpu(self, types, args, kwargs, flat):
         """C++ composite ops build new tensors from ``input.options()``, whose device is the
         answer to prim::device, cpu. On the GPU those tensors are CUDA tensors: give a non-scalar
         fake CPU tensor that meets a fake CUDA tensor in one op CUDA storage (recorded as the
-        GPU would allocate it)."""
-        flat = pytree.tree_leaves((args, kwargs))
+        GPU would allocate it). ``flat``: the op's arguments (_op_leaves)."""
         if not any(_is_fake_cuda(t) for t in flat):
             return args, kwargs
         if not any(((isinstance(t, FakeTensor) and t.fake_device.type == "cpu") or (self.host_real and _is_real_host(t)))
