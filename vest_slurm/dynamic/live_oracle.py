@@ -28,8 +28,11 @@ eagerly, as in the estimate, so both run the same program.
 
 Known limitations (where this count and a GPU's differ, and the estimate models the GPU):
 - Kernels are the CPU's: an op whose CUDA kernel saves or returns other tensors than its CPU kernel
-  differs (cuDNN's batch-norm reserve space, cuDNN RNN weights buffers, fused attention's logsumexp
-  and RNG state, CUDA's native_dropout mask of 1 byte per element against the CPU's). Workspaces
+  differs (cuDNN's batch-norm reserve space, fused attention's logsumexp and RNG state, CUDA's
+  native_dropout mask of 1 byte per element against the CPU's). cuDNN's RNNs: the weights are
+  flattened into one buffer as cuDNN's are (_cudnn_rnn_flatten_weight here), but the CPU's LSTM /
+  GRU saves its gates per time step for backward where cuDNN keeps a reserve space of its own size
+  (cudnnGetRNNTempSpaceSizes, asked of a GPU), so an RNN's activations are the CPU's, not cuDNN's. Workspaces
   (cuBLAS, cuDNN) and kernel scratch are not tensors, here as in the estimate's live peak.
 - While a dispatch mode is active, a few backward formulas (index, gather, max/min/sort/topk
   selections: FunctionsManual.cpp) fill their zeros out of place, as for tensor subclasses
@@ -43,9 +46,10 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
   inside torch's own Python functions (not the script's) makes an unmarked tensor (what follows from
   it with a device input is marked).
-- One process: a launch of several processes, a process group of more than one rank and
-  nn.DataParallel over more than one GPU are refused (status "unsupported"); a script's DDP branch
-  at world size 1 (torchrun of one process) runs for real (gloo, one rank). ``torch.set_default_device("cuda")`` is not mapped.
+- One node: torchrun of N processes runs N (run_command; a gloo group of N over a file store, rank
+  0's count is the result); a launch over several nodes, a process group the script makes itself
+  and nn.DataParallel over more than one GPU are refused (status "unsupported").
+  ``torch.set_default_device("cuda")`` is not mapped.
 """
 
 from __future__ import annotations
@@ -239,6 +243,26 @@ def _gpu_kernels(census: Census):
     return [(F, "dropout", gpu_dropout), (F, "scaled_dot_product_attention", gpu_sdpa)]
 
 
+def _cudnn_rnn_flatten_weight(weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers,
+                              batch_first, bidirectional):
+    """cuDNN's weight flattening (aten/src/ATen/native/cudnn/RNN.cpp, _cudnn_rnn_flatten_weight, which
+    nn.LSTM/GRU/RNN's flatten_parameters calls for CUDA weights), which has no CPU kernel: one buffer
+    holding every weight, each parameter then a view of it (set_orig_weights_to_flat_buf), so the
+    parameters' own storages are freed. Sized as the sum of the weights (cuDNN's weight space packs
+    them; cudnnGetRNNWeightSpaceSize may add alignment). The buffer is made from a device weight,
+    so it is counted as the device's."""
+    with torch.no_grad():
+        total = sum(w.numel() for w in weight_arr)
+        buf = weight_arr[0].new_empty(total)
+        offset = 0
+        for w in weight_arr:
+            n = w.numel()
+            buf[offset:offset + n].copy_(w.reshape(-1))
+            w.set_(buf.untyped_storage(), offset, w.size())
+            offset += n
+    return buf
+
+
 def _autocast_on_cpu():
     """autocast('cuda') as autocast('cpu') at the dtype the CUDA one would use (float16 by default)."""
     from torch.amp import autocast_mode
@@ -296,11 +320,15 @@ def _patched(census: Census, steps: int, state: dict):
     def init_process_group(backend=None, *a, **k):
         # a script's DDP branch at world size 1 (under torchrun of one process, which sets RANK): a
         # real one-rank gloo group over a file store in the run's temp dir (no port to collide on)
-        world = int(k.get("world_size", os.environ.get("WORLD_SIZE", "1")))
-        if world != 1:
-            raise Unsupported(f"torch.distributed.init_process_group at world size {world}")
-        store = dist.FileStore(os.path.join(os.environ.get("TMPDIR", "/tmp"), "oracle-store"), 1)
-        return real_init("gloo", store=store, rank=0, world_size=1)
+        # (torchrun of one), or of the N ranks run_command started (torchrun of N on one node): a
+        # real gloo group of them; another world (a script's own processes) is not run here
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        world = int(k.get("world_size", launched))
+        rank = int(k.get("rank", os.environ.get("RANK", "0")))
+        if world != launched:
+            raise Unsupported(f"torch.distributed.init_process_group at world size {world} (the oracle launched {launched})")
+        store = dist.FileStore(os.path.join(os.environ.get("TMPDIR", "/tmp"), "oracle-store"), world)
+        return real_init("gloo", store=store, rank=rank, world_size=world)
 
     class DistributedDataParallel(par.DistributedDataParallel):
         """DDP of one rank on the CPU: device_ids name the GPU the module is on (dropped: a CPU
@@ -329,6 +357,7 @@ def _patched(census: Census, steps: int, state: dict):
         (torch.autograd, "backward", backward),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch, "compile", _compile),
+        (torch, "_cudnn_rnn_flatten_weight", _cudnn_rnn_flatten_weight),
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", init_process_group),
         (par, "DistributedDataParallel", DistributedDataParallel),
@@ -341,7 +370,8 @@ def _patched(census: Census, steps: int, state: dict):
     saved = [(obj, attr, obj.__dict__.get(attr, _ABSENT) if isinstance(obj, type) else getattr(obj, attr))
              for obj, attr, _ in patches]
     hook = register_optimizer_step_post_hook(post_step)
-    with fc.cuda_answers(), _ToCpu(census), _Census(census):
+    # torch.cuda.device_count() as on the job's node: one GPU per process of the launch
+    with fc.cuda_answers(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), _ToCpu(census), _Census(census):
         try:
             for obj, attr, new in patches:
                 setattr(obj, attr, new)
@@ -409,14 +439,21 @@ if __name__ == "__main__":
     main()
 
 
+# the most ranks the oracle runs at once: each is a full CPU process of the script
+MAX_RANKS = 8
+
+
 def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, user_env: dict | None = None) -> dict:
-    """Run a job's training command line (``python train.py ARGS``, ``VAR=x python ...``) through
-    this oracle in a child process in ``cwd``, with the environment the estimate's child gets
-    (runner._child_env: offline hubs, a private TMPDIR, the launcher's RANK / WORLD_SIZE only where
-    the launcher sets them, so a script that reads RANK takes the branch it takes in vest's run and
-    in the job). Returns the child's result, with ``seconds``; status ``unsupported`` for a launch
-    of more than one process. ``user_env``: the user's environment (default this process's), as the
-    estimate is given it (a model cache the job reads)."""
+    """Run a job's training command line (``python train.py ARGS``, ``VAR=x python ...``,
+    ``torchrun --nproc_per_node N train.py ARGS``) through this oracle in ``cwd``, with the environment
+    the estimate's child gets (runner._child_env: offline hubs, a private TMPDIR, the launcher's RANK /
+    WORLD_SIZE only where the launcher sets them, so a script that reads RANK takes the branch it
+    takes in vest's run and in the job). A torchrun of N processes on one node runs N processes, as
+    torchrun does (RANK and LOCAL_RANK 0..N-1, one gloo group over a file store in the shared temp
+    dir): the result is rank 0's, the rank vest estimates. Returns that result, with ``seconds``;
+    status ``unsupported`` for a launch over several nodes or of more than MAX_RANKS processes.
+    ``user_env``: the user's environment (default this process's), as the estimate is given it."""
+    import shlex
     import subprocess
     import tempfile
     import time
@@ -425,25 +462,69 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, us
     from .runner import _child_env
 
     cmd = parse_train_command(command)
-    if cmd.nproc != 1:
-        return {"status": "unsupported", "message": f"{cmd.launcher} of {cmd.nproc} processes: the live oracle runs one"}
+    words = shlex.split(command)
+    nnodes = next((w.split("=", 1)[1] if "=" in w else (words[i + 1] if i + 1 < len(words) else "1")
+                   for i, w in enumerate(words) if w.split("=", 1)[0] in ("--nnodes",)), "1")
+    ranks = cmd.nproc if cmd.launcher == "torchrun" else 1
+    if cmd.nproc != 1 and cmd.launcher != "torchrun" or nnodes not in ("1", "1:1") or not 1 <= ranks <= MAX_RANKS:
+        return {"status": "unsupported",
+                "message": f"{cmd.launcher} of {cmd.nproc} processes over {nnodes} node(s): the live oracle runs "
+                           f"the processes of one node, up to {MAX_RANKS}, of torchrun"}
     with tempfile.TemporaryDirectory(prefix="vest-oracle-") as tmp:
-        out = os.path.join(tmp, "result.json")
-        argv = [sys.executable, "-m", "vest_slurm.dynamic.live_oracle", "--out", out, "--steps", str(steps)]
-        argv += ["--module", cmd.module, "--", *cmd.args] if cmd.module else ["--", cmd.script, *cmd.args]
+        procs = []
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, cwd=cwd, env=_child_env(cmd, tmp, 1, user_env=user_env), stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"status": "limit", "message": f"the CPU run took over {timeout_s:.0f} s", "seconds": timeout_s}
+        for rank in range(ranks):
+            out = os.path.join(tmp, f"result-{rank}.json")
+            argv = [sys.executable, "-m", "vest_slurm.dynamic.live_oracle", "--out", out, "--steps", str(steps)]
+            argv += ["--module", cmd.module, "--", *cmd.args] if cmd.module else ["--", cmd.script, *cmd.args]
+            env = _child_env(cmd, tmp, ranks, user_env=user_env)
+            if cmd.launcher == "torchrun":
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+            log = open(os.path.join(tmp, f"log-{rank}.txt"), "w+")
+            procs.append((subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, text=True), out, log))
+        limit = None
+        while any(p.poll() is None for p, _, _ in procs):
+            # a rank that ended without its result (or with a failure) leaves the others waiting in a
+            # collective: the launch is over, as torchrun ends the others when one fails
+            done_bad = any(p.poll() is not None and not _ok_result(out) for p, out, _ in procs)
+            if time.perf_counter() - t0 > timeout_s:
+                limit = {"status": "limit", "message": f"the CPU run took over {timeout_s:.0f} s", "seconds": timeout_s}
+            if limit or done_bad:
+                break
+            time.sleep(0.1)
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
         seconds = time.perf_counter() - t0
-        if not os.path.exists(out):
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            return {"status": "died", "message": f"exit {proc.returncode}: {tail}", "seconds": seconds}
-        with open(out) as f:
-            result = json.load(f)
+        if limit:
+            return limit
+        results = []
+        for rank, (p, out, log) in enumerate(procs):
+            log.seek(0)
+            text = log.read()
+            log.close()
+            if not os.path.exists(out):
+                tail = " | ".join(text.strip().splitlines()[-3:])
+                return {"status": "died", "message": f"rank {rank}: exit {p.returncode}: {tail}", "seconds": seconds}
+            with open(out) as f:
+                res = json.load(f)
+            if res["status"] != "ok":
+                res["message"] = (f"rank {rank}: " if ranks > 1 else "") + res.get("message", "") + " | " \
+                    + " | ".join(text.strip().splitlines()[-2:])
+            results.append(res)
+    bad = next((r for r in results if r["status"] != "ok"), None)
+    result = dict(bad or results[0])
+    if bad is not None:
+        result["live_peak_bytes"] = results[0]["live_peak_bytes"]
     result["seconds"] = seconds
-    if result["status"] != "ok":
-        result["message"] = result.get("message", "") + " | " + " | ".join(proc.stderr.strip().splitlines()[-2:])
     return result
+
+
+def _ok_result(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return json.load(f).get("status") == "ok"
+    except (OSError, ValueError):
+        return False
