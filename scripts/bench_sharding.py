@@ -69,6 +69,18 @@ def _llama7b(parallelism: str) -> tuple[str, ...]:
             "--gradient-checkpointing", "on")
 
 
+# torchtitan's Transformer returns fp32 logits (`self.output(h).float()`) and its train.py keeps them
+# (`pred`) through backward: transformers' Llama blocks with that output
+# (benchmarks/models/torchtitan_logits.py), the PR #165 runs' model at the loss.
+TT_LOGITS_MODEL = "benchmarks/models/torchtitan_logits.py:llama2_7b"
+
+
+def _llama7b_tt(parallelism: str) -> tuple[str, ...]:
+    args = list(_llama7b(parallelism))
+    args[args.index("hf:llama-7b")] = TT_LOGITS_MODEL
+    return tuple(args)
+
+
 CONFIGS = (
     Config("tiny-llama fsdp2 x3 (uneven shards)",
            ("--model", "hf:tiny-llama", "--batch-size", "2", "--input", "seq128", "--optimizer", "adamw",
@@ -87,6 +99,20 @@ CONFIGS = (
            published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB, source=TT165,
            published_config="FSDP1 (AC): same run as the FSDP2 row; 24.81% active 33.82% reserved of 95.0396 GiB",
            alloc_conf="default (run_llama_train.sh sets none)"),
+    Config("llama-2-7b fsdp (FSDP1) x8 AC batch 8 seq 2048, torchtitan's fp32 logits", _llama7b_tt("fsdp"),
+           "h100-80gb", tracker=False,
+           published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB, source=TT165,
+           published_config="FSDP1 (AC), as the FSDP1 row; the model returns fp32 logits kept through backward, "
+                            "as torchtitan's Transformer and train.py (commit 6722657)",
+           alloc_conf="default (run_llama_train.sh sets none)",
+           tracker_note="FSDP1: FSDPMemTracker tracks fully_shard only"),
+    Config("llama-2-7b fsdp2 x8 AC batch 8 seq 2048, torchtitan's fp32 logits, job torch 2.4", _llama7b_tt("fsdp2"),
+           "h100-80gb", tracker=False,
+           published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB, source=TT165,
+           published_config="FSDP2 (AC), as the FSDP2 row, VEST_JOB_TORCH=2.4; the model returns fp32 logits kept "
+                            "through backward, as torchtitan's Transformer and train.py (commit 6722657)",
+           alloc_conf="default (run_llama_train.sh sets none)", env=(("VEST_JOB_TORCH", "2.4"),),
+           tracker_note="the tracker child runs transformers' own LlamaForCausalLM (the FSDP2 row)"),
     # The same run estimated for its own torch: FSDP2 of March 2024 allocated the reduce-scatter
     # input on the reduce-scatter stream (pytorch/pytorch PR #129721 moved it to the compute stream
     # in June 2024, first in torch 2.5): VEST_JOB_TORCH=2.4 models that (sharding.py).

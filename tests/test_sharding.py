@@ -447,3 +447,34 @@ def test_optimizer_that_differs_per_copy_is_traced_whole():
     assert os_.canonical(events, cuts) == os_.canonical(*trace(7))
     with pytest.raises(os_.NotPeriodic):
         os_.scale(trace(4), trace(5, extra=True), 7)
+
+
+def test_torchtitan_logits_model_keeps_fp32_logits_through_backward():
+    """benchmarks/models/torchtitan_logits.py (the torchtitan PR #165 rows' model at the loss): its
+    output is the fp32 logits, alive when backward begins (torchtitan's train.py keeps `pred`), the bf16
+    ones dropped; transformers' own model keeps its bf16 logits and upcasts only inside its loss."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "models", "torchtitan_logits.py")
+    small = ["--model-arg", "hidden_size=48", "--model-arg", "intermediate_size=96", "--model-arg",
+             "num_hidden_layers=2", "--model-arg", "num_attention_heads=2", "--model-arg", "num_key_value_heads=2",
+             "--model-arg", "vocab_size=1000", "--batch-size", "2", "--input", "seq16", "--optimizer", "adamw",
+             "--precision", "bf16"]
+
+    def logits_sized_alive_at_backward(model):
+        """(fp32, bf16) logits-sized blocks alive when backward begins."""
+        ev = trace_for(parse_workload_args(["--model", model, *small]), get_profile("h100-80gb")).trace.events
+        first_bwd = next(i for i, e in enumerate(ev) if e.phase == "backward")
+        live = {}
+        for e in ev[:first_bwd]:
+            if e.action == "alloc":
+                live[e.block] = e.size_bytes
+            else:
+                live.pop(e.block, None)
+        n = 2 * 16 * 1000
+        return sum(v == 4 * n for v in live.values()), sum(v == 2 * n for v in live.values())
+
+    # the fp32 logits and log_softmax's saved fp32 output; no bf16 logits
+    assert logits_sized_alive_at_backward(os.path.abspath(path) + ":llama2_7b") == (2, 0)
+    # log_softmax's saved output, and the bf16 logits its output keeps
+    assert logits_sized_alive_at_backward("hf:LlamaForCausalLM") == (1, 1)
