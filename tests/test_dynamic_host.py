@@ -169,3 +169,33 @@ def test_weights_in_the_users_model_cache_load_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     (est,), run = estimate_script("cached_weights_train.py")
     assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (32 * 8 + 8)
+
+
+def test_host_built_index_and_mask_on_the_device_give_the_real_shapes_and_values():
+    """Labels, a training mask and a permutation built on the host and moved to the GPU (a graph
+    script's): ``labels.max().item()``, ``int(mask.sum())``, ``mask.nonzero()`` and the model's
+    input ``features[mask]`` are the real run's (the script asserts them), not stand-ins; only the
+    accuracy computed from the model's outputs is a stand-in read."""
+    (est,), run = estimate_script("host_index_train.py")
+    assert run.steps == 3 and run.batch_hint == 180 and run.flags == ()
+    assert [r for r in run.reads if r.startswith("item at ")] and all(
+        r.split(":")[-1] in ("31", "32") for r in run.reads if "host_index_train.py" in r), run.reads
+    d = dict(est.breakdown)
+    assert d["parameters"] == 4 * (16 * 32 + 32 + 32 * 5 + 5)   # 5 classes: the real labels' max + 1
+    assert any(e.size_bytes == 180 * 16 * 4 for e in run.trace.events)   # features[mask], as allocated on the GPU
+
+
+def test_token_masks_from_the_collator_score_the_labelled_positions():
+    """TRL-style: the collator's -100 padding moved to the GPU; ``hidden[mask]`` and the token count
+    ``mask.sum().item()`` are the real ones (25 labelled positions of 4 sequences)."""
+    (est,), run = estimate_script("token_mask_train.py")
+    assert run.steps == 3 and run.batch_hint == 4 and run.flags == ()
+    assert any(e.size_bytes == 25 * 128 * 4 for e in run.trace.events)   # the scored logits: 25 x vocab
+
+
+def test_a_mask_computed_from_the_models_outputs_is_still_refused():
+    """The same boolean indexing on a mask the model's predictions decide: no host value to read,
+    so the estimate is refused as data-dependent at the script's line."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("model_mask_train.py")
+    assert e.value.kind == "data-dependent" and e.value.where.endswith("model_mask_train.py:16")

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..estimate import _fakecuda as fc
+from ..estimate import _shadow
 from . import cuda_surface
 from .grad_scaler import FakeCudaGradScaler, FakeGradScaler
 from . import tracked
@@ -245,6 +246,9 @@ def _stand_in_scalar(t):
 def _item(orig, ledger):
     def item(self):
         if isinstance(self, fc.FakeTensor):
+            real = _shadow.of(self)
+            if real is not None:
+                return real.item()   # copied from the host: the real value, no stand-in
             return ledger.read("item", _stand_in_scalar(self))
         return orig(self)
 
@@ -254,6 +258,9 @@ def _item(orig, ledger):
 def _tolist(orig, ledger):
     def tolist(self):
         if isinstance(self, fc.FakeTensor):
+            real = _shadow.of(self)
+            if real is not None:
+                return real.tolist()
             v = _stand_in_scalar(self)
             out = v
             for d in reversed(self.shape):
@@ -269,7 +276,7 @@ def _read_through(orig, kind: str, ledger):
     stand-in unless the value is known without data (_known.py); a stand-in read is listed."""
     def method(self, *a):
         if isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None \
-                and self.fake_mode.fill_of(self) is None:
+                and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None:
             ledger.read(kind, None)
         return orig(self, *a)
 
@@ -293,6 +300,9 @@ def _numpy(orig):
         if isinstance(self, fc.FakeTensor):
             import numpy as np
 
+            real = _shadow.of(self)
+            if real is not None:
+                return real.numpy(*a, **k).copy()
             return np.zeros(tuple(self.shape), dtype=_np_dtype(self.dtype))
         return orig(self, *a, **k)
 
@@ -304,6 +314,46 @@ def _np_dtype(dtype):
 
     return {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
             torch.int64: np.int64, torch.int32: np.int32, torch.uint8: np.uint8, torch.bool: np.bool_}.get(dtype, np.float32)
+
+
+# ---- Triton kernels --------------------------------------------------------------------------------------
+
+def triton_patches(is_device, written) -> list:
+    """A Triton kernel launched on fake tensors (TRL's chunked log-prob head, Liger, unsloth, a
+    script's own ``@triton.jit``): on the GPU the launch allocates nothing through PyTorch's caching
+    allocator (a kernel reads and writes the buffers it is given, which torch allocated before),
+    so the stand-in launches nothing; what the kernel writes is unknown here, so every fake tensor
+    it is given forgets what was known of its values (_known, _shadow). An autotuner's benchmark
+    of its configurations times launches on the GPU: skipped the same way. Launches on real host
+    tensors (none run on a CPU) are left to Triton. Nothing is patched where Triton is absent.
+    ``is_device(a)``: whether an argument is a device tensor; ``written(t)`` is told of each.
+    (The live oracle takes the same stand-in for its CPU-mapped device tensors.)"""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return []
+    try:
+        from triton.runtime import autotuner, jit
+    except Exception:   # a Triton that does not import here has no kernel to launch either
+        return []
+
+    def fake_args(args, kwargs):
+        return [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor) and is_device(a)]
+
+    def launch(orig):
+        def run(self, *args, **kwargs):
+            fakes = fake_args(args, kwargs)
+            if not fakes:
+                return orig(self, *args, **kwargs)
+            for t in fakes:
+                written(t)
+            return None
+        return run
+
+    out = [(jit.JITFunction, "run", launch(jit.JITFunction.run))]
+    if hasattr(autotuner, "Autotuner"):
+        out.append((autotuner.Autotuner, "run", launch(autotuner.Autotuner.run)))
+    return out
 
 
 # ---- checkpoints and compile -------------------------------------------------------------------------
@@ -546,6 +596,8 @@ def patched(state: ScriptState):
     ]
     patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
     patches += fc.gpu_optimizer_defaults()
+    patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),
+                              lambda t: t.fake_mode.written_outside(t) if hasattr(t.fake_mode, "written_outside") else None)
     from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)
 
     patches += fake_dist.patches(state)

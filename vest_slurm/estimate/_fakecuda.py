@@ -44,7 +44,9 @@ How it works (torch 2.4 – 2.14, CPU and CUDA builds):
 
 Known limitations:
 - Ops without a fake/meta kernel, and data-dependent ops (``nonzero``, ``.item()`` on a value
-  that the data decides), cannot be traced; tracing stops with the op's name.
+  that the data decides), cannot be traced; tracing stops with the op's name. In dynamic analysis,
+  a device tensor copied from the host keeps its real values (``_shadow.py``: integer, bool and
+  small tensors), and data-dependent ops on such values take the real shape.
 - cuDNN / cuBLAS workspaces are not allocated by the fake ops; the tracer marks where the GPU
   would take them (``workspace`` events; a convolution's carries its shapes, conv_workspace_keys)
   and the estimator sizes them per GPU type (the profile's cuBLAS size; cuDNN's own heuristics,
@@ -68,7 +70,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                            FakeTensorMode, UnsupportedOperatorException)
 from torch.utils import _pytree as pytree
 
-from . import _known
+from . import _known, _shadow
 
 DEVICE = torch.device("cuda", 0)
 
@@ -523,6 +525,8 @@ class FakeCudaMode(FakeTensorMode):
         self.scalar_stand_in = scalar_stand_in
         self._fills: dict[int, tuple] = {}   # id(storage) -> (storage, known values, their dtype)
         self._truths: dict[int, tuple] = {}   # id(mask storage) -> (mask storage, source storage, source version)
+        # Dynamic analysis: device tensors copied from the host keep their real values (_shadow.py)
+        self.shadows = _shadow.Shadows() if host_real else None
 
     @property
     def avoid_device_init(self) -> bool:
@@ -573,6 +577,13 @@ class FakeCudaMode(FakeTensorMode):
         return (hit is not None and hit[0]() is s and hit[1]() is x.untyped_storage() and hit[2] == x._version
                 and mask.shape == x.shape and mask.stride() == x.stride() and mask._version == 0)
 
+    def written_outside(self, t) -> None:
+        """``t``'s storage was written where no op shows it (a Triton kernel): nothing is known of
+        its values any more."""
+        self._fills.pop(id(t.untyped_storage()), None)
+        if self.shadows is not None:
+            self.shadows.forget(t)
+
     def set_fill(self, t, value) -> None:
         self.set_known(t, frozenset({value}))
 
@@ -602,6 +613,9 @@ class FakeCudaMode(FakeTensorMode):
         if func is _PRIM_DEVICE:
             return torch.device("cpu")
         if func is aten._local_scalar_dense.default:
+            real = self.shadows.get(args[0]) if self.shadows is not None else None
+            if real is not None:
+                return real.item()   # a value copied from the host: the real one (_shadow.py)
             known = self.fill_of(args[0])
             if known is not None:
                 return known   # known without data (or, in dynamic analysis, a healthy run's check)
@@ -635,6 +649,11 @@ class FakeCudaMode(FakeTensorMode):
         self._depth += 1
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            # nonzero, boolean indexing, unique, ... : on values copied from the host, the real shape
+            out = self.shadows.run_for_real(func, args, kwargs, self._fake_like) if self.shadows is not None else None
+            if out is None:
+                raise
         finally:
             self._depth -= 1
         if not outermost:
@@ -643,6 +662,10 @@ class FakeCudaMode(FakeTensorMode):
             # allocations, not the decomposition's intermediates.
             return out
         self._track_fills(func, args, kwargs, out)
+        if self.shadows is not None:
+            written = [w for w in (args[i] if i < len(args) else kwargs.get(name) for i, name in _written_args(func))
+                       if isinstance(w, FakeTensor)]
+            self.shadows.after_op(func, args, kwargs, out, written)
         CURRENT_OP[0] = func.__name__
         try:
             for t in (out,) if isinstance(out, torch.Tensor) else pytree.tree_leaves(out):   # a tensor is a leaf
@@ -673,10 +696,20 @@ class FakeCudaMode(FakeTensorMode):
                 new = super(FakeCudaMode, self).__torch_dispatch__(
                     aten.empty_strided.default, (FakeTensor,), (t.shape, t.stride()), {"dtype": t.dtype, "device": DEVICE})
                 self.recorder.see(new)
+                if self.shadows is not None and _is_real_host(t) and _shadow.worthy(t):
+                    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                    with unset_fake_temporarily():
+                        self.shadows.set(new, t.detach().clone())   # the host values it carries over
                 return new
             return t
 
         return pytree.tree_map(move, (args, kwargs))
+
+    def _fake_like(self, real: torch.Tensor, device) -> FakeTensor:
+        """An empty fake tensor of a real one's shape, strides and dtype on ``device``."""
+        return super().__torch_dispatch__(aten.empty_strided.default, (FakeTensor,), (real.shape, real.stride()),
+                                          {"dtype": real.dtype, "device": device})
 
 
 def _grouped_mm_fp32_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
@@ -721,6 +754,12 @@ def _on_the_gpu_like(host: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     data to the device allocates (values are not needed to trace memory)."""
     out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
     _carry_known(host, out)   # torch.tensor(0.0, device="cuda"): its value is the script's
+    shadows = getattr(getattr(out, "fake_mode", None), "shadows", None)
+    if shadows is not None and _is_real_host(host) and _shadow.worthy(host):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            shadows.set(out, host.detach().clone())   # and its values, exactly (_shadow.py)
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
@@ -836,6 +875,10 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         if func is torch.Tensor.to and len(args) > 1:
             args = (args[0],) + tuple(_pin(a) for a in args[1:])
         if _targets_host(func, args, kwargs):
+            shadows = getattr(args[0].fake_mode, "shadows", None)
+            real = shadows.host_copy(args[0], lambda r: func(r, *args[1:], **kwargs)) if shadows is not None else None
+            if real is not None:
+                return real   # values copied from the host come back as they went (_shadow.py)
             HOST_COPY[0] += 1
             try:
                 out = func(*args, **kwargs)

@@ -1,0 +1,113 @@
+"""Device tensors copied from the host keep their real values (vest_slurm/estimate/_shadow.py).
+
+Real torch ops on the fake GPU of dynamic analysis (host code real): a host-built index or mask
+moved to the device answers data-dependent ops with the real shape and ``.item()`` with the real
+value, while the tensors the model computes (and device random draws) stay without values, and
+the allocations recorded are the fake tensors' as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+from vest_slurm.estimate import _fakecuda as fc
+from vest_slurm.estimate import _shadow
+
+
+class Seen:
+    def __init__(self):
+        self.allocated: list[int] = []
+        self.recorder = fc.Recorder(lambda block, nbytes, s: self.allocated.append(nbytes), lambda block: None)
+
+
+@contextlib.contextmanager
+def fake_gpu():
+    """Dynamic analysis's fake GPU: host tensors real, stand-ins for values read from the device."""
+    seen = Seen()
+    with (fc.cuda_answers(total_memory_bytes=80 << 30, capability=(9, 0)),
+          fc.FakeCudaMode(seen.recorder, scalar_stand_in=True, host_real=True), fc.CudaFactoryMode(host_real=True)):
+        yield seen
+
+
+def test_host_index_and_mask_give_real_shapes_and_values_and_the_gpu_allocations():
+    with fake_gpu() as seen:
+        labels = (torch.arange(300) % 5).to("cuda")
+        mask = torch.zeros(300, dtype=torch.bool)
+        mask[:180] = True
+        mask = mask.cuda()
+        features = torch.randn(300, 16).to("cuda")
+        assert isinstance(labels, fc.FakeTensor) and labels.device.type == "cuda"
+        assert labels.max().item() + 1 == 5 and int(mask.sum()) == 180 and bool(mask.any())
+        mark = len(seen.allocated)
+        picked = features[mask]
+        assert picked.shape == (180, 16) and seen.allocated[mark:] == [180 * 16 * 4]   # as the GPU allocates
+        assert mask.nonzero().shape == (180, 1) and torch.masked_select(labels, mask).shape == (180,)
+        assert labels[mask].bincount().tolist() == [36] * 5
+        assert torch.unique(labels[mask], sorted=False).tolist() == [0, 1, 2, 3, 4]   # CUDA's unique sorts
+        assert torch.repeat_interleave(torch.tensor([1, 2, 3], device="cuda")).shape == (6,)
+        ids = torch.tensor([[1, 2, 0], [3, 0, 0]], device="cuda")
+        assert ids.ne(0).sum(1).tolist() == [2, 1]
+        host = ids.cpu()   # a real host tensor, a copy
+        assert not isinstance(host, fc.FakeTensor) and host.tolist() == [[1, 2, 0], [3, 0, 0]]
+        host[0, 0] = 9
+        assert ids[0, 0].item() == 1
+
+
+def test_values_computed_from_the_model_have_none_and_stay_data_dependent():
+    with fake_gpu():
+        labels = (torch.arange(64) % 4).cuda()
+        model = nn.Linear(16, 4, device="cuda")
+        out = model(torch.randn(64, 16).cuda())
+        hard = out.argmax(1) != labels   # one input from the model: no shadow
+        assert _shadow.of(out) is None and _shadow.of(hard) is None and _shadow.of(labels) is not None
+        with pytest.raises(DynamicOutputShapeException):
+            labels[hard]
+        assert hard.sum().item() == 1   # the stand-in, as before
+
+
+def test_the_bound_floats_only_small_ones_and_never_activations(monkeypatch):
+    with fake_gpu():
+        small = torch.randn(4, 8).cuda()
+        batch = torch.randn(64, 3, 32, 32).cuda()          # a batch of images: values steer no shape
+        assert _shadow.of(small) is not None and _shadow.of(batch) is None
+        hidden = nn.Linear(8, 8, device="cuda")(small)      # parameters have none: neither has the output
+        assert _shadow.of(hidden) is None and _shadow.of(hidden.relu()) is None
+        assert _shadow.of(small * 2) is not None            # host values computed on: still known
+        monkeypatch.setattr(_shadow, "MAX_TENSOR_BYTES", 1024)
+        assert _shadow.of(torch.arange(128).cuda()) is not None        # 1 KiB of int64
+        assert _shadow.of(torch.arange(129).cuda()) is None
+    with fake_gpu():
+        monkeypatch.setattr(_shadow, "MAX_TOTAL_BYTES", 2048)
+        a, b = torch.arange(128).cuda(), torch.arange(128).cuda()
+        c = torch.arange(128).cuda()
+        assert _shadow.of(a) is not None and _shadow.of(b) is not None and _shadow.of(c) is None
+        del a
+        assert _shadow.of(torch.arange(128).cuda()) is not None   # a's bytes came back with it
+
+
+def test_device_random_and_uninitialised_memory_have_none():
+    with fake_gpu():
+        assert _shadow.of(torch.randint(0, 5, (100,), device="cuda")) is None
+        assert _shadow.of(torch.empty(100, dtype=torch.long, device="cuda")) is None
+        assert _shadow.of(torch.arange(10, device="cuda")) is not None   # a factory of known values
+        x = torch.arange(10).cuda()
+        assert _shadow.of(x.topk(3).indices) is None and _shadow.of(x.sort().indices) is None   # ties' order
+
+
+def test_writes_keep_views_in_step_or_forget_the_storage():
+    with fake_gpu():
+        labels = torch.arange(12).cuda()
+        head = labels[:4]
+        head.fill_(9)                                  # mirrored: the base sees it through its view
+        assert labels.tolist()[:5] == [9, 9, 9, 9, 4]
+        model_ints = nn.Linear(2, 12, device="cuda")(torch.randn(1, 2, device="cuda")).argmax(1)
+        labels[4:6].add_(model_ints)                   # a write of unknown values: every view forgets
+        assert _shadow.of(labels) is None and _shadow.of(head) is None
+        fresh = torch.empty(6, dtype=torch.long, device="cuda")
+        fresh.copy_(torch.arange(6))                   # a whole overwrite from the host: known again
+        assert fresh.tolist() == [0, 1, 2, 3, 4, 5]

@@ -1,0 +1,329 @@
+"""Real values of device tensors copied from the host (dynamic analysis only).
+
+A fake CUDA tensor has no data. But a device tensor the script made by copying host data
+(``labels.to("cuda")``, ``torch.tensor(ids, device="cuda")``, a DataLoader batch moved over, a
+pinned copy) holds values the real run knows exactly: the host's. Such a tensor keeps a *shadow*,
+a real CPU tensor of the same shape and dtype holding those values. An op whose tensor inputs all
+have shadows (real host tensors count as their own) computes its output's shadow with the CPU
+kernel, so an index, a mask, a label, a length or a count that the script derives on the device
+from host data stays known. A data-dependent op (``nonzero``, boolean indexing, ``masked_select``,
+``unique``, ``bincount``, ``repeat_interleave`` with tensor repeats) on shadowed inputs takes its
+output shape from the shadows, and ``.item()`` / ``.tolist()`` / ``bool()`` / ``.cpu()`` read the
+real value: neither is a stand-in. Where a data-dependent op meets a tensor without a shadow (a
+value computed from the model's outputs, a draw of the device's random generator), nothing
+changes: the stand-in, marked and tracked (dynamic/tracked.py), or the refusal.
+
+What is shadowed, and why (the bound): a shadow costs host memory and a CPU kernel per op, never
+device memory (the fake tensor is traced as it is). Integer and bool tensors are shadowed up to
+``MAX_TENSOR_BYTES`` each: those are what shapes and indices are made of, and a batch of token ids,
+labels or masks, or a graph's edge list of Cora's size, is kilobytes to megabytes. Floating-point
+tensors only up to ``MAX_FLOAT_NUMEL`` elements (scalars, a per-class weight vector): a float
+tensor of that size is no batch of images or features, whose values steer no shape; mirroring
+those would run the input side of the model on the CPU. The model's parameters (built fake) and
+everything computed from them (activations, logits, losses) never have a shadow, since one input
+of each such op has none. All live shadows together stay under ``MAX_TOTAL_BYTES``: the estimate's
+process must stay within the issue's 2 GiB of RSS, of which the traced scripts use 0.7 to 1.4 GiB.
+
+What keeps a shadow exact (never a silent wrong value):
+- ops whose result the device's random generator decides (``nondeterministic_seeded``: dropout,
+  ``randint``/``randn`` on the device, ``bernoulli``) and uninitialised memory (``empty``) make
+  no shadow; nor do ops whose result on the GPU may differ from the CPU kernel's beyond rounding:
+  the order of ties (``topk``, ``sort`` unless stable, ``kthvalue``, ``mode``, ``median`` with
+  indices) and writes where duplicate indices race (``scatter``/``index_put``/``index_copy``/
+  ``put`` of several values without accumulation). ``unique`` is sorted on CUDA whatever
+  ``sorted`` says (ATen's CUDA kernel sorts), so its shadow is computed sorted;
+- a write to a device tensor's storage by an op that is not mirrored (an input without a shadow)
+  forgets every shadow of that storage (a token per storage); a mirrored in-place op writes the
+  shadow in place, and views of one storage have views of one shadow, so they stay in step;
+  a shadow whose fake view does not alias as the real one does is dropped;
+- float shadows are the CPU kernel's values: equal to the GPU's up to the last bits of rounding
+  (a sum's order), which steers no shape of the scripts this serves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils import _pytree as pytree
+
+aten = torch.ops.aten
+
+MAX_TENSOR_BYTES = 64 * 2**20    # one int/bool shadow: 8 M int64 (a batch of ids, labels, an edge list)
+MAX_FLOAT_NUMEL = 4096           # one float shadow: scalars and short vectors, no batch of features
+MAX_TOTAL_BYTES = 256 * 2**20    # all live shadows (host memory only)
+
+# ops that make no shadow: uninitialised memory, or storage swapped under the tensor
+_NO_VALUES = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided",
+                        "resize_", "resize_as_", "set_", "_resize_output_"})
+# results the GPU orders differently from the CPU where values tie
+_TIE_ORDER = frozenset({"topk", "kthvalue", "mode"})
+_TIE_ORDER_WITH_DIM = frozenset({"median", "nanmedian"})   # their .default overloads return no index
+# writes where duplicate indices race on the GPU (the last writer is not defined)
+_RACY_WRITES = frozenset({"scatter", "scatter_", "index_put", "index_put_", "_index_put_impl_", "index_copy",
+                          "index_copy_", "put", "put_"})
+
+
+def _host_values(t: torch.Tensor) -> bool:
+    """Whether a tensor that is not fake holds real values here (a host tensor, not a meta one)."""
+    return t.device.type == "cpu" and t.layout == torch.strided
+
+
+def worthy(t: torch.Tensor) -> bool:
+    """Whether a tensor of this kind and size gets a shadow (the bound in the module docstring)."""
+    if t.layout != torch.strided:
+        return False
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.numel() <= MAX_FLOAT_NUMEL
+    return t.numel() * t.element_size() <= MAX_TENSOR_BYTES
+
+
+def _exact_on_the_gpu(func, args, kwargs) -> bool:
+    """Whether the CPU kernel gives the values the GPU's would (see the module docstring)."""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    name = func.overloadpacket.__name__
+    if name in _NO_VALUES or name in _TIE_ORDER or (name in _TIE_ORDER_WITH_DIM and func._overloadname != "default"):
+        return False
+    if name in ("sort", "argsort"):
+        return bool(kwargs.get("stable", False))   # sort.stable / argsort.stable with stable=True
+    if name in _RACY_WRITES:
+        if name.startswith("index_put") or name == "_index_put_impl_":
+            accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+            values = args[2] if len(args) > 2 else kwargs.get("values")
+            one_value = isinstance(values, torch.Tensor) and values.numel() == 1
+            masks = all(i is None or i.dtype == torch.bool for i in args[1])   # a mask selects each place once
+            return bool(accumulate) or one_value or masks
+        if name.startswith("scatter"):
+            return func._overloadname.startswith("value") or "reduce" in func._overloadname
+        return False
+    return True
+
+
+class Shadows:
+    """The shadows of one fake mode: fake tensor -> (real values, its storage, the storage's token)."""
+
+    def __init__(self):
+        # id(fake tensor) -> (weakref to it, real values, weakref to its storage, the storage's token);
+        # an entry leaves with its tensor (a weakref callback), and no strong reference to a fake
+        # tensor is held (its frees are the traced run's)
+        self._of: dict[int, tuple] = {}
+        self._tokens: dict[int, tuple] = {}    # id(fake storage) -> (weakref, token): a write renews it
+        self._counted: dict[int, int] = {}     # id(real storage) -> its bytes, while it lives
+        self.bytes = 0
+        self._next = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    # ---- the map ----
+
+    def get(self, t) -> torch.Tensor | None:
+        """The real values of fake tensor ``t``, or None."""
+        hit = self._of.get(id(t))
+        if hit is None or hit[0]() is not t:
+            return None
+        _, real, sref, token = hit
+        s = t.untyped_storage()
+        cur = self._tokens.get(id(s))
+        if sref() is not s or cur is None or cur[0]() is not s or cur[1] != token \
+                or real.shape != t.shape or real.dtype != t.dtype:
+            return None
+        return real
+
+    def set(self, t: FakeTensor, real: torch.Tensor) -> bool:
+        """Give ``t`` the shadow ``real`` (a CPU tensor of its shape and dtype), within the bound."""
+        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor) and worthy(t)
+                and real.layout == torch.strided and real.shape == t.shape and real.dtype == t.dtype):
+            return False
+        real = real.detach()
+        rs = real.untyped_storage()
+        if id(rs) not in self._counted:
+            n = rs.nbytes()
+            if self.bytes + n > MAX_TOTAL_BYTES:
+                return False
+            self._counted[id(rs)] = n
+            self.bytes += n
+            weakref.finalize(rs, self._uncount, id(rs), n)
+        s = t.untyped_storage()
+        cur = self._tokens.get(id(s))
+        if cur is None or cur[0]() is not s:
+            cur = self._renew(s)
+        key = id(t)
+        old = self._of.get(key)
+        ref = old[0] if old is not None and old[0]() is t else weakref.ref(t, lambda r, key=key: self._gone(key, r))
+        self._of[key] = (ref, real, weakref.ref(s), cur[1])
+        return True
+
+    def _gone(self, key: int, ref) -> None:
+        hit = self._of.get(key)
+        if hit is not None and hit[0] is ref:
+            del self._of[key]
+
+    def _uncount(self, key: int, n: int) -> None:
+        if self._counted.pop(key, None) is not None:
+            self.bytes -= n
+
+    def _renew(self, s) -> tuple:
+        cur = (weakref.ref(s), next(self._next))
+        self._tokens[id(s)] = cur
+        if len(self._tokens) % 4096 == 0:   # drop the entries of storages that are gone
+            for key in [k for k, v in self._tokens.items() if v[0]() is None]:
+                del self._tokens[key]
+        return cur
+
+    def forget(self, t: FakeTensor) -> None:
+        """A write to ``t``'s storage that was not mirrored: no shadow of that storage holds."""
+        if not self._tokens:
+            return
+        s = t.untyped_storage()
+        cur = self._tokens.get(id(s))
+        if cur is not None and cur[0]() is s:
+            self._renew(s)
+
+    # ---- ops ----
+
+    def _reals(self, args, kwargs):
+        """(args, kwargs) with each fake tensor replaced by its shadow and CUDA devices by the CPU,
+        or None where a fake tensor has none."""
+        missing = []
+
+        def real(a):
+            if isinstance(a, FakeTensor):
+                r = self.get(a)
+                if r is None:
+                    missing.append(a)
+                return r
+            if isinstance(a, torch.Tensor) and not _host_values(a):
+                missing.append(a)
+            if isinstance(a, torch.device) and a.type == "cuda":
+                return torch.device("cpu")
+            return a
+
+        out = pytree.tree_map(real, (args, kwargs))
+        if missing:
+            return None
+        rargs, rkwargs = out
+        if "non_blocking" in rkwargs:
+            rkwargs = dict(rkwargs, non_blocking=False)
+        rkwargs.pop("pin_memory", None)
+        return rargs, rkwargs
+
+    def after_op(self, func, args, kwargs, out, written) -> None:
+        """Mirror one op on the shadows (the fake mode calls it after the op, outermost only):
+        ``written`` are the fake tensors the op wrote to."""
+        first = args[0] if args else None
+        if isinstance(first, FakeTensor) and func is not aten.copy_.default and self.get(first) is None:
+            for w in written:   # the common case, an op on the model's tensors: one look-up
+                self.forget(w)
+            return
+        leaves = pytree.tree_leaves((args, kwargs))
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, FakeTensor)]
+        for a in leaves:
+            if isinstance(a, torch.Tensor) and (self.get(a) is None if isinstance(a, FakeTensor) else not _host_values(a)):
+                if func is aten.copy_.default and a is args[0]:
+                    continue   # the target: its values are all overwritten (below)
+                for w in written:
+                    self.forget(w)
+                return
+        if not written and not any(worthy(o) for o in outs):
+            return
+        if func is aten.copy_.default and self.get(args[0]) is None:
+            self._copy_into(args[0], args[1])
+            return
+        if not _exact_on_the_gpu(func, args, kwargs):
+            for w in written:
+                self.forget(w)
+            return
+        reals = self._reals(args, kwargs)
+        try:
+            with unset_fake_temporarily(), torch.no_grad():
+                real_out = func(*reals[0], **reals[1])
+        except Exception:   # the CPU has no kernel for it (a dtype, a layout): no shadow
+            for w in written:
+                self.forget(w)
+            return
+        self._pair(args, kwargs, out, real_out)
+
+    def _copy_into(self, dst: FakeTensor, src) -> None:
+        """``dst.copy_(src)`` overwrites every element of ``dst`` with ``src``'s (broadcast, cast)."""
+        self.forget(dst)
+        real_src = src if not isinstance(src, FakeTensor) else self.get(src)
+        if real_src is None or not worthy(dst) or not isinstance(real_src, torch.Tensor):
+            return
+        try:
+            with unset_fake_temporarily(), torch.no_grad():
+                real = torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype).copy_(real_src)
+        except Exception:   # no CPU kernel for this copy: no shadow
+            return
+        self.set(dst, real)
+
+    def _pair(self, args, kwargs, out, real_out) -> None:
+        fakes, reals = pytree.tree_leaves(out), pytree.tree_leaves(real_out)
+        if len(fakes) != len(reals):
+            return
+        inputs = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)]
+        for f, r in zip(fakes, reals):
+            if not isinstance(f, FakeTensor) or not isinstance(r, torch.Tensor):
+                continue
+            base = next((a for a in inputs if a.untyped_storage() is f.untyped_storage()), None)
+            if base is not None:
+                # a view or an in-place result: its shadow must view the base's shadow
+                b = self.get(base)
+                if b is None or r.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+                    self.forget(f)
+                    continue
+            elif any(r.untyped_storage().data_ptr() == self.get(a).untyped_storage().data_ptr()
+                     for a in inputs if self.get(a) is not None):
+                r = r.clone()   # a new tensor on the GPU, a view on the CPU
+            self.set(f, r)
+
+    def run_for_real(self, func, args, kwargs, fake_like):
+        """A data-dependent op (its output shape, or a Python value, follows the data) on inputs
+        that all have shadows: computed on the shadows; each output tensor a fake one of the real
+        shape (``fake_like``) with its shadow. None where an input has no shadow."""
+        device = next((a.fake_device for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)), None)
+        if device is None:
+            return None
+        reals = self._reals(args, kwargs)
+        if reals is None:
+            return None
+        rargs, rkwargs = reals
+        if func is aten._unique2.default:
+            rargs = (rargs[0], True) + tuple(rargs[2:])   # CUDA's unique always sorts
+            rkwargs = {k: v for k, v in rkwargs.items() if k != "sorted"}
+        with unset_fake_temporarily(), torch.no_grad():
+            real_out = func(*rargs, **rkwargs)
+
+        def make(r):
+            if isinstance(r, torch.Tensor) and not isinstance(r, FakeTensor):
+                f = fake_like(r, device)
+                self.set(f, r)
+                return f
+            return r
+
+        return pytree.tree_map(make, real_out)
+
+    def host_copy(self, t, call):
+        """``t.cpu()`` / ``t.to("cpu", ...)`` of a shadowed tensor: a new real host tensor of its
+        values (``call(shadow)`` does the conversion); None without a shadow, or where autograd
+        would follow the copy (a real tensor cannot join the fake graph)."""
+        real = self.get(t)
+        if real is None or (t.requires_grad and torch.is_grad_enabled()):
+            return None
+        try:
+            with unset_fake_temporarily():
+                out = call(real)
+        except Exception:   # an argument the real call cannot take (a fake ``other`` of type_as)
+            return None
+        if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() == real.untyped_storage().data_ptr():
+            out = out.clone()   # the GPU's .cpu() is always a copy
+        return out
+
+
+def of(t) -> torch.Tensor | None:
+    """The shadow of ``t`` under its fake mode, or None."""
+    shadows = getattr(getattr(t, "fake_mode", None), "shadows", None)
+    return shadows.get(t) if shadows is not None else None
