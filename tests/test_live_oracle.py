@@ -43,6 +43,13 @@ def test_refuses_a_launch_over_several_nodes(scripts):
     assert res["status"] == "unsupported" and "2 node(s)" in res["message"]
 
 
+def test_counts_what_worker_threads_move_to_the_device(scripts):
+    """Torch's modes are per thread: weights moved in a ThreadPoolExecutor are device storage too."""
+    res = run_command("python thread_to_cuda.py", scripts, 3)
+    assert res["status"] == "ok", res
+    assert res["live_peak_bytes"] >= 2 * 4 * (256 * 1024 + 256)   # the weights and their gradients
+
+
 @pytest.mark.parametrize("command", [
     # a host pipeline (memory-mapped tokens, torch.randint offsets), attention with dropout,
     # f"{loss:.4f}" logging, an atomic checkpoint save
@@ -60,6 +67,11 @@ def test_refuses_a_launch_over_several_nodes(scripts):
     # a DDP branch chosen by RANK (nanoGPT's style): under a plain python no RANK, no DDP
     "python rank_branch_train.py",
     "torchrun --nproc_per_node 1 rank_branch_train.py",
+    # host-built labels, masks and permutations on the device: boolean indexing, .item() counts
+    "python host_index_train.py",
+    "python token_mask_train.py",
+    # an autograd.Function's backward allocating on the device; a host sparse matrix
+    "python custom_backward_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)

@@ -46,6 +46,11 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
   inside torch's own Python functions (not the script's) makes an unmarked tensor (what follows from
   it with a device input is marked).
+- Triton kernels (TRL's fused LM head) are not run: Triton has no CPU backend, and its interpreter
+  (TRITON_INTERPRET=1) took over 170 s for one step of TRL's head at GPT-2 size without finishing
+  it. A launch allocates nothing through PyTorch (a kernel writes into the buffers torch allocated
+  before it), so the count is the same; the buffers keep the values they held, which steer no
+  shape of the scripts in the corpus (the loss is not the real one).
 - One node: torchrun of N processes runs N (run_command; a gloo group of N over a file store, rank
   0's count is the result); a launch over several nodes, a process group the script makes itself
   and nn.DataParallel over more than one GPU are refused (status "unsupported").
@@ -93,6 +98,23 @@ def _is_cuda(device) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
 
+def _storages(t: torch.Tensor) -> tuple:
+    """The storages that hold a tensor's data: its own (strided), or its index and value tensors'
+    (sparse layouts, which have no storage of their own; on the GPU those are its allocations)."""
+    layout = t.layout
+    if layout == torch.strided:
+        return (t.untyped_storage(),)
+    if layout == torch.sparse_coo:
+        parts = (t._indices(), t._values())
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.crow_indices(), t.col_indices(), t.values())
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.ccol_indices(), t.row_indices(), t.values())
+    else:
+        return ()
+    return tuple(p.untyped_storage() for p in parts)
+
+
 class Census:
     """The device storages alive now and the peak of their sum. ``propagate`` is off while a
     device-to-host copy is made; ``factory`` > 0 while a call that makes device tensors runs."""
@@ -106,20 +128,20 @@ class Census:
         self.frozen = False
 
     def is_device(self, t) -> bool:
-        return isinstance(t, torch.Tensor) and id(t.untyped_storage()) in self.live
+        return isinstance(t, torch.Tensor) and any(id(s) in self.live for s in _storages(t))
 
     def mark(self, t) -> None:
         if not isinstance(t, torch.Tensor) or self.frozen or t.device.type != "cpu":
             return
-        s = t.untyped_storage()
-        key = id(s)
-        if key in self.live:
-            return
-        n = s.nbytes()
-        self.live[key] = n
-        weakref.finalize(s, self._freed, key)
-        self.live_bytes += n
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        for s in _storages(t):
+            key = id(s)
+            if key in self.live:
+                continue
+            n = s.nbytes()
+            self.live[key] = n
+            weakref.finalize(s, self._freed, key)
+            self.live_bytes += n
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def mark_all(self, out) -> None:
         for t in tree_flatten(out)[0]:
@@ -283,7 +305,7 @@ def _patched(census: Census, steps: int, state: dict):
 
     from ..estimate import _fakecuda as fc
     from . import cuda_surface
-    from .standins import _compile
+    from .standins import _compile, triton_patches
 
     import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
 
@@ -349,8 +371,32 @@ def _patched(census: Census, steps: int, state: dict):
             inputs, kw = tree_map_only(torch.Tensor, lambda t: t.to(_CUDA), (inputs, kw))
             return self.module(*inputs, **kw)
 
+    import threading
+
+    real_thread_run = threading.Thread.run
+
+    def thread_run(self):
+        # torch's modes are per thread: a thread the script starts (transformers loads weights in a
+        # ThreadPoolExecutor) maps CUDA to the CPU and counts as the main thread does
+        with _ToCpu(census), _Census(census):
+            return real_thread_run(self)
+
+    from torch.autograd.function import BackwardCFunction
+
+    real_custom_backward = BackwardCFunction.apply
+
+    def custom_backward(self, *args):
+        # the autograd engine runs an autograd.Function's backward (TRL's chunked log-prob head,
+        # a script's own) with no torch function mode: its device=cuda calls are mapped here
+        if torch._C._len_torch_function_stack():
+            return real_custom_backward(self, *args)
+        with _ToCpu(census):
+            return real_custom_backward(self, *args)
+
     real_device = torch._C.TensorBase.device
     patches = [
+        (BackwardCFunction, "apply", custom_backward),
+        (threading.Thread, "run", thread_run),
         (torch.Tensor, "device", _device_property(census, real_device)),
         (torch.Tensor, "is_cuda", property(lambda self: census.is_device(self))),
         (torch.Tensor, "get_device", lambda self: 0 if census.is_device(self) else -1),
@@ -363,7 +409,7 @@ def _patched(census: Census, steps: int, state: dict):
         (par, "DistributedDataParallel", DistributedDataParallel),
         (torch.nn.parallel.distributed, "DistributedDataParallel", DistributedDataParallel),
         (par, "DataParallel", DataParallel), (torch.nn, "DataParallel", DataParallel),
-        *_autocast_on_cpu(), *_gpu_kernels(census),
+        *_autocast_on_cpu(), *_gpu_kernels(census), *triton_patches(census.is_device, lambda t: None),
         *cuda_surface.patches(cuda_surface.Answers(lambda: census.live_bytes, lambda: census.peak_bytes)),
     ]
     # a class's own attribute, or _ABSENT where it inherits it (restored by deleting the patch)
