@@ -30,7 +30,7 @@ from .children import CONFINED_ENV
 from . import accelerate_env
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
-from ..estimate.trace import AllocEvent, AllocTrace
+from ..estimate.trace import CUDNN_RNN_NOTE, AllocEvent, AllocTrace
 from ..units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -286,6 +286,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())))
         batch, flags = batch_and_flags(cmd, result)
+        flags += tuple(n for n in trace.notes if n == CUDNN_RNN_NOTE)   # cuDNN's RNN: not sized here
         observed = dict(result.get("observed") or {})
         observed["batch_seen"] = batch
         mine = dict(observed=tuple(sorted(observed.items())), flags=flags,

@@ -50,6 +50,14 @@ def with_block(e: AllocEvent, block: int) -> AllocEvent:
 # AllocTrace.notes says so when the traced run computed in bfloat16 (autocast or bf16 weights): it
 # runs emulated, much slower, on GPUs before sm80 (placement takes them last).
 BF16_NOTE = "computes in bfloat16"
+# nn.LSTM/GRU on fake CUDA: with no GPU, ATen's RNN takes its native path (per-step fused cells,
+# _thnn_fused_lstm_cell / _thnn_fused_gru_cell), since cuDNN is not available; on the GPU cuDNN runs
+# the whole RNN (aten._cudnn_rnn) with a reserve space for backward that only cuDNN on a GPU sizes
+# (cudnnGetRNNTempSpaceSizes; torch's meta kernel gives it 0 bytes). The activations of the RNN are
+# then the native path's, not cuDNN's: flagged, not trusted.
+CUDNN_RNN_NOTE = ("nn.LSTM/GRU traced as PyTorch's per-step kernels: on the GPU cuDNN runs them and keeps a "
+                  "reserve space for backward that only cuDNN on a GPU can size, so the RNN's activation "
+                  "memory here may be off (measured 40% low on an LSTM against the CPU oracle)")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from . import _fakecuda as fc
 from .scratch import kernel_scratch
 from ..errors import EstimateError, WorkloadError
 from .models import BuiltModel, build_model
-from .trace import BF16_NOTE, AllocEvent, AllocTrace
+from .trace import BF16_NOTE, CUDNN_RNN_NOTE, AllocEvent, AllocTrace
 from .workload import OPTIMIZER_TABLE, WorkloadSpec
 
 _aten = torch.ops.aten
@@ -98,6 +98,7 @@ class _State:
     peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
     bf16: bool = False   # an op made a bfloat16 tensor on the GPU (autocast or bf16 weights)
+    rnn: bool = False    # an RNN kernel ran where cuDNN would run it on the GPU (CUDNN_RNN_NOTE)
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
 
@@ -115,10 +116,19 @@ class Tracer:
         self.frozen = False
         self.capability = capability
         self.recorder = fc.Recorder(on_alloc=self._alloc, on_free=self._free, on_op=self._op)
+        self._rnn_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._see_rnn)
+
+    def _see_rnn(self, mod, _args) -> None:
+        # an nn.LSTM/GRU/RNN on the (fake) GPU with cuDNN on: the GPU runs cuDNN's RNN, traced here
+        # as ATen's native path (CUDNN_RNN_NOTE)
+        if (not self.s.rnn and not self.frozen and isinstance(mod, torch.nn.RNNBase) and torch.backends.cudnn.enabled
+                and any(fc._is_fake_cuda(p) for p in mod.parameters())):
+            self.s.rnn = True
 
     def freeze(self) -> None:
         """Stop recording: the run being traced is over."""
         self.frozen = True
+        self._rnn_hook.remove()
 
     def step_end(self) -> None:
         """A training step (iteration) ends here: AllocTrace.step_ends, which steady.py reads."""
@@ -279,6 +289,7 @@ class Tracer:
                 self.s.blocks[b].category = category
 
     def finish(self, iterations: int, notes=(), gpu_asked: tuple | None = None) -> AllocTrace:
+        self._rnn_hook.remove()
         s = self.s
         out = []
         for action, block, size, phase, _cat, module, *detail in s.events:
@@ -289,7 +300,7 @@ class Tracer:
                                       s.ops.get(block, "")))
             else:
                 out.append(AllocEvent("free", block, size, 0, phase, info.category if info else "", ""))
-        notes = tuple(notes) + ((BF16_NOTE,) if s.bf16 else ())
+        notes = tuple(notes) + ((BF16_NOTE,) if s.bf16 else ()) + ((CUDNN_RNN_NOTE,) if s.rnn else ())
         return AllocTrace(tuple(out), iterations, notes, tuple(s.step_ends), gpu_asked)
 
     def _lifetime_category(self, block: int, info: _Block) -> str:
