@@ -45,6 +45,13 @@ MiB = 2 ** 20
 # 95.0396 GiB as published.
 TT165 = "torchtitan PR #165 (github.com/pytorch/torchtitan/pull/165)"
 TT_GPU_GIB = 95.0396
+# The two published runs of PR #165 (peak active and reserved as fractions of the 95.0396 GiB card), each
+# the measurement of several rows below (the model as transformers and as torchtitan build it, the job's torch)
+TT165_ALLOC = "default (run_llama_train.sh sets none)"
+TT165_FSDP2 = dict(published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB,
+                   source=TT165, alloc_conf=TT165_ALLOC)
+TT165_FSDP1 = dict(published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB,
+                   source=TT165, alloc_conf=TT165_ALLOC)
 
 
 @dataclass(frozen=True)
@@ -91,35 +98,32 @@ CONFIGS = (
             "--parallelism", "fsdp2", "--num-gpus", "8", "--param-dtype", "bf16", "--reduce-dtype", "fp32"),
            "h100-80gb"),
     Config("llama-2-7b fsdp2 x8 AC batch 8 seq 2048", _llama7b("fsdp2"), "h100-80gb",
-           published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB, source=TT165,
+           **TT165_FSDP2,
            published_config="FSDP2 (AC): 8xH100 96GB; Llama 2 7B; local batch 8; seq 2048; bf16 params fp32 "
-                            "reduce; full AC; AdamW; eager; 23.92% active 32.64% reserved of 95.0396 GiB",
-           alloc_conf="default (run_llama_train.sh sets none)"),
+                            "reduce; full AC; AdamW; eager; 23.92% active 32.64% reserved of 95.0396 GiB"),
     Config("llama-2-7b fsdp (FSDP1) x8 AC batch 8 seq 2048", _llama7b("fsdp"), "h100-80gb", tracker=False,
-           published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB, source=TT165,
-           published_config="FSDP1 (AC): same run as the FSDP2 row; 24.81% active 33.82% reserved of 95.0396 GiB",
-           alloc_conf="default (run_llama_train.sh sets none)"),
+           **TT165_FSDP1,
+           published_config="FSDP1 (AC): same run as the FSDP2 row; 24.81% active 33.82% reserved of 95.0396 GiB"),
     Config("llama-2-7b fsdp (FSDP1) x8 AC batch 8 seq 2048, torchtitan's fp32 logits", _llama7b_tt("fsdp"),
            "h100-80gb", tracker=False,
-           published_active_gib=0.2481 * TT_GPU_GIB, published_reserved_gib=0.3382 * TT_GPU_GIB, source=TT165,
+           **TT165_FSDP1,
            published_config="FSDP1 (AC), as the FSDP1 row; the model returns fp32 logits kept through backward, "
                             "as torchtitan's Transformer and train.py (commit 6722657)",
-           alloc_conf="default (run_llama_train.sh sets none)",
            tracker_note="FSDP1: FSDPMemTracker tracks fully_shard only"),
     Config("llama-2-7b fsdp2 x8 AC batch 8 seq 2048, torchtitan's fp32 logits, job torch 2.4", _llama7b_tt("fsdp2"),
            "h100-80gb", tracker=False,
-           published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB, source=TT165,
+           **TT165_FSDP2,
            published_config="FSDP2 (AC), as the FSDP2 row, VEST_JOB_TORCH=2.4; the model returns fp32 logits kept "
                             "through backward, as torchtitan's Transformer and train.py (commit 6722657)",
-           alloc_conf="default (run_llama_train.sh sets none)", env=(("VEST_JOB_TORCH", "2.4"),),
+           env=(("VEST_JOB_TORCH", "2.4"),),
            tracker_note="the tracker child runs transformers' own LlamaForCausalLM (the FSDP2 row)"),
     # The same run estimated for its own torch: FSDP2 of March 2024 allocated the reduce-scatter
     # input on the reduce-scatter stream (pytorch/pytorch PR #129721 moved it to the compute stream
     # in June 2024, first in torch 2.5): VEST_JOB_TORCH=2.4 models that (sharding.py).
     Config("llama-2-7b fsdp2 x8 AC batch 8 seq 2048, job torch 2.4", _llama7b("fsdp2"), "h100-80gb", tracker=False,
-           published_active_gib=0.2392 * TT_GPU_GIB, published_reserved_gib=0.3264 * TT_GPU_GIB, source=TT165,
+           **TT165_FSDP2,
            published_config="as the FSDP2 row, estimated with VEST_JOB_TORCH=2.4 (the run's FSDP2 predates PR #129721)",
-           alloc_conf="default (run_llama_train.sh sets none)", env=(("VEST_JOB_TORCH", "2.4"),),
+           env=(("VEST_JOB_TORCH", "2.4"),),
            tracker_note="same model and config as the FSDP2 row"),
     # pytorch/pytorch PR #132445 (github.com/pytorch/pytorch/pull/132445), its "Before" (= the
     # "After" of PR #129721), 2024-06-27: torchtitan Llama3-8B, 1D FSDP2 over 8 H100 (95.04 GiB),
