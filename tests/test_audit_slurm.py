@@ -32,6 +32,13 @@ GiB = 1 << 30
 USER = "vestbr-alice"
 ROOT = Path(__file__).resolve().parent.parent
 MLP = "#VEST --model 'mlp:[[\"Linear\",1024,1024],[\"ReLU\"],[\"Linear\",1024,10]]' --input 1024 --batch-size 8"
+# A job whose stored script is read back runs until its own accounting row exists. On 22.05 slurmctld
+# asks slurmdbd whether it needs a job's script only from its db-index thread, which passes every 5 s
+# (accounting_storage_slurmdbd.c, _set_db_inx_thread); a job that ends before that pass is recorded
+# by its completion message alone and its script is never sent (sacct --batch-script: NONE). A fixed
+# sleep only makes that less likely (2 s failed in CI); waiting for the row (at most 2 min) does not.
+UNTIL_RECORDED = ('for i in $(seq 240); do [ -n "$(sacct -n -X -j $SLURM_JOB_ID -o JobID 2>/dev/null)" ] && break; '
+                  'sleep 0.5; done')
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +124,8 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         while True:     # the first submission may find the worker still tracing: allowed without an estimate
             name = f"d-{uuid.uuid4().hex[:8]}"
             # a script of its own each time: slurmdbd keeps one text per hash of the submitted script
-            # (it runs 2 s, as the vsbatch job below does: its stored script is read back)
-            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, "sleep 2",
+            # (its stored script is read back: it waits for its accounting row, as the vsbatch job does)
+            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, UNTIL_RECORDED,
                               f"# {name}", forged, ""])
             directive = sbatch_as(tb, USER, text, jobdir, name)
             line = decision_line(tb, name)
@@ -129,11 +136,10 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         # 3. a job that dies of CUDA out of memory (its stderr: slurm-<id>.out in its directory)
         oom = sbatch_as(tb, USER, attached(
             "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1", 4), jobdir)
-        # 4. vsbatch (root: exempt from the bridge, so the estimate lives only in the stored script).
-        # It runs 2 s: on 22.05 a job that ends within a second of its submission was seen stored
-        # without its script and eligible time (sacct --batch-script: NONE)
+        # 4. vsbatch (root: exempt from the bridge, so the estimate lives only in the stored script,
+        # read back: the job waits for its accounting row, see UNTIL_RECORDED)
         job = Path(jobdir) / "mlp.sh"
-        job.write_text("\n".join(["#!/bin/bash", "#SBATCH --time=5", MLP, "sleep 2", ""]))
+        job.write_text("\n".join(["#!/bin/bash", "#SBATCH --time=5", MLP, UNTIL_RECORDED, ""]))
         out, err = io.StringIO(), io.StringIO()
         cwd = os.getcwd()
         os.chdir(jobdir)
