@@ -605,3 +605,21 @@ def test_the_trace_says_whether_the_run_computes_in_bf16():
 
     assert BF16_NOTE in notes("amp-bf16") and BF16_NOTE in notes("bf16")
     assert BF16_NOTE not in notes("fp32") and BF16_NOTE not in notes("amp-fp16")
+
+
+def test_a_trace_that_fails_leaves_no_module_hook_behind():
+    """The tracer's global forward pre-hook (it notes RNNs that cuDNN would run) lives only while a
+    trace runs: a failed trace, e.g. a model input that does not fit, removes it too, so a long-lived
+    process (the bridge's directive worker) does not gather hooks."""
+    from torch.nn.modules import module as nn_module
+
+    from vest_slurm.errors import EstimateError
+
+    before = dict(nn_module._global_forward_pre_hooks)
+    ok = trace_training(spec("--model", 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]', "--input", "64",
+                             "--batch-size", "4"))
+    assert ok.events and dict(nn_module._global_forward_pre_hooks) == before
+    with pytest.raises(EstimateError):
+        trace_training(spec("--model", 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]', "--input", "48",
+                            "--batch-size", "4"))
+    assert dict(nn_module._global_forward_pre_hooks) == before

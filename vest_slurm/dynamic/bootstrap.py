@@ -335,7 +335,7 @@ def run(ns) -> dict:
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), mode, fc.CudaFactoryMode(host_real=True), \
+                             device_count=ns.device_count), sp.patched(state), tracer, mode, fc.CudaFactoryMode(host_real=True), \
                 sp.UpdateWatch(state), tracked.TaintMode(state.ledger):
             try:
                 from . import accelerate_env   # accelerate launch's variables (nothing for other launchers)

@@ -206,7 +206,7 @@ def _unit_trace(spec: WorkloadSpec, built, capability, total_memory_bytes) -> Un
     units = wrap_units(model)
     try:
         with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
-                                                    scalar_draws_at_the_top=True), mode, fc.CudaFactoryMode()):
+                                                    scalar_draws_at_the_top=True), tracer, mode, fc.CudaFactoryMode()):
             tracer.s.category = "parameter"
             fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
             tracer.s.category = None

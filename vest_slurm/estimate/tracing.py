@@ -116,7 +116,21 @@ class Tracer:
         self.frozen = False
         self.capability = capability
         self.recorder = fc.Recorder(on_alloc=self._alloc, on_free=self._free, on_op=self._op)
+        self._rnn_hook = None
+
+    # ``with tracer:`` around the traced region: the global module hook that sees RNNs lives only
+    # there, so a trace that raises leaves no hook behind in a long-lived process (the bridge's worker)
+    def __enter__(self) -> "Tracer":
         self._rnn_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._see_rnn)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._unhook()
+
+    def _unhook(self) -> None:
+        if self._rnn_hook is not None:
+            self._rnn_hook.remove()
+            self._rnn_hook = None
 
     def _see_rnn(self, mod, _args) -> None:
         # an nn.LSTM/GRU/RNN on the (fake) GPU with cuDNN on: the GPU runs cuDNN's RNN, traced here
@@ -128,7 +142,7 @@ class Tracer:
     def freeze(self) -> None:
         """Stop recording: the run being traced is over."""
         self.frozen = True
-        self._rnn_hook.remove()
+        self._unhook()
 
     def step_end(self) -> None:
         """A training step (iteration) ends here: AllocTrace.step_ends, which steady.py reads."""
@@ -289,7 +303,7 @@ class Tracer:
                 self.s.blocks[b].category = category
 
     def finish(self, iterations: int, notes=(), gpu_asked: tuple | None = None) -> AllocTrace:
-        self._rnn_hook.remove()
+        self._unhook()
         s = self.s
         out = []
         for action, block, size, phase, _cat, module, *detail in s.events:
@@ -625,7 +639,7 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
     model = built.module
     try:
         with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
-                                                    scalar_draws_at_the_top=True), mode,
+                                                    scalar_draws_at_the_top=True), tracer, mode,
               fc.CudaFactoryMode()):
             tracer.s.category = "parameter"
             fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
