@@ -32,13 +32,36 @@ GiB = 1 << 30
 USER = "vestbr-alice"
 ROOT = Path(__file__).resolve().parent.parent
 MLP = "#VEST --model 'mlp:[[\"Linear\",1024,1024],[\"ReLU\"],[\"Linear\",1024,10]]' --input 1024 --batch-size 8"
-# A job whose stored script is read back runs until its own accounting row exists. On 22.05 slurmctld
-# asks slurmdbd whether it needs a job's script only from its db-index thread, which passes every 5 s
-# (accounting_storage_slurmdbd.c, _set_db_inx_thread); a job that ends before that pass is recorded
-# by its completion message alone and its script is never sent (sacct --batch-script: NONE). A fixed
-# sleep only makes that less likely (2 s failed in CI); waiting for the row (at most 2 min) does not.
-UNTIL_RECORDED = ('for i in $(seq 240); do [ -n "$(sacct -n -X -j $SLURM_JOB_ID -o JobID 2>/dev/null)" ] && break; '
-                  'sleep 0.5; done')
+# A job whose stored script is read back is submitted held and released once its accounting row
+# exists. On 22.05 slurmctld asks slurmdbd whether it needs a job's script only from its db-index
+# thread, which passes every 5 s (accounting_storage_slurmdbd.c, _set_db_inx_thread); a job that ends
+# before that pass is recorded by its completion message alone, and one that starts while the pass is
+# in flight sends its start through the agent, which gets no answer: either way the script is never
+# sent (sacct --batch-script: NONE). A fixed sleep in the job (2 s) and then waiting in the job for its
+# own row both failed in full-suite runs; a held job cannot start or end before the pass.
+HOLD = "#SBATCH --hold"
+
+
+def accounting_log(tb, job_id: str) -> str:
+    """What the controller and slurmdbd logged about ``job_id`` (for a failure's message)."""
+    lines = []
+    for name in ("slurmctld.log", "slurmdbd.log"):
+        path = tb.slurm.log_dir / name
+        if path.exists():
+            lines += [f"{name}: {ln}" for ln in path.read_text(errors="replace").splitlines()
+                      if f"JobId={job_id} " in ln or f"JobId={job_id}\n" in ln + "\n" or f"job {job_id} " in ln
+                      or "script" in ln.lower()]
+    return "\n".join(lines[-40:])
+
+
+def release_when_recorded(tb, ids: list[str]) -> None:
+    def recorded() -> bool:
+        rows = sacct(tb, "--format=JobID", "-X", f"--jobs={','.join(ids)}").splitlines()[1:]
+        return set(ids) <= {ln.split("|")[0] for ln in rows}
+    wait_until(recorded, 60, f"jobs {ids} recorded in accounting while held")
+    r = subprocess.run(["scontrol", "release", ",".join(ids)], capture_output=True, text=True, env=tb.env,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -124,22 +147,23 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         while True:     # the first submission may find the worker still tracing: allowed without an estimate
             name = f"d-{uuid.uuid4().hex[:8]}"
             # a script of its own each time: slurmdbd keeps one text per hash of the submitted script
-            # (its stored script is read back: it waits for its accounting row, as the vsbatch job does)
-            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", MLP, UNTIL_RECORDED,
-                              f"# {name}", forged, ""])
+            # (its stored script is read back: held until recorded, as the vsbatch job, see HOLD)
+            text = "\n".join(["#!/bin/bash", "#SBATCH --partition=v100", "#SBATCH --gres=gpu:v100:1", HOLD, MLP,
+                              "true", f"# {name}", forged, ""])
             directive = sbatch_as(tb, USER, text, jobdir, name)
             line = decision_line(tb, name)
             if "source=directives" in line or time.monotonic() > deadline:
                 break
             assert "directives-over-budget" in line, line
+            subprocess.run(["scancel", directive], env=tb.env, timeout=30)
             time.sleep(1)
         # 3. a job that dies of CUDA out of memory (its stderr: slurm-<id>.out in its directory)
         oom = sbatch_as(tb, USER, attached(
             "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1", 4), jobdir)
         # 4. vsbatch (root: exempt from the bridge, so the estimate lives only in the stored script,
-        # read back: the job waits for its accounting row, see UNTIL_RECORDED)
+        # read back: held until recorded, see HOLD)
         job = Path(jobdir) / "mlp.sh"
-        job.write_text("\n".join(["#!/bin/bash", "#SBATCH --time=5", MLP, UNTIL_RECORDED, ""]))
+        job.write_text("\n".join(["#!/bin/bash", "#SBATCH --time=5", HOLD, MLP, "true", ""]))
         out, err = io.StringIO(), io.StringIO()
         cwd = os.getcwd()
         os.chdir(jobdir)
@@ -150,6 +174,7 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
             os.chdir(cwd)
         assert rc == 0, err.getvalue()
         by_vsbatch = str(json.loads(out.getvalue())["job_id"])
+        release_when_recorded(tb, [directive, by_vsbatch])
         ids = [placed, replaced, directive, oom, by_vsbatch]
         wait_until(lambda: finished(tb, ids), 120, "the five jobs finished in accounting")
 
@@ -162,8 +187,12 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
         by_directives = decode_record(ac[directive])
         assert by_directives is not None and by_directives.need_bytes > 1 << 20, tb.log_path.read_text()[-3000:]
         # and as the stored script's last line, the user's forged one dropped
-        stored = subprocess.run(["sacct", "--batch-script", f"--jobs={directive}"], capture_output=True, text=True,
-                                env=tb.env, timeout=30).stdout
+        def stored_script() -> str:
+            out = subprocess.run(["sacct", "--batch-script", f"--jobs={directive}"], capture_output=True, text=True,
+                                 env=tb.env, timeout=30).stdout
+            return out if "#!/bin/bash" in out else ""
+        # slurmdbd applies the script from the controller's agent queue, ahead of the job's end
+        stored = wait_until(stored_script, 30, f"job {directive}'s script stored ({accounting_log(tb, directive)})")
         assert forged not in stored and stored.rstrip().splitlines()[-1] == f"#VEST-RECORD {ac[directive]}", stored
         # a Jobstats-style epilog (slurm/slurmctldepilog.sh: sacctmgr ... set AdminComment=JS1:...)
         js = jobstats_comment({"nodes": {"a100-node1": {"gpu_used_memory": {"0": 19 * GiB}}}, "total_time": 5})
