@@ -623,3 +623,32 @@ def test_a_trace_that_fails_leaves_no_module_hook_behind():
         trace_training(spec("--model", 'mlp:[["Linear",64,32],["ReLU"],["Linear",32,10]]', "--input", "48",
                             "--batch-size", "4"))
     assert dict(nn_module._global_forward_pre_hooks) == before
+
+
+@pytest.mark.parametrize("cls, kernel", [(torch.nn.LSTM, "aten.mkldnn_rnn_layer.default"),
+                                         (torch.nn.GRU, "aten.addmm.default")])
+def test_rnns_on_fake_cuda_take_atens_cpu_kernels_as_the_note_says(cls, kernel):
+    """CUDNN_RNN_NOTE's account: a fake CUDA tensor is not is_cuda() to ATen's C++, so nn.LSTM runs
+    oneDNN's LSTM layer and nn.GRU the CPU cell, never cuDNN's RNN (what the GPU runs). A torch that
+    chooses otherwise fails this test, and the note must be revisited."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vest_slurm.estimate import _fakecuda as fc
+    from vest_slurm.estimate.tracing import Tracer
+
+    ops = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    tracer = Tracer()
+    model = cls(16, 32)
+    with (fc.cuda_answers(total_memory_bytes=1 << 34, capability=(8, 0), scalar_draws_at_the_top=True), tracer,
+          fc.FakeCudaMode(tracer.recorder), fc.CudaFactoryMode()):
+        fc.materialize(model, torch.float32, False)
+        x = torch.randn(5, 2, 16, device=fc.DEVICE)
+        with Log():
+            model(x)
+    assert kernel in ops and not any("cudnn" in op or "_thnn_fused" in op for op in ops), sorted(set(ops))

@@ -50,15 +50,17 @@ def with_block(e: AllocEvent, block: int) -> AllocEvent:
 # AllocTrace.notes says so when the traced run computed in bfloat16 (autocast or bf16 weights): it
 # runs emulated, much slower, on GPUs before sm80 (placement takes them last).
 BF16_NOTE = "computes in bfloat16"
-# nn.LSTM/GRU on fake CUDA: with no GPU, ATen's RNN takes its native path (per-step fused cells,
-# _thnn_fused_lstm_cell / _thnn_fused_gru_cell), since cuDNN is not available; on the GPU cuDNN runs
-# the whole RNN (aten._cudnn_rnn) with a reserve space for backward that only cuDNN on a GPU sizes
-# (cudnnGetRNNTempSpaceSizes; torch's meta kernel gives it 0 bytes). The activations of the RNN are
-# then the native path's, not cuDNN's: flagged, not trusted.
-CUDNN_RNN_NOTE = ("nn.LSTM/GRU traced as PyTorch's per-step kernels: on the GPU cuDNN runs them and keeps a "
-                  "reserve space for backward that only cuDNN on a GPU can size, so the RNN's activation "
-                  "memory here may be off (on one LSTM the CUDA per-step kernels traced here keep 40% less "
-                  "than the CPU's unfused cell; what cuDNN keeps was not measured)")
+# nn.LSTM/GRU/RNN on fake CUDA: a fake CUDA tensor is not is_cuda() to ATen's C++ (no CUDA key
+# behind it), so ATen's lstm/gru/rnn pick their CPU kernels: oneDNN's LSTM layer (mkldnn_rnn_layer,
+# its workspace as the fake kernel sizes it) and the CPU GRU/RNN cells (checked with a dispatch log).
+# On the GPU cuDNN runs the whole RNN (aten._cudnn_rnn) with a reserve space for backward that only
+# cuDNN on a GPU sizes (cudnnGetRNNTempSpaceSizes; torch's meta kernel gives it 0 bytes), and with
+# cuDNN off the CUDA fused cells (_thnn_fused_lstm_cell / _gru_cell) run. The RNN's activations here
+# are neither: flagged, not trusted.
+CUDNN_RNN_NOTE = ("nn.LSTM/GRU/RNN traced through ATen's CPU kernels (oneDNN's LSTM layer, the CPU GRU/RNN "
+                  "cells: ATen picks them for a tensor with no GPU behind it), while on the GPU cuDNN runs them "
+                  "and keeps a reserve space for backward that only cuDNN on a GPU can size: the RNN's activation "
+                  "memory here may be off")
 
 
 @dataclass(frozen=True)

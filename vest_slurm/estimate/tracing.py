@@ -134,7 +134,7 @@ class Tracer:
 
     def _see_rnn(self, mod, _args) -> None:
         # an nn.LSTM/GRU/RNN on the (fake) GPU with cuDNN on: the GPU runs cuDNN's RNN, traced here
-        # as ATen's native path (CUDNN_RNN_NOTE)
+        # through ATen's CPU RNN kernels (CUDNN_RNN_NOTE)
         if (not self.s.rnn and not self.frozen and isinstance(mod, torch.nn.RNNBase) and torch.backends.cudnn.enabled
                 and any(fc._is_fake_cuda(p) for p in mod.parameters())):
             self.s.rnn = True
