@@ -3,7 +3,9 @@
 #   1. scripts/measure_gpu.py on the built-in workloads: torch's max_memory_allocated/reserved and
 #      NVML's device peak beside the CPU estimate, plus the allocation diff (allocations the GPU
 #      run made that the CPU trace lacks, with the Python line that made them);
-#   2. `vest calibrate` for this GPU type (the site-config lines with the measured context).
+#   2. scripts/measure_rnn_reserve.py: the reserve space cuDNN's RNN keeps for backward, over a grid of
+#      LSTM/GRU/RNN shapes (the estimator flags RNNs because only cuDNN on a GPU sizes it);
+#   3. `vest calibrate` for this GPU type (the site-config lines with the measured context).
 # Results go to $OUT (the device tool's folder) or benchmarks/gpu/. Runs from a checkout without
 # installing: PYTHONPATH points at it. Pure-Python dependencies missing on the machine (tabulate,
 # toml, timm) can be carried as wheels in .whl/ (see the device tool's README); so can bitsandbytes'
@@ -21,5 +23,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" | tee -a "$out/device.txt"
 python3 scripts/measure_gpu.py --out "$out/gpu-measurements.csv" --alloc-diff "$out/alloc-diff" "$@" 2>&1 | tee "$out/measure.log"
 rc=$?
+python3 scripts/measure_rnn_reserve.py --out "$out/rnn-reserve.csv" 2>&1 | tee "$out/rnn-reserve.log"
 python3 -m vest_slurm.cli calibrate --gres-type "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')" 2>&1 | tee "$out/calibrate.txt"
 exit $rc
