@@ -125,9 +125,6 @@ class Tracer:
         return self
 
     def __exit__(self, *_exc) -> None:
-        self._unhook()
-
-    def _unhook(self) -> None:
         if self._rnn_hook is not None:
             self._rnn_hook.remove()
             self._rnn_hook = None
@@ -142,7 +139,6 @@ class Tracer:
     def freeze(self) -> None:
         """Stop recording: the run being traced is over."""
         self.frozen = True
-        self._unhook()
 
     def step_end(self) -> None:
         """A training step (iteration) ends here: AllocTrace.step_ends, which steady.py reads."""
@@ -303,7 +299,6 @@ class Tracer:
                 self.s.blocks[b].category = category
 
     def finish(self, iterations: int, notes=(), gpu_asked: tuple | None = None) -> AllocTrace:
-        self._unhook()
         s = self.s
         out = []
         for action, block, size, phase, _cat, module, *detail in s.events:
