@@ -696,11 +696,8 @@ class FakeCudaMode(FakeTensorMode):
                 new = super(FakeCudaMode, self).__torch_dispatch__(
                     aten.empty_strided.default, (FakeTensor,), (t.shape, t.stride()), {"dtype": t.dtype, "device": DEVICE})
                 self.recorder.see(new)
-                if self.shadows is not None and _is_real_host(t) and _shadow.worthy(t):
-                    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-                    with unset_fake_temporarily():
-                        self.shadows.set(new, t.detach().clone())   # the host values it carries over
+                if self.shadows is not None:
+                    self.shadows.copy_from_host(new, t)   # the host values it carries over
                 return new
             return t
 
@@ -755,11 +752,8 @@ def _on_the_gpu_like(host: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     out = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=DEVICE)
     _carry_known(host, out)   # torch.tensor(0.0, device="cuda"): its value is the script's
     shadows = getattr(getattr(out, "fake_mode", None), "shadows", None)
-    if shadows is not None and _is_real_host(host) and _shadow.worthy(host):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily():
-            shadows.set(out, host.detach().clone())   # and its values, exactly (_shadow.py)
+    if shadows is not None:
+        shadows.copy_from_host(out, host)   # and its values, exactly (_shadow.py)
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 

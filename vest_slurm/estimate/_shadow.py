@@ -157,6 +157,15 @@ class Shadows:
         self._of[key] = (ref, real, weakref.ref(s), cur[1])
         return True
 
+    def copy_from_host(self, t: FakeTensor, host) -> bool:
+        """Fake tensor ``t`` was just made on the device from real host tensor ``host`` (a move, a
+        ``torch.tensor(..., device="cuda")``): it gets a copy of ``host``'s values, within the bound."""
+        if isinstance(host, FakeTensor) or not isinstance(host, torch.Tensor) or not _host_values(host) \
+                or not worthy(host):
+            return False
+        with unset_fake_temporarily():
+            return self.set(t, host.detach().clone())
+
     def _gone(self, key: int, ref) -> None:
         hit = self._of.get(key)
         if hit is not None and hit[0] is ref:
