@@ -27,15 +27,16 @@ def wait_done(cli: SlurmCLI, job_id: int, timeout_s: float = 60.0):
     return wait_for_state(cli, job_id, TERMINAL, timeout_s)
 
 
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
-    """The first true value of ``predicate()``; fails the test naming ``what`` past ``timeout_s``."""
+def wait_until(predicate, timeout_s: float, what, poll_s: float = 0.05):
+    """The first true value of ``predicate()``; fails the test naming ``what`` past ``timeout_s``
+    (a string, or a function giving one: called only then, e.g. to read the daemons' logs)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout_s:g} s")
+            pytest.fail(f"{what() if callable(what) else what}: not after {timeout_s:g} s")
         time.sleep(poll_s)
 
 

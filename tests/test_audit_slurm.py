@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -49,8 +50,7 @@ def accounting_log(tb, job_id: str) -> str:
         path = tb.slurm.log_dir / name
         if path.exists():
             lines += [f"{name}: {ln}" for ln in path.read_text(errors="replace").splitlines()
-                      if f"JobId={job_id} " in ln or f"JobId={job_id}\n" in ln + "\n" or f"job {job_id} " in ln
-                      or "script" in ln.lower()]
+                      if re.search(rf"JobId={job_id}\b|\bjob {job_id}\b", ln) or "script" in ln.lower()]
     return "\n".join(lines[-40:])
 
 
@@ -192,7 +192,7 @@ def test_audit_end_to_end_with_slurmdbd(acct, tmp_path):
                                  env=tb.env, timeout=30).stdout
             return out if "#!/bin/bash" in out else ""
         # slurmdbd applies the script from the controller's agent queue, ahead of the job's end
-        stored = wait_until(stored_script, 30, f"job {directive}'s script stored ({accounting_log(tb, directive)})")
+        stored = wait_until(stored_script, 30, lambda: f"job {directive}'s script stored ({accounting_log(tb, directive)})")
         assert forged not in stored and stored.rstrip().splitlines()[-1] == f"#VEST-RECORD {ac[directive]}", stored
         # a Jobstats-style epilog (slurm/slurmctldepilog.sh: sacctmgr ... set AdminComment=JS1:...)
         js = jobstats_comment({"nodes": {"a100-node1": {"gpu_used_memory": {"0": 19 * GiB}}}, "total_time": 5})
