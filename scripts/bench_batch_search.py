@@ -8,9 +8,12 @@ per model, precision and source of the ground truth's high- and medium-confidenc
 row with the smallest batch, on the row's GPU, with the site's default headroom, as
 scripts/bench_accuracy.py builds them; --data, where shared/groundtruth is at hand).
 
-Both searches start from the workload's own batch with its need known (as `vest check` does) and
-share one Prober, so a trace is made once: the affine search runs first, the bisection after it,
-and each one's ``probes`` are the estimates it asked for (what it would have traced alone). The
+Both searches start from the workload's own batch with its need known (as `vest check` does). The
+affine search runs on the workload's Prober, as `vest check` runs it (a batch's trace from a
+confirmed line through two others: estimate/batch_scaling.py); the bisection after it on a Prober
+of its own that traces every batch it asks for, so its answers are those of real traces. ``probes``
+are the estimates each asked for, ``traced`` the traces each made, ``scaled`` the traces the
+affine search took from a batch line. The
 answers agree when they are equal, or "within resolution" when both are within the search's
 resolution (1/64 above batch 64) of the boundary, which is all either promises.
 
@@ -41,8 +44,8 @@ from vest_slurm.site.config import Policy, load_site_config  # noqa: E402
 from vest_slurm.site.placement import estimate_need, needed_bytes  # noqa: E402
 from vest_slurm.units import MiB  # noqa: E402
 
-COLUMNS = ["workload", "source", "gpu", "batch", "new", "new_method", "new_probes", "old", "old_probes",
-           "agree", "seconds"]
+COLUMNS = ["workload", "source", "gpu", "batch", "new", "new_method", "new_probes", "new_traces", "new_scaled",
+           "old", "old_probes", "old_traces", "agree", "seconds"]
 
 
 def example_workloads(site_path: Path) -> list[tuple[str, WorkloadSpec, Prober, list[str]]]:
@@ -100,13 +103,14 @@ def compare(name: str, spec: WorkloadSpec, prober: Prober, types: list[str]) -> 
             continue
         need0 = needed_bytes(estimate_need(est), prober.headroom_percent, prober.headroom_bytes)
         cap = prober.capacity(t)
-
-        def need(b, t=t):
-            return prober.needed(spec.with_(batch_size=b), t)
-
-        new = search_largest_batch(need, cap, spec.batch_size, known={spec.batch_size: need0},
-                                   floor_bytes=prober.floor_needed(spec, t))
-        old = bisection_search(need, cap, spec.batch_size, known={spec.batch_size: need0})
+        made, scaled = prober.traces_made, prober.traces_scaled
+        new = search_largest_batch(lambda b: prober.needed(spec.with_(batch_size=b), t), cap, spec.batch_size,
+                                   known={spec.batch_size: need0}, floor_bytes=prober.floor_needed(spec, t))
+        made, scaled = prober.traces_made - made, prober.traces_scaled - scaled
+        # the search before, with every batch traced (no batch lines), on a Prober of its own
+        alone = Prober(prober.profiles, prober.headroom_percent, prober.headroom_bytes, scale_batches=False)
+        old = bisection_search(lambda b: alone.needed(spec.with_(batch_size=b), t), cap, spec.batch_size,
+                               known={spec.batch_size: need0})
         if new.batch == old.batch:
             agree = "same"
         elif new.batch is not None and old.batch is not None and \
@@ -114,10 +118,12 @@ def compare(name: str, spec: WorkloadSpec, prober: Prober, types: list[str]) -> 
             agree = "within resolution"
         else:
             agree = "DIFFERENT"
-        rows.append(dict(row, new=new.text(), new_method=new.method, new_probes=len(new.probes), old=old.text(),
-                         old_probes=len(old.probes), agree=agree, seconds=round(time.perf_counter() - t0, 1)))
-        print(f"  {name} {t}: new {new.text()} ({len(new.probes)} probes, {new.method}), "
-              f"old {old.text()} ({len(old.probes)} probes): {agree}", file=sys.stderr)
+        rows.append(dict(row, new=new.text(), new_method=new.method, new_probes=len(new.probes), new_traces=made,
+                         new_scaled=scaled, old=old.text(), old_probes=len(old.probes), old_traces=alone.traces_made,
+                         agree=agree, seconds=round(time.perf_counter() - t0, 1)))
+        print(f"  {name} {t}: new {new.text()} ({len(new.probes)} probes, {made} traced, {scaled} scaled, "
+              f"{new.method}), old {old.text()} ({len(old.probes)} probes, {alone.traces_made} traced): {agree}",
+              file=sys.stderr)
     return rows
 
 
@@ -148,15 +154,19 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     searched = [r for r in rows if "new_probes" in r]
-    print(tabulate([[r["workload"], r["gpu"], r["batch"], r["new"], r["new_method"], r["new_probes"], r["old"],
-                     r["old_probes"], r["agree"]] for r in rows],
-                   headers=["workload", "GPU", "batch", "new", "method", "probes", "old", "probes", "answers"]))
+    print(tabulate([[r["workload"], r["gpu"], r["batch"], r.get("new"), r.get("new_method"), r.get("new_probes"),
+                     r.get("new_traces"), r.get("new_scaled"), r.get("old"), r.get("old_probes"), r.get("old_traces"),
+                     r["agree"]] for r in rows],
+                   headers=["workload", "GPU", "batch", "new", "method", "probes", "traced", "scaled", "old", "probes",
+                            "traced", "answers"]))
     n = len(searched)
     same = sum(r["agree"] == "same" for r in searched)
     near = sum(r["agree"] == "within resolution" for r in searched)
     print(f"\n{n} searches: {same} the same answer, {near} within the resolution, {n - same - near} different; "
           f"probes {sum(r['new_probes'] for r in searched)} (affine) against {sum(r['old_probes'] for r in searched)} "
-          f"(bisection); affine held in {sum(r['new_method'] == 'affine' for r in searched)}, floor in "
+          f"(bisection); traced {sum(r['new_traces'] for r in searched)} and scaled "
+          f"{sum(r['new_scaled'] for r in searched)} (affine, batch lines) against "
+          f"{sum(r['old_traces'] for r in searched)} traced (bisection alone); affine held in {sum(r['new_method'] == 'affine' for r in searched)}, floor in "
           f"{sum(r['new_method'] == 'floor' for r in searched)}, bisection fallback in "
           f"{sum(r['new_method'] == 'bisection' for r in searched)}")
     if left:

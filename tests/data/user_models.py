@@ -1,5 +1,6 @@
 """User model factories for the estimator tests (``tests/data/user_models.py:NAME``)."""
 
+import torch
 from torch import nn
 
 
@@ -226,3 +227,21 @@ class _NeedsSm80(nn.Module):
 
 def needs_sm80():
     return _NeedsSm80()
+
+
+class _PadsTheBatch(nn.Module):
+    """Pads the batch with 1-8 rows to the next multiple of 8 above it before its layer: its
+    activation sizes are a staircase in the batch, not a line."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.fc = nn.Linear(features, features)
+
+    def forward(self, x):
+        n = x.shape[0]
+        x = torch.cat([x, x.new_zeros(8 - n % 8, *x.shape[1:])])
+        return self.fc(x)[:n]
+
+
+def pads_the_batch(features: int = 256):
+    return _PadsTheBatch(features)

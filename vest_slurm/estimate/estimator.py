@@ -72,6 +72,7 @@ def _nvls_parts(spec: WorkloadSpec, profile: DeviceProfile) -> list[tuple[str, i
 
 
 DDP_BUCKET_BLOCK = -10_000_000   # block id of the DDP buckets the estimator adds (not from the trace)
+CACHED_NOTE = "read from the trace cache"
 _CUDNN_WORKSPACES = ("cudnn", "cudnn_find")   # per convolution run; benchmark mode's timing one per shape
 
 
@@ -85,6 +86,7 @@ class TraceSummary:
     grad_bytes: int
     optimizer_state_bytes: int
     has_ddp_buckets: bool = False   # the trace itself holds DDP's buckets (dynamic analysis)
+    scaled: bool = False            # given by a confirmed batch_scaling.BatchLine, not traced
 
     @property
     def computes_bf16(self) -> bool:
@@ -183,7 +185,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     hit = tracecache.load(k)
     if hit is not None:
         trace, seconds = hit
-        return summarize(replace(trace, notes=trace.notes + ("read from the trace cache",)), seconds)
+        return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
     from . import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 

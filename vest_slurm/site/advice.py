@@ -8,7 +8,12 @@ site's GPU types. Each trace is made once and shared:
   is flash attention / native bf16, sm80+), and
 - by every GPU count: the trace is per GPU (``num_gpus``, ``parallelism`` and ``alloc_conf`` only
   change the replay: DDP buckets, NCCL, allocator settings), so "4 GPUs at batch 32 per GPU" reuses
-  the trace the batch search made at batch 32.
+  the trace the batch search made at batch 32;
+- by every batch size, once a line holds (estimate/batch_scaling.py): the first two traces of a
+  workload at two batches make a line (the same events, sizes affine in the batch); a third real
+  trace at the top of the range any search here reaches must equal the line's there, and then the
+  line gives every batch between the first and that top without a trace. Where it does not, every
+  batch is traced, as before. The example's `vest check` makes 6 traces instead of 12.
 
 It stops starting new traces past its time budget or trace count; a probe it did not make answers
 None and the advice says the search stopped.
@@ -98,8 +103,9 @@ class Prober:
 
     def __init__(self, profiles: Mapping[str, DeviceProfile], headroom_percent: float = 0.0,
                  headroom_bytes: int = 0, budget_s: float | None = None, max_traces: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, cache: bool = False):
+                 clock: Callable[[], float] = time.monotonic, cache: bool = False, scale_batches: bool = True):
         self.profiles = dict(profiles)
+        self.scale_batches = scale_batches   # a batch's trace from a confirmed line through two others
         self.cache = cache   # read and keep traces in the trace cache (tracecache.py)
         self.headroom_percent = headroom_percent
         self.headroom_bytes = headroom_bytes
@@ -110,6 +116,8 @@ class Prober:
         self._traces: dict = {}        # (trace key, class) -> TraceSummary | EstimateError
         self._estimates: dict = {}     # (spec, gres type) -> MemoryEstimate
         self.traces_made = 0
+        self.traces_scaled = 0         # traces given by a confirmed batch_scaling.BatchLine, not traced
+        self._lines: dict = {}         # (trace key at batch 1, class) -> BatchLine, or why there is none
         self.trace_seconds = 0.0
         self.stopped = False           # a probe was refused for the budget
         self.floored: set = set()      # (spec, gres type) answered by floor_needed, not traced
@@ -157,6 +165,11 @@ class Prober:
             if other is not None:
                 self._traces[key] = other
         if key not in self._traces:
+            scaled = self._scaled(key)   # no trace: no budget
+            if scaled is not None:
+                self._traces[key] = scaled
+                self.traces_scaled += 1
+                return scaled
             if bounded and self._over_budget():
                 self.stopped = True
                 return None
@@ -168,7 +181,97 @@ class Prober:
             finally:
                 self.traces_made += 1
                 self.trace_seconds += time.perf_counter() - t0
+            self._confirm(key, profile, bounded)
         return self._traces[key]
+
+    # ---- batch sizes from a line (estimate/batch_scaling.py)
+    #
+    # The first two real traces of a workload at two batch sizes (on one GPU class) make a BatchLine.
+    # It is checked at once by a third real trace at the top of the range any search here can reach:
+    # the batch at which the live tensors alone (which the need never goes below) fill the largest GPU
+    # of the site, a resolution step above. Equal to the line's trace there, event for event, the
+    # line gives every batch from its first to that top (no trace); not equal, or no line through the
+    # first two, every batch is traced as before. So a line's trace is used only where the tracer made
+    # the same run, sizes on the line, at both ends of the range and at a batch inside it.
+
+    @staticmethod
+    def _line_key(key):
+        spec, cls = key
+        return (replace(spec, batch_size=1), cls)
+
+    def _real(self, key) -> dict:
+        """{batch: TraceSummary} of the real traces made of this workload on this class."""
+        from ..estimate.estimator import TraceSummary
+
+        lk = self._line_key(key)
+        return {k[0].batch_size: v for k, v in self._traces.items()
+                if isinstance(v, TraceSummary) and not v.scaled and self._line_key(k) == lk}
+
+    def _scaled(self, key):
+        """The trace at key's batch from a confirmed line, else None (trace it)."""
+        line = self._lines.get(self._line_key(key))
+        if not getattr(line, "confirmed", False) or not line.b0 <= key[0].batch_size <= line.top:
+            return None
+        from ..estimate.batch_scaling import SCALED_NOTE, NotAffine
+        from ..estimate.estimator import summarize
+
+        try:
+            trace = line.at(key[0].batch_size)
+        except NotAffine:
+            return None
+        trace = replace(trace, notes=tuple(trace.notes) + (SCALED_NOTE,))
+        return replace(summarize(trace, 0.0), scaled=True)
+
+    def _top(self, lo, b0: int, hi, b1: int) -> int | None:
+        """The largest batch a search here can probe: where the live-tensor peak, affine in the batch,
+        reaches the largest GPU's capacity, a resolution step above. None where it does not grow."""
+        slope = (hi.live_peak_bytes - lo.live_peak_bytes) / (b1 - b0)
+        if slope <= 0:
+            return None
+        cap = max(p.usable_bytes for p in self.profiles.values())
+        top = b0 + max(0, math.ceil((cap - lo.live_peak_bytes) / slope))
+        return min(max(top + resolution(top), b1 + 1), MAX_BATCH)
+
+    def _confirm(self, key, profile: DeviceProfile, bounded: bool) -> None:
+        """After a real trace: the line through the first two, checked by a third at the top."""
+        if not self.scale_batches or key[0].model.startswith(SCRIPT_PREFIX):
+            return
+        from ..estimate.batch_scaling import BatchLine, NotAffine, first_difference, run_notes, same
+
+        lk = self._line_key(key)
+        line = self._lines.get(lk)
+        real = self._real(key)
+        if line is None and len(real) >= 2:
+            (b0, s0), (b1, s1) = sorted(real.items())[:2]
+            try:
+                line = BatchLine(replace(s0.trace, notes=run_notes(s0.trace.notes)), b0,
+                                 replace(s1.trace, notes=run_notes(s1.trace.notes)), b1)
+            except NotAffine as e:
+                self._lines[lk] = f"no line through batches {b0} and {b1}: {e}"
+                return
+            top = self._top(s0, b0, s1, b1)
+            if top is None:
+                self._lines[lk] = f"no line through batches {b0} and {b1}: the live tensors do not grow"
+                return
+            line.top = top
+            self._lines[lk] = line
+            if top not in real:
+                self._trace(replace(key[0], batch_size=top), profile, bounded)   # and back here to check it
+            return
+        if not isinstance(line, BatchLine) or line.confirmed or line.top not in real:
+            return
+        top = real[line.top].trace
+        top = replace(top, notes=run_notes(top.notes))
+        try:
+            made = line.at(line.top)
+            ok = same(made, top)
+            why = "" if ok else first_difference(made, top)
+        except NotAffine as e:
+            ok, why = False, str(e)
+        if ok:
+            line.confirmed = True
+        else:
+            self._lines[lk] = f"the line through batches {line.b0} and {line.b1} missed batch {line.top}: {why}"
 
     def estimate(self, spec: WorkloadSpec, gres_type: str, bounded: bool = True) -> MemoryEstimate | None:
         """The estimate of ``spec`` on ``gres_type``; None when the budget stopped it (bounded) or

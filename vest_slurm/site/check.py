@@ -221,7 +221,8 @@ def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=
                    + "; ".join(result.reasons))
     if advice:   # what vsbatch would say with its refusal: AMP, activation checkpointing, more GPUs
         verdict += "\nWhat would fit:\n" + "\n".join(f"  - {a.text}" for a in advice)
-    tail = [f"({seconds:.1f} s, {prober.traces_made} trace(s)"
+    scaled = f", {prober.traces_scaled} more from batch lines" if prober.traces_scaled else ""
+    tail = [f"({seconds:.1f} s, {prober.traces_made} trace(s){scaled}"
             + ("; the batch search stopped at its budget: >=N is a lower bound" if prober.stopped else "") + ")"]
     return "\n\n".join([head, table] + (["\n".join(notes)] if notes else []) + [verdict] + tail) + "\n"
 
@@ -247,5 +248,5 @@ def _json(spec, site, source, rows, result, advice, seconds, prober, auto_text=N
                      "warnings": list(result.warnings)}
     return json.dumps({"tool": "vest check", "version": __version__, "source": source, "site_config": site.path,
                        "workload": spec.to_dict(), "gpus": gpus, "placement": placement, "num_gpus_auto": auto_text,
-                       "advice": [a.to_dict() for a in advice], "traces": prober.traces_made,
+                       "advice": [a.to_dict() for a in advice], "traces": prober.traces_made, "traces_scaled": prober.traces_scaled,
                        "search_stopped": prober.stopped, "seconds": round(seconds, 3)}, indent=2)
