@@ -300,6 +300,28 @@ class Prober:
 
         return slow_types(self.profiles, lambda p: self._traces.get((_trace_key(spec), gpu_class(p))))
 
+    def slow_untraced(self, spec: WorkloadSpec, gres_type: str) -> bool:
+        """Whether ``spec`` runs much slower on ``gres_type`` (bf16 emulated there), known before its
+        class is traced: a declarative job whose precision computes in bfloat16 (autocast to it, or
+        bf16 weights: the same ops cast on every GPU), traced on another class computing in bf16,
+        where every bf16-support question that run asked is answered alike here (a model that picks
+        its dtype by the GPU asks one; trace.gpu_asked records it; autocast itself asks whether bf16
+        runs with emulation, which every GPU answers yes)."""
+        from ..estimate.estimator import TraceSummary
+        from ..estimate.report import emulated_bf16
+        from ..estimate.trace import gpu_answer
+
+        profile = self.profiles[gres_type]
+        if spec.model.startswith(SCRIPT_PREFIX) or "bfloat16" not in (spec.amp_dtype, spec.weight_dtype):
+            return False
+        if not emulated_bf16(profile):
+            return False
+        k = _trace_key(spec)
+        return any(isinstance(v, TraceSummary) and v.computes_bf16 and v.trace.gpu_asked is not None
+                   and all(gpu_answer(q, arg, profile.capability) == answer
+                           for q, arg, answer in v.trace.gpu_asked if q == "bf16_supported")
+                   for (key, _), v in self._traces.items() if key == k)
+
     def summary(self, spec: WorkloadSpec, profile: DeviceProfile):
         """The trace made for ``spec`` on ``profile``'s class (TraceSummary, the error, or None)."""
         return self._traces.get((_trace_key(spec), gpu_class(profile)))

@@ -335,7 +335,7 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     from .advice import Prober, advisor
 
     prober = Prober.for_site(site, cache=True)
-    classes = _class_order(prober, site)
+    classes = _class_order(prober, site, spec)
     pick = None
     try:
         if auto:
@@ -383,8 +383,10 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     d.estimates = estimates
     out.say(_estimate_line(spec, estimates, site, prober.trace_seconds))
     if d.not_estimated:
+        slow = [t for t in d.not_estimated if prober.slow_untraced(spec, t)]
+        why = f"; bf16 is emulated on {', '.join(slow)}, much slower" if slow else ""
         out.say(f"(not estimated on {', '.join(d.not_estimated)}: placement would not choose "
-                f"{'it' if len(d.not_estimated) == 1 else 'them'} over {', '.join(estimates)} even if the job fit)")
+                f"{'it' if len(d.not_estimated) == 1 else 'them'} over {', '.join(estimates)} even if the job fit{why})")
 
     # --- placement (advice, when refused, is estimate time too)
     from .placement import NoFit, place
@@ -445,15 +447,19 @@ def _run(argv: list[str], env: dict[str, str], stdin: TextIO, out: _Out, clock: 
     return _submit(cmd, js, script_path, overrides, estimates, spec, env, out, clock, d)
 
 
-def _class_order(prober, site) -> list[list[str]]:
+def _class_order(prober, site, spec=None) -> list[list[str]]:
     """The site's GPU types grouped by capability class (one trace each), the class holding the
-    type placement ranks first (smallest, or cheapest with selection = "cost") first."""
+    type placement ranks first (smallest, or cheapest with selection = "cost") first; a type that
+    emulates bf16 ranks last for a declarative job whose precision computes in it (where the trace
+    says so, placement ranks it so: _settled then need not trace its class)."""
     from ..estimate.estimator import gpu_class
+    from ..estimate.report import emulated_bf16
 
+    bf16 = spec is not None and "bfloat16" in (spec.amp_dtype, spec.weight_dtype)
     groups: dict[bool, list[str]] = {}
     for t in site.gpu_names:
         groups.setdefault(gpu_class(prober.profiles[t]), []).append(t)
-    rank = {t: _rank(site, prober, t) for t in site.gpu_names}
+    rank = {t: _rank(site, prober, t, bf16 and bool(emulated_bf16(prober.profiles[t]))) for t in site.gpu_names}
     return sorted(groups.values(), key=lambda ts: min(rank[t] for t in ts))
 
 
@@ -482,7 +488,8 @@ def _settled(spec, estimates, missing, request, partitions, site, prober, user, 
     """Whether placement's choice on ``estimates`` (some GPU classes traced) stands whatever the
     ``missing`` types' estimates are: the user left the choice to vsbatch (no partition or GPU
     type), the chosen type fits, and every missing type ranks after it in placement's order even
-    at full speed and fitting. Then their classes are not traced (a refusal, or anything less
+    fitting, and at full speed unless it is known to be slow without its trace
+    (Prober.slow_untraced: bf16 emulated there). Then their classes are not traced (a refusal, or anything less
     certain, traces them all: the closest fit and the advice need every type)."""
     from .placement import Placement, place
 
@@ -498,7 +505,7 @@ def _settled(spec, estimates, missing, request, partitions, site, prober, user, 
         usable = any(t in p.gpu_types and per_node <= p.gpus_per_node
                      and (p.max_gpus_per_job is None or total <= p.max_gpus_per_job)
                      and (p.nodes is None or request.nodes <= p.nodes) for p in site.partitions)
-        if usable and _rank(site, prober, t) < chosen:
+        if usable and _rank(site, prober, t, prober.slow_untraced(spec, t)) < chosen:
             return False
     return True
 
