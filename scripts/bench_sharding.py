@@ -17,7 +17,8 @@ For each configuration, in one run:
   (reserved_bytes.all.peak), with the source, the configuration and the allocator setting it ran with.
 
 Writes benchmarks/sharding-results.csv (paths relative to the checkout) and prints the table.
-    python scripts/bench_sharding.py [--quick] [--only TEXT]   # --quick: the small rows only
+    python scripts/bench_sharding.py [--quick] [--only TEXT] [--mirror DIR]   # --quick: the small rows only
+(--mirror: the fetched mirrors, for the row on torchtitan's own model; without it that row is skipped)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2 ** 30
@@ -68,6 +69,7 @@ class Config:
     alloc_conf: str = ""
     env: tuple[tuple[str, str], ...] = ()   # the job's stack where it is not this one (VEST_JOB_TORCH)
     tracker_note: str = ""                  # why the tracker did not run on this row
+    torchtitan: bool = False                # the model is torchtitan's code, from the mirror (--mirror)
 
 
 def _llama7b(parallelism: str) -> tuple[str, ...]:
@@ -140,12 +142,39 @@ CONFIGS = (
                             "reduce; no AC; AdamW; eager; steps 2-3 reserved 77.29 GiB (81.32%)",
            alloc_conf="default (run_llama_train.sh sets none)",
            tracker_note="not run: FSDPMemTracker on 8B x 8192 tokens takes longer than this pass had"),
+    # The same run on the run's own model: torchtitan's Transformer at commit 1ec2ece51 (its RMSNorm,
+    # complex rotary embedding, fp32 logits) and its train.py's loss with `del pred` before backward
+    # (benchmarks/models/torchtitan_llama3.py; the code is read from the mirror, --mirror DIR).
+    Config("llama-3-8b fsdp2 x8 no AC batch 1 seq 8192, torchtitan's own model",
+           ("--model", "benchmarks/models/torchtitan_llama3.py:llama3_8b", "--batch-size", "1", "--input", "seq8192",
+            "--loss", "model", "--optimizer", "adamw", "--parallelism", "fsdp2", "--num-gpus", "8",
+            "--param-dtype", "bf16", "--reduce-dtype", "fp32"),
+           "h100-80gb", tracker=False, published_reserved_gib=77.29, torchtitan=True,
+           source="pytorch/pytorch PR #132445 'Before' (github.com/pytorch/pytorch/pull/132445)",
+           published_config="as the row above, with torchtitan's Transformer and train.py loss (commit 1ec2ece51)",
+           alloc_conf="default (run_llama_train.sh sets none)",
+           tracker_note="the tracker builds the model vest-slurm builds; not run on 8B x 8192"),
     # issue 24's speed target: an 8B model over 8 GPUs (32 identical blocks: traced at 4 and 5, scaled)
     Config("llama-3-8b fsdp2 x8 batch 1 seq 2048 (speed)",
            ("--model", "hf:llama-3-8b", "--batch-size", "1", "--input", "seq2048", "--optimizer", "adamw",
             "--parallelism", "fsdp2", "--num-gpus", "8", "--param-dtype", "bf16", "--reduce-dtype", "fp32"),
            "h100-80gb", tracker=False, tracker_note="speed row"),
 )
+
+
+TORCHTITAN_COMMIT = "1ec2ece51"   # the llama3_8b.toml of the PR #132445 run (2024-06-26)
+
+
+def _torchtitan_source(mirror: str) -> str:
+    """torchtitan/models at TORCHTITAN_COMMIT, extracted from the mirror into a temp folder."""
+    import tempfile
+
+    repo = os.path.join(mirror, "pytorch+torchtitan", "repo")
+    where = tempfile.mkdtemp(prefix="vest-torchtitan-")
+    tar = subprocess.run(["git", "-C", repo, "archive", TORCHTITAN_COMMIT, "torchtitan/models"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", where], input=tar, check=True)
+    return where
 
 
 # -- FSDPMemTracker, in a child process (the fake process group and FakeTensorMode stay there)
@@ -265,16 +294,24 @@ def main() -> int:
     ap.add_argument("--only", metavar="TEXT", help="only the rows whose name contains TEXT (results: "
                                                    "benchmarks/sharding-results-only.csv)")
     ap.add_argument("--tracker-child", nargs=argparse.REMAINDER)
+    ap.add_argument("--mirror", metavar="DIR", help="folder of bare mirrors OWNER+NAME/repo (the fetch tool's): "
+                                                    "torchtitan's code for the rows on its own model")
     a = ap.parse_args()
     if a.tracker_child is not None:
         tracker_child(a.tracker_child)
         return 0
+    titan = _torchtitan_source(a.mirror) if a.mirror else None
     imports = [_torch_import_seconds()]   # the yardstick of the speed figures, before and after the rows
     rows = []
     for cfg in CONFIGS:
         if (a.quick and not cfg.quick) or (a.only and a.only not in cfg.name):
             continue
+        if cfg.torchtitan and titan is None:
+            print(f"[{cfg.name}] skipped: needs torchtitan's code (--mirror DIR)", flush=True)
+            continue
         print(f"[{cfg.name}] ...", flush=True)
+        if cfg.torchtitan:
+            cfg = replace(cfg, env=cfg.env + (("VEST_TORCHTITAN", titan),))
         tr, tr_wall, tr_err = (_child([sys.executable, os.path.abspath(__file__), "--tracker-child", *cfg.args])
                                if cfg.tracker else (None, 0.0, cfg.tracker_note or "FSDP1: FSDPMemTracker tracks fully_shard only"))
         ve, ve_wall, ve_err = _vest(cfg)
