@@ -393,3 +393,42 @@ def test_hf_trainer_script(eight_bit):
     else:
         states = 2 * 4 * sum(sizes)
     assert b["optimizer_state"] == states
+
+
+ASKS_THE_NAME = """import torch
+from torch import nn
+name = torch.cuda.get_device_name()   # a script may pick its settings by the GPU: a question per class
+model = nn.Linear(64, 10).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    opt.zero_grad()
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_script_runs_once_for_the_gpu_classes_that_answer_its_questions_alike(tmp_path, monkeypatch):
+    """trace_command runs the script on the newest class first; another class whose GPUs answer
+    every GPU-dependent question that run asked alike (trace.holds_on) takes its trace; a script
+    that read the device's name runs on each class."""
+    from vest_slurm.dynamic import runner
+
+    runs = []
+    real = runner.run_dynamic
+
+    def counting(cmd, profile, *a, **k):
+        runs.append(profile.capability)
+        return real(cmd, profile, *a, **k)
+
+    monkeypatch.setattr(runner, "run_dynamic", counting)
+    V100 = get_profile("v100-16gb")
+    _, summaries, run = runner.trace_command(parse_train_command(["python", "tiny_train.py"]), [V100, A100],
+                                             cwd=SCRIPTS)
+    assert runs == [(8, 0)] and summaries[True] is summaries[False]
+    assert run.trace.gpu_asked == ()   # an fp32 MLP asks nothing of the GPU
+    runs.clear()
+    (tmp_path / "asks.py").write_text(ASKS_THE_NAME)
+    _, summaries, run = runner.trace_command(parse_train_command(["python", "asks.py"]), [V100, A100],
+                                             cwd=str(tmp_path))
+    assert runs == [(8, 0), (7, 0)] and summaries[True] is not summaries[False]
+    assert ("device_name", None, None) in run.trace.gpu_asked

@@ -353,6 +353,9 @@ def run(ns) -> dict:
                     result.update(status="script-exit", message=f"{target} exited with status {code}"
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
             state.finish()
+            # what the run asked of the GPU, each question with its answer (trace.holds_on: another
+            # GPU class answering them alike makes the same run, so it is not run again there)
+            result["gpu_asked"] = fc.gpu_asked()
     except BaseException as e:  # the script failed by itself, or fake tensors could not answer it
         traceback.print_exc()   # into the kept log; the parent prints it with VEST_TRACEBACK=1
         where, line = _user_frame(e.__traceback__, ns.script)

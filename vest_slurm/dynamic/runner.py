@@ -284,7 +284,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
-                           tuple(result.get("step_ends", ())))
+                           tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
         batch, flags = batch_and_flags(cmd, result)
         flags += tuple(n for n in trace.notes if n == CUDNN_RNN_NOTE)   # cuDNN's RNN: not sized here
         observed = dict(result.get("observed") or {})
@@ -298,6 +298,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
 
             base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, ()), world, "")
             trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
+            # (made for this profile: no gpu_asked, so it holds on its own class only)
             trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
         return DynamicRun(trace, result["steps"], batch, seconds, peak_rss,
                           tuple(result.get("redirected_writes", ())), spec, **mine)
@@ -431,12 +432,21 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
                         zero_grad=seen.get("zero_grad") or "after-step", flags=run.flags)
 
 
+def _tuples(x):
+    """JSON's lists back into the tuples the trace records (None stays None)."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
 def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
                   cwd: str | None = None, alloc_conf: str | None = None):
     """Run the script once per capability class of ``profiles``: (spec, {class: TraceSummary or
     EstimateError}, run). A script can fail on one class only (one that checks for native bf16 or a GPU of sm80+); it is an
-    error only when it fails on every class."""
+    error only when it fails on every class. A class whose GPUs answer every GPU-dependent question
+    the run asked alike (trace.holds_on: the capability, bf16 support, cuDNN's bf16 convolutions;
+    never where it read the device's name or properties, or took an attention kernel) takes that
+    run's trace: the script, given the same answers, makes the same run."""
     from ..estimate.estimator import gpu_class, summarize
+    from ..estimate.trace import holds_on
 
     from ..estimate import cudnn_ws
 
@@ -446,11 +456,14 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     cudnn_ws.use_job_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
-    summaries, first = {}, None
+    summaries, first, gpu_class_of_first = {}, None, None
     # newest GPU class first: a script that needs sm80+ is traced where it runs
     for p in sorted(profiles, key=lambda p: p.capability, reverse=True):
         cls = gpu_class(p)
         if cls in summaries:
+            continue
+        if first is not None and holds_on(first.trace, p.capability):
+            summaries[cls] = summaries[gpu_class_of_first]
             continue
         try:
             run = run_dynamic(cmd, p, gpus, limits, cwd)
@@ -458,7 +471,8 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
             summaries[cls] = e
             continue
         summaries[cls] = summarize(run.trace, run.seconds)
-        first = first or run
+        if first is None:
+            first, gpu_class_of_first = run, cls
     if first is None:
         raise next(iter(summaries.values()))
     return script_spec(cmd, first, gpus, conf), summaries, first
