@@ -10,10 +10,11 @@ site's GPU types. Each trace is made once and shared:
   change the replay: DDP buckets, NCCL, allocator settings), so "4 GPUs at batch 32 per GPU" reuses
   the trace the batch search made at batch 32;
 - by every batch size, once a line holds (estimate/batch_scaling.py): the first two traces of a
-  workload at two batches make a line (the same events, sizes affine in the batch); a third real
-  trace at the top of the range any search here reaches must equal the line's there, and then the
-  line gives every batch between the first and that top without a trace. Where it does not, every
-  batch is traced, as before. The example's `vest check` makes 6 traces instead of 12.
+  workload at two batches make a line (the same events, sizes affine in the batch); when a third
+  batch is asked for, a real trace at the top of the range any search here reaches must equal the
+  line's there, and then the line gives every batch between the first and that top without a
+  trace. Where it does not, every batch is traced, as before. The example's `vest check` makes 6
+  traces instead of 12.
 
 It stops starting new traces past its time budget or trace count; a probe it did not make answers
 None and the advice says the search stopped.
@@ -165,7 +166,7 @@ class Prober:
             if other is not None:
                 self._traces[key] = other
         if key not in self._traces:
-            scaled = self._scaled(key)   # no trace: no budget
+            scaled = self._scaled(key, profile, bounded)   # a line's: no trace (but its one check)
             if scaled is not None:
                 self._traces[key] = scaled
                 self.traces_scaled += 1
@@ -181,18 +182,20 @@ class Prober:
             finally:
                 self.traces_made += 1
                 self.trace_seconds += time.perf_counter() - t0
-            self._confirm(key, profile, bounded)
+            self._confirm(key)
         return self._traces[key]
 
     # ---- batch sizes from a line (estimate/batch_scaling.py)
     #
-    # The first two real traces of a workload at two batch sizes (on one GPU class) make a BatchLine.
-    # It is checked at once by a third real trace at the top of the range any search here can reach:
-    # the batch at which the live tensors alone (which the need never goes below) fill the largest GPU
-    # of the site, a resolution step above. Equal to the line's trace there, event for event, the
-    # line gives every batch from its first to that top (no trace); not equal, or no line through the
-    # first two, every batch is traced as before. So a line's trace is used only where the tracer made
-    # the same run, sizes on the line, at both ends of the range and at a batch inside it.
+    # The first two real traces of a workload at two batch sizes (on one GPU class) make a BatchLine,
+    # with its top: the largest batch any search here can probe (where the live tensors alone, which
+    # the need never goes below, fill the largest GPU of the site, a resolution step above). The first
+    # time a batch between the two and the top is asked for, the top is traced for real and compared
+    # with the line's trace there, event for event: equal, the line gives that batch and every later
+    # one in its range (no trace); not equal, or no line through the first two, every batch is traced
+    # as before. So a line's trace is used only where the tracer made the same run, sizes on the
+    # line, at both ends of the range and at a batch inside it; and a search that needs no third
+    # batch makes no third trace.
 
     @staticmethod
     def _line_key(key):
@@ -207,16 +210,25 @@ class Prober:
         return {k[0].batch_size: v for k, v in self._traces.items()
                 if isinstance(v, TraceSummary) and not v.scaled and self._line_key(k) == lk}
 
-    def _scaled(self, key):
-        """The trace at key's batch from a confirmed line, else None (trace it)."""
-        line = self._lines.get(self._line_key(key))
-        if not getattr(line, "confirmed", False) or not line.b0 <= key[0].batch_size <= line.top:
-            return None
-        from ..estimate.batch_scaling import SCALED_NOTE, NotAffine
+    def _scaled(self, key, profile: DeviceProfile, bounded: bool):
+        """The trace at key's batch from the workload's line (checked at its top first), else None."""
+        from ..estimate.batch_scaling import SCALED_NOTE, BatchLine, NotAffine
         from ..estimate.estimator import summarize
 
+        lk = self._line_key(key)
+        line = self._lines.get(lk)
+        b = key[0].batch_size
+        if not isinstance(line, BatchLine) or not line.b0 <= b <= line.top or b in (line.b0, line.b1):
+            return None
+        if not line.confirmed:
+            if b == line.top or (bounded and self._over_budget()):
+                return None   # traced as asked (at the top, that trace is the check)
+            self._trace(replace(key[0], batch_size=line.top), profile, bounded)   # the check: _confirm
+            line = self._lines.get(lk)
+            if not getattr(line, "confirmed", False):
+                return None
         try:
-            trace = line.at(key[0].batch_size)
+            trace = line.at(b)
         except NotAffine:
             return None
         trace = replace(trace, notes=tuple(trace.notes) + (SCALED_NOTE,))
@@ -232,8 +244,8 @@ class Prober:
         top = b0 + max(0, math.ceil((cap - lo.live_peak_bytes) / slope))
         return min(max(top + resolution(top), b1 + 1), MAX_BATCH)
 
-    def _confirm(self, key, profile: DeviceProfile, bounded: bool) -> None:
-        """After a real trace: the line through the first two, checked by a third at the top."""
+    def _confirm(self, key) -> None:
+        """After a real trace: the line through the first two, or its check by the trace at its top."""
         if not self.scale_batches or key[0].model.startswith(SCRIPT_PREFIX):
             return
         from ..estimate.batch_scaling import BatchLine, NotAffine, first_difference, run_notes, same
@@ -255,9 +267,6 @@ class Prober:
                 return
             line.top = top
             self._lines[lk] = line
-            if top not in real:
-                self._trace(replace(key[0], batch_size=top), profile, bounded)   # and back here to check it
-            return
         if not isinstance(line, BatchLine) or line.confirmed or line.top not in real:
             return
         top = real[line.top].trace
