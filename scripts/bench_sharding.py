@@ -165,6 +165,12 @@ CONFIGS = (
 TORCHTITAN_COMMIT = "1ec2ece51"   # the llama3_8b.toml of the PR #132445 run (2024-06-26)
 
 
+def _shown(name: str, value: str) -> str:
+    """An environment variable as the results file shows it: the extracted torchtitan folder (a
+    temp path of this machine) by what it holds."""
+    return f"<torchtitan/models at {TORCHTITAN_COMMIT}>" if name == "VEST_TORCHTITAN" else value
+
+
 def _torchtitan_source(mirror: str) -> str:
     """torchtitan/models at TORCHTITAN_COMMIT, extracted from the mirror into a temp folder."""
     import tempfile
@@ -334,7 +340,7 @@ def main() -> int:
             "vest_seconds": f"{ve_wall:.1f}",
             "vest_rss_mib": f"{ve['rss'] / MiB:.0f}" if ve else "",
             "vest_note": ve_err or "; ".join(n for n in (ve or {}).get("trace_notes", ())),
-            "vest_env": " ".join(f"{k}={v}" for k, v in cfg.env),
+            "vest_env": " ".join(f"{k}={_shown(k, v)}" for k, v in cfg.env),
             "published_active_gib": f"{cfg.published_active_gib:.2f}" if cfg.published_active_gib else "",
             "published_reserved_gib": f"{cfg.published_reserved_gib:.2f}" if cfg.published_reserved_gib else "",
             "allocated_vs_active": pct(mib("allocator_peak_allocated"), cfg.published_active_gib),
