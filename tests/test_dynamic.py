@@ -411,7 +411,7 @@ def test_a_script_runs_once_for_the_gpu_classes_that_answer_its_questions_alike(
     """trace_command runs the script on the newest class first; another class whose GPUs answer
     every GPU-dependent question that run asked alike (trace.holds_on) takes its trace; a script
     that read the device's name runs on each class."""
-    from vest_slurm.dynamic import runner
+    import vest_slurm.dynamic.runner as runner
 
     runs = []
     real = runner.run_dynamic
