@@ -82,7 +82,7 @@ def _fit(a: Any, b: Any, db: int, where: str):
 
 
 def _at(p: Any, steps: int):
-    """The value of pattern ``p`` ``steps`` batches from b0; None where a number would be negative."""
+    """The value of pattern ``p`` ``steps`` batches from b0 (NotAffine where a number would be negative)."""
     if isinstance(p, _Num):
         v = p.x0 + p.slope * steps
         if v < 0:
@@ -101,13 +101,15 @@ _FIXED = ("action", "block", "stream", "phase", "category", "module", "op")
 
 
 class BatchLine:
-    """The trace as a function of the batch, through ``a`` at ``b0`` and ``b`` at ``b1``."""
+    """The trace as a function of the batch, through ``a`` at ``b0`` and ``b`` at ``b1`` (their notes
+    about the run only: run_notes)."""
 
     def __init__(self, a: AllocTrace, b0: int, b: AllocTrace, b1: int):
         if b0 == b1:
             raise NotAffine("two traces at the same batch make no line")
-        if (b0, a) > (b1, b):
+        if b0 > b1:
             a, b0, b, b1 = b, b1, a, b0
+        a, b = replace(a, notes=run_notes(a.notes)), replace(b, notes=run_notes(b.notes))
         self.b0, self.b1 = b0, b1
         db = b1 - b0
         if len(a.events) != len(b.events):
@@ -150,9 +152,10 @@ class BatchLine:
 
 
 def same(a: AllocTrace, b: AllocTrace) -> bool:
-    """Whether two traces are the same run: every event, the step ends, the notes, the GPU questions."""
+    """Whether two traces are the same run: every event, the step ends, the notes about the run
+    (run_notes), the GPU questions."""
     return (a.events == b.events and a.step_ends == b.step_ends and a.iterations == b.iterations
-            and tuple(a.notes) == tuple(b.notes) and a.gpu_asked == b.gpu_asked)
+            and run_notes(a.notes) == run_notes(b.notes) and a.gpu_asked == b.gpu_asked)
 
 
 def first_difference(a: AllocTrace, b: AllocTrace) -> str:

@@ -168,6 +168,11 @@ class WorkloadSpec:
     def weight_dtype(self) -> str:
         return {"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "float32")
 
+    @property
+    def computes_bf16(self) -> bool:
+        """The precision computes in bfloat16 (autocast to it, or bf16 weights): on every GPU alike."""
+        return "bfloat16" in (self.amp_dtype, self.weight_dtype)
+
     def with_(self, **changes) -> "WorkloadSpec":
         return replace(self, **changes)
 

@@ -248,7 +248,7 @@ class Prober:
         """After a real trace: the line through the first two, or its check by the trace at its top."""
         if not self.scale_batches or key[0].model.startswith(SCRIPT_PREFIX):
             return
-        from ..estimate.batch_scaling import BatchLine, NotAffine, first_difference, run_notes, same
+        from ..estimate.batch_scaling import BatchLine, NotAffine, first_difference, same
 
         lk = self._line_key(key)
         line = self._lines.get(lk)
@@ -256,8 +256,7 @@ class Prober:
         if line is None and len(real) >= 2:
             (b0, s0), (b1, s1) = sorted(real.items())[:2]
             try:
-                line = BatchLine(replace(s0.trace, notes=run_notes(s0.trace.notes)), b0,
-                                 replace(s1.trace, notes=run_notes(s1.trace.notes)), b1)
+                line = BatchLine(s0.trace, b0, s1.trace, b1)
             except NotAffine as e:
                 self._lines[lk] = f"no line through batches {b0} and {b1}: {e}"
                 return
@@ -270,7 +269,6 @@ class Prober:
         if not isinstance(line, BatchLine) or line.confirmed or line.top not in real:
             return
         top = real[line.top].trace
-        top = replace(top, notes=run_notes(top.notes))
         try:
             made = line.at(line.top)
             ok = same(made, top)
@@ -321,7 +319,7 @@ class Prober:
         from ..estimate.trace import gpu_answer
 
         profile = self.profiles[gres_type]
-        if spec.model.startswith(SCRIPT_PREFIX) or "bfloat16" not in (spec.amp_dtype, spec.weight_dtype):
+        if spec.model.startswith(SCRIPT_PREFIX) or not spec.computes_bf16:
             return False
         if not emulated_bf16(profile):
             return False

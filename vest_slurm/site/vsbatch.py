@@ -455,7 +455,7 @@ def _class_order(prober, site, spec=None) -> list[list[str]]:
     from ..estimate.estimator import gpu_class
     from ..estimate.report import emulated_bf16
 
-    bf16 = spec is not None and "bfloat16" in (spec.amp_dtype, spec.weight_dtype)
+    bf16 = spec is not None and spec.computes_bf16
     groups: dict[bool, list[str]] = {}
     for t in site.gpu_names:
         groups.setdefault(gpu_class(prober.profiles[t]), []).append(t)
