@@ -453,3 +453,38 @@ def test_the_cpp_graph_answers_what_the_python_frontend_does(gpu):
                 continue
             assert cudnn_ws.workspace_bytes(props, key) == ask_cudnn(p, key), (gpu, key)
             assert cudnn_ws.find_workspace_bytes(props, key) == ask_cudnn(p, key, benchmark=True), (gpu, key)
+
+
+def test_questions_asked_ahead_by_forked_workers_get_cudnns_answers(monkeypatch):
+    """estimator.ask_cudnn_ahead answers an estimate's questions in worker processes; the answers
+    are cuDNN's own (asked here in-process, as ask_cudnn does), the estimates are those made with
+    every question asked as it comes, and nothing answered is asked again."""
+    from vest_slurm.estimate.estimator import ask_cudnn_ahead
+
+    require_cudnn()
+    s = spec("--model", "torchvision:resnet18", "--batch-size", "4", "--input", "3x64x64", "--optimizer", "adam")
+    types = [get_profile(k) for k in ("a100-40gb", "h100-80gb", "l40s-48gb", "v100-16gb")]
+    summary = trace_for(s, A100)   # resnet18 in fp32 asks nothing of the GPU: one trace holds on every class
+
+    def fresh():
+        cudnn_ws.workspace_bytes.cache_clear()
+        cudnn_ws.find_workspace_bytes.cache_clear()
+        monkeypatch.setattr(cudnn_ws, "_ANSWERS", cudnn_ws._Answers())
+
+    fresh()
+    one_by_one = [estimate_from_trace(summary, s, p) for p in types]
+    fresh()
+    monkeypatch.setattr(cudnn_ws, "_cores", lambda: 2)   # a pool of two even on a one-core runner
+    keys = {e.detail for e in summary.trace.events if e.module == "cudnn" and e.action == "alloc"}
+    assert ask_cudnn_ahead([(summary, p) for p in types]) == len(keys) * len(types)
+    for p in types:
+        props = cudnn_ws.device_properties_json(p)
+        for k in keys:
+            assert cudnn_ws._ANSWERS.has(cudnn_ws._answer_key("run", props, k))
+            if k in sorted(keys)[:3]:   # a sample against cuDNN itself
+                assert cudnn_ws.workspace_for(p, k) == ask_cudnn(p, k)
+    assert [estimate_from_trace(summary, s, p) for p in types] == one_by_one
+    assert ask_cudnn_ahead([(summary, p) for p in types]) == 0       # all answered: no pool
+    fresh()
+    monkeypatch.setattr(cudnn_ws, "ASK_PER_WORKER", len(keys) + 1)
+    assert ask_cudnn_ahead([(summary, A100)]) == 0                   # too few for two workers: asked as they come

@@ -479,6 +479,12 @@ class _Answers:
             data[k] = self._new[k] = compute()
         return data[k]
 
+    def has(self, k: str) -> bool:
+        return k in self._load()
+
+    def put(self, k: str, value: int | None) -> None:
+        self._load()[k] = self._new[k] = value
+
     def save(self) -> None:
         if self._path is None or not self._new:
             return
@@ -501,12 +507,20 @@ def _answer_key(mode: str, profile_props: str, key: str) -> str:
     return f"{mode}|{hashlib.sha256(profile_props.encode()).hexdigest()[:16]}|{key}"
 
 
+def _answer(mode: str, profile_props: str, key: str) -> int | None:
+    """cuDNN's answer to one question: "run", the workspace of the plan PyTorch runs (the first
+    that builds of heuristics mode A); "find", the largest over the plans benchmark mode times."""
+    if mode == "run":
+        return next((ws for ws in _plan_workspaces(profile_props, key) if ws is not None), None)
+    sizes = [ws for ws in _plan_workspaces(profile_props, key, fallback=True) if ws is not None]
+    return max(sizes) if sizes else None
+
+
 @functools.lru_cache(maxsize=65536)
 def workspace_bytes(profile_props: str, key: str) -> int | None:
     """Workspace of the plan PyTorch would run for this convolution on this board (the first
     that builds of heuristics mode A); None when cuDNN cannot be asked."""
-    return _ANSWERS.get(_answer_key("run", profile_props, key), lambda: next(
-        (ws for ws in _plan_workspaces(profile_props, key) if ws is not None), None))
+    return _ANSWERS.get(_answer_key("run", profile_props, key), lambda: _answer("run", profile_props, key))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -515,11 +529,61 @@ def find_workspace_bytes(profile_props: str, key: str) -> int | None:
     (Conv_v8.cpp generate_and_filter_plans): the largest of all plans of heuristics mode
     INSTANT and the fallback list that build (on a GPU with room for it; at capacity PyTorch
     halves it until it fits and drops the plans that do not). None when cuDNN cannot be asked."""
-    def largest():
-        sizes = [ws for ws in _plan_workspaces(profile_props, key, fallback=True) if ws is not None]
-        return max(sizes) if sizes else None
+    return _ANSWERS.get(_answer_key("find", profile_props, key), lambda: _answer("find", profile_props, key))
 
-    return _ANSWERS.get(_answer_key("find", profile_props, key), largest)
+
+# Asking ahead, in parallel. One question costs cuDNN's heuristics about 5 ms of one core (mode A
+# ranks the engines with its own model; building the graph and the first plan adds about 1 ms), and
+# a CNN asks one per convolution, direction and GPU type: resnet50 on the 22 built-in types is about
+# 1,500 questions, 5-8 s on one core. The answers are independent, so the questions an estimate is
+# about to ask are answered first by forked workers, one per core up to ASK_WORKERS_MAX (a login
+# node is shared: a few seconds on eight cores is a burst, not a job). A fork costs tens of
+# milliseconds, so a worker gets at least ASK_PER_WORKER questions; fewer are asked in-process as
+# before. The workers only ask cuDNN (no torch op, no allocation through torch) and exit through
+# multiprocessing's os._exit, so nothing of the parent's (atexit, the answers file) runs twice.
+ASK_PER_WORKER = 16
+ASK_WORKERS_MAX = 8
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))   # the cores this process may run on (a cgroup's cpuset)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _answer_of(question: tuple[str, str, str]) -> int | None:
+    return _answer(*question)
+
+
+def ask_ahead(questions) -> int:
+    """Answer ``questions`` ((mode "run" | "find", DeviceProfile, conv_key), as workspace_bytes and
+    find_workspace_bytes ask them) in parallel where there are enough not yet answered to pay
+    for the workers; the answers go where those functions read them (and, with the cache on, to
+    disk). Returns how many were answered here (0: left to be asked as they come)."""
+    if _frontend() is None:
+        return 0
+    todo: dict[str, tuple[str, str, str]] = {}
+    for mode, profile, key in questions:
+        props = device_properties_json(profile)
+        if props is not None:
+            k = _answer_key(mode, props, key)
+            if not _ANSWERS.has(k):
+                todo.setdefault(k, (mode, props, key))
+    workers = min(_cores(), ASK_WORKERS_MAX, len(todo) // ASK_PER_WORKER)
+    if workers < 2:
+        return 0
+    import multiprocessing
+
+    asked = list(todo.values())
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            answers = pool.map(_answer_of, asked, chunksize=max(1, len(asked) // (4 * workers)))
+    except (OSError, ValueError):   # no fork here (a process limit): ask them as they come
+        return 0
+    for k, v in zip(todo, answers):
+        _ANSWERS.put(k, v)
+    return len(asked)
 
 
 def workspace_for(profile: DeviceProfile, key: str, benchmark: bool = False) -> int:

@@ -347,6 +347,31 @@ def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
     return out
 
 
+def ask_cudnn_ahead(pairs: Iterable[tuple[TraceSummary, DeviceProfile]]) -> int:
+    """Answer in parallel the cuDNN questions that estimating each (trace, GPU type) will ask
+    (_events_for, and _engines_bound where the cuDNN asked is not the job's): cudnn_ws.ask_ahead.
+    Returns how many were answered ahead."""
+    from . import cudnn_ws
+
+    bound = None
+    keys: dict[int, set[tuple[str, str]]] = {}
+    questions = []
+    for summary, profile in pairs:
+        if not summary.uses_cudnn:
+            continue
+        if id(summary) not in keys:
+            if bound is None:
+                bound = not cudnn_ws.heuristics_are_the_jobs()[0]
+            ks = keys[id(summary)] = set()
+            for e in summary.trace.events:
+                if e.action == "alloc" and e.detail and e.module in _CUDNN_WORKSPACES:
+                    ks.add(("find" if e.module == "cudnn_find" else "run", e.detail))
+                    if bound and e.module == "cudnn":
+                        ks.add(("find", e.detail))
+        questions += [(mode, profile, k) for mode, k in keys[id(summary)]]
+    return cudnn_ws.ask_ahead(questions) if questions else 0
+
+
 def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | EstimateError],
                   targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
     """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
@@ -354,6 +379,8 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
     from . import progress
 
     progress.step(f"allocator replay on {len(targets)} GPU type(s)")
+    ask_cudnn_ahead((summaries[gpu_class(p)], p) for p in targets.values()
+                    if isinstance(summaries[gpu_class(p)], TraceSummary))
     estimates, failed = [], {}
     for name, p in targets.items():
         summary = summaries[gpu_class(p)]

@@ -286,7 +286,7 @@ class Prober:
         k = (spec, gres_type)
         if k in self._estimates:
             return self._estimates[k]
-        from ..estimate.estimator import estimate_from_trace
+        from ..estimate.estimator import ask_cudnn_ahead, estimate_from_trace
 
         profile = self.profiles[gres_type]
         summary = self._trace(spec, profile, bounded)
@@ -296,6 +296,7 @@ class Prober:
             if bounded:
                 return None
             raise summary
+        ask_cudnn_ahead([(summary, profile)])
         est = estimate_from_trace(summary, spec, profile)
         self._estimates[k] = est
         return est
@@ -337,8 +338,21 @@ class Prober:
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:
         """The job's own estimate on every GPU type (or ``types``), unbounded: (estimates, errors).
         A workload can fail on one class only (a script that needs sm80+); the caller decides."""
+        from ..estimate.estimator import TraceSummary, ask_cudnn_ahead
+
+        types = list(types or self.profiles)
+        pairs = []
+        for t in types:   # the traces first, then cuDNN's questions of all of them at once, in parallel
+            if (spec, t) not in self._estimates:
+                try:
+                    summary = self._trace(spec, self.profiles[t], bounded=False)
+                except EstimateError:
+                    continue   # estimate() raises it again below
+                if isinstance(summary, TraceSummary):
+                    pairs.append((summary, self.profiles[t]))
+        ask_cudnn_ahead(pairs)
         ok, failed = {}, {}
-        for t in (types or self.profiles):
+        for t in types:
             try:
                 ok[t] = self.estimate(spec, t, bounded=False)
             except EstimateError as e:
