@@ -557,16 +557,17 @@ def _answer_of(question: tuple[str, str, str]) -> int | None:
 
 
 def ask_ahead(questions) -> int:
-    """Answer ``questions`` ((mode "run" | "find", DeviceProfile, conv_key), as workspace_bytes and
-    find_workspace_bytes ask them) in parallel where there are enough not yet answered to pay
-    for the workers; the answers go where those functions read them (and, with the cache on, to
-    disk). Returns how many were answered here (0: left to be asked as they come)."""
+    """Answer ``questions`` ((DeviceProfile, conv_key, benchmark), as workspace_for asks them) in
+    parallel where there are enough not yet answered to pay for the workers; the answers go where
+    workspace_for reads them (and, with the cache on, to disk). Returns how many were answered here
+    (0: left to be asked as they come)."""
     if _frontend() is None:
         return 0
     todo: dict[str, tuple[str, str, str]] = {}
-    for mode, profile, key in questions:
+    for profile, key, benchmark in questions:
         props = device_properties_json(profile)
         if props is not None:
+            mode = "find" if benchmark else "run"
             k = _answer_key(mode, props, key)
             if not _ANSWERS.has(k):
                 todo.setdefault(k, (mode, props, key))

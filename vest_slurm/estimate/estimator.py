@@ -114,6 +114,14 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
 
 
+def _cudnn_question(e: AllocEvent) -> bool | None:
+    """Whether ``e`` is a cuDNN workspace sized per GPU type by cuDNN's answer for its convolution:
+    None where it is not, else whether the question is benchmark mode's (cudnn_ws.workspace_for)."""
+    if e.category == "workspace" and e.action == "alloc" and e.module in _CUDNN_WORKSPACES and e.detail:
+        return e.module == "cudnn_find"
+    return None
+
+
 def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: WorkloadSpec,
                 summary: TraceSummary) -> list[AllocEvent]:
     """The trace with this GPU type's workspaces, and DDP's buckets for multi-GPU jobs.
@@ -126,11 +134,10 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
     last_param = max((i for i, e in enumerate(events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
     for i, e in enumerate(events):
-        if e.category == "workspace" and e.action == "alloc":
-            if e.module == "cublas":
-                e = with_size(e, profile.cublas_workspace_bytes)
-            elif e.module in _CUDNN_WORKSPACES and e.detail:
-                e = with_size(e, cudnn_ws.workspace_for(profile, e.detail, benchmark=e.module == "cudnn_find"))
+        if e.category == "workspace" and e.action == "alloc" and e.module == "cublas":
+            e = with_size(e, profile.cublas_workspace_bytes)
+        elif (benchmark := _cudnn_question(e)) is not None:
+            e = with_size(e, cudnn_ws.workspace_for(profile, e.detail, benchmark=benchmark))
         out.append(e)
         if i == last_param:
             # DDP's gradient buckets, allocated when the model is wrapped (after it is on the GPU).
@@ -310,7 +317,7 @@ def _engines_bound(full_events, profile: DeviceProfile, config, fixed: int) -> i
         return 0
     events = full_events()   # the run's events (replaycache.Replayed.full)
     bounded = [replace(e, size_bytes=max(e.size_bytes, cudnn_ws.workspace_for(profile, e.detail, benchmark=True)))
-               if e.module == "cudnn" and e.action == "alloc" and e.detail else e for e in events]
+               if _cudnn_question(e) is False else e for e in events]
     return fixed + replay(bounded, config).peak_reserved_bytes
 
 
@@ -353,23 +360,22 @@ def ask_cudnn_ahead(pairs: Iterable[tuple[TraceSummary, DeviceProfile]]) -> int:
     Returns how many were answered ahead."""
     from . import cudnn_ws
 
-    bound = None
-    keys: dict[int, set[tuple[str, str]]] = {}
+    pairs = [(summary, profile) for summary, profile in pairs if summary.uses_cudnn]
+    if not pairs:
+        return 0
+    bound = not cudnn_ws.heuristics_are_the_jobs()[0]
+    keys: dict[int, set[tuple[str, bool]]] = {}   # per trace: (convolution, benchmark)
     questions = []
     for summary, profile in pairs:
-        if not summary.uses_cudnn:
-            continue
         if id(summary) not in keys:
-            if bound is None:
-                bound = not cudnn_ws.heuristics_are_the_jobs()[0]
             ks = keys[id(summary)] = set()
             for e in summary.trace.events:
-                if e.action == "alloc" and e.detail and e.module in _CUDNN_WORKSPACES:
-                    ks.add(("find" if e.module == "cudnn_find" else "run", e.detail))
-                    if bound and e.module == "cudnn":
-                        ks.add(("find", e.detail))
-        questions += [(mode, profile, k) for mode, k in keys[id(summary)]]
-    return cudnn_ws.ask_ahead(questions) if questions else 0
+                if (benchmark := _cudnn_question(e)) is not None:
+                    ks.add((e.detail, benchmark))
+                    if bound and not benchmark:
+                        ks.add((e.detail, True))
+        questions += [(profile, k, benchmark) for k, benchmark in keys[id(summary)]]
+    return cudnn_ws.ask_ahead(questions)
 
 
 def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | EstimateError],
