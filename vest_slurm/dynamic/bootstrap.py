@@ -20,6 +20,9 @@ memory limit. Here:
 - DataLoader workers are forced to 0: only the batches used are read, in this process.
 - A PEP 578 audit hook refuses network connections and new processes; writes outside the temp dir
   go into it, behind an overlay the script reads back through (Sandbox).
+- A no-grad call of the model that repeats an earlier one exactly (evaluation batches, sampled
+  tokens) is replayed from its trace instead of run (repeats.py says when; Python state outside
+  the model's modules that such a call changes is not seen).
 - The script is stopped after N training steps (StopTracing, a BaseException the script's own
   ``except Exception`` does not catch): optimizer steps; without torch.optim, backward passes each
   followed by in-place updates of the parameters; or, with neither, forward passes under grad.
@@ -321,6 +324,7 @@ def run(ns) -> dict:
     from . import standins as sp
     from . import tracked
     from ..estimate.tracing import Tracer
+    from .repeats import Repeats
 
     tracer = Tracer(tuple(ns.capability))
     sandbox = Sandbox(ns.tmpdir)
@@ -332,11 +336,12 @@ def run(ns) -> dict:
     if ns.script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
     mode = fc.FakeCudaMode(tracer.recorder, scalar_stand_in=True, host_real=True)
+    repeats = Repeats(state, mode)   # identical no-grad calls of the model replayed, not rerun
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
                              device_count=ns.device_count), sp.patched(state), tracer, mode, fc.CudaFactoryMode(host_real=True), \
-                sp.UpdateWatch(state), tracked.TaintMode(state.ledger):
+                sp.UpdateWatch(state), tracked.TaintMode(state.ledger), repeats.installed():
             try:
                 from . import accelerate_env   # accelerate launch's variables (nothing for other launchers)
 
@@ -369,6 +374,7 @@ def run(ns) -> dict:
         result.update(status="data-dependent", message=state.input_problem, where=place or (
             state.ledger.reads[-1][1] if state.ledger.reads else None), line=None)
     result["steps"] = state.steps
+    result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()
     result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None

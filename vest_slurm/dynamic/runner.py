@@ -70,6 +70,7 @@ class DynamicRun:
     flags: tuple[str, ...] = ()                     # why the estimate may not be the real run's (shown with it)
     reads: tuple[str, ...] = ()                     # "kind at file:line" of values read from device tensors
     stopped_by: str = "optimizer steps"
+    repeats_replayed: int = 0   # identical no-grad calls of the model replayed from their trace (repeats.py)
 
 
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
@@ -291,7 +292,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         observed["batch_seen"] = batch
         mine = dict(observed=tuple(sorted(observed.items())), flags=flags,
                     reads=tuple(f"{r['kind']} at {r['where']}" for r in result.get("reads", ())),
-                    stopped_by=result.get("stopped_by", "optimizer steps"))
+                    stopped_by=result.get("stopped_by", "optimizer steps"),
+                    repeats_replayed=int(result.get("repeats_replayed", 0)))
         spec = None
         if result.get("fsdp"):   # fully_shard in the script: the per-rank trace of its run
             from .fake_dist import per_rank

@@ -527,6 +527,9 @@ class FakeCudaMode(FakeTensorMode):
         self._truths: dict[int, tuple] = {}   # id(mask storage) -> (mask storage, source storage, source version)
         # Dynamic analysis: device tensors copied from the host keep their real values (_shadow.py)
         self.shadows = _shadow.Shadows() if host_real else None
+        # Dynamic analysis: a call of the model being recorded for replay sees each outermost op
+        # first (vest_slurm/dynamic/repeats.py); None otherwise
+        self.watch: Callable[[object, tuple, dict], None] | None = None
 
     @property
     def avoid_device_init(self) -> bool:
@@ -612,6 +615,8 @@ class FakeCudaMode(FakeTensorMode):
         kwargs = kwargs or {}
         if func is _PRIM_DEVICE:
             return torch.device("cpu")
+        if self.watch is not None and self._depth == 0:
+            self.watch(func, args, kwargs)
         if func is aten._local_scalar_dense.default:
             real = self.shadows.get(args[0]) if self.shadows is not None else None
             if real is not None:

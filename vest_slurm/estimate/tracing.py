@@ -285,6 +285,31 @@ class Tracer:
         s.events.append(["free", block, size, info.phase, "", ""])
         s.live_bytes -= size
 
+    # -- a recorded call appended again (vest_slurm/dynamic/repeats.py)
+    def replay_alloc(self, block: int | None, nbytes: int, phase: str, category: str, module: str,
+                     detail: str, op: str) -> int:
+        """Append an allocation as recorded in an earlier call; ``block`` None takes a new
+        workspace id. Returns the block."""
+        s = self.s
+        if block is None:
+            block = s.next_ws
+            s.next_ws -= 1
+        s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration)
+        s.ops[block] = op
+        s.events.append(["alloc", block, nbytes, phase, category, module, detail])
+        s.live_bytes += nbytes
+        s.peak_bytes = max(s.peak_bytes, s.live_bytes)
+        return block
+
+    def replay_free(self, block: int) -> None:
+        """Append the free of a block replay_alloc appended, in its recorded phase."""
+        s = self.s
+        info = s.blocks[block]
+        s.freed_in[block] = info.phase
+        size = s.events[info.index][2]
+        s.events.append(["free", block, size, info.phase, "", ""])
+        s.live_bytes -= size
+
     # -- helpers used by the loop
     def block_of(self, t: torch.Tensor) -> int | None:
         """The live block behind a fake CUDA tensor (None for anything else)."""

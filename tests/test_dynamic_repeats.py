@@ -1,0 +1,59 @@
+"""Identical no-grad calls of the model (evaluation loops, token sampling) are replayed from their
+trace, not run again (vest_slurm/dynamic/repeats.py): the same events as running them, and no
+replay where a call writes state, keeps a tensor, or reads state that changes between calls."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from vest_slurm.dynamic.launch import parse_train_command
+from vest_slurm.dynamic.runner import estimate_command
+from vest_slurm.estimate.profiles import get_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "data", "scripts")
+A100 = get_profile("a100-40gb")
+
+
+def estimate_script(*args):
+    return estimate_command(parse_train_command(["python", "sample_eval_train.py", *args]), [A100], cwd=SCRIPTS)
+
+
+def renumbered(events) -> list:
+    """The events with each block named by the order of its allocation (a replay takes new ids)."""
+    ids: dict = {}
+    out = []
+    for e in events:
+        if e.action == "alloc":
+            ids[e.block] = len(ids)
+        out.append((e.action, ids[e.block], e.size_bytes, e.phase, e.category, e.module, e.detail))
+    return out
+
+
+def test_repeated_eval_and_sampling_calls_replay_the_events_running_them_makes(monkeypatch):
+    """6 evaluation calls of one shape before each step; 24 sampled tokens after each, the context
+    cropped to 16 (a (1, 16) view whose row stride grows each call). Replayed: the eval calls from
+    the third on, and the sampling calls at full context from their third on; each run's trace
+    equals, event for event, that of the run in which every call runs."""
+    (est,), run = estimate_script()
+    monkeypatch.setenv("VEST_REPEATS", "run")
+    (est_all,), run_all = estimate_script()
+    assert run_all.repeats_replayed == 0
+    # evaluations before each of the 3 steps: the first's 1st call holds one-time work (the main
+    # thread's cuBLAS workspace), its 2nd and 3rd make the same events: 3 + 6 + 6 replayed.
+    # Sampling after the first two steps: the full context 9 calls each (7 + 9 replayed); the 15
+    # shorter contexts of the first sampling are confirmed in the second, not replayed
+    assert run.repeats_replayed == 3 + 6 + 6 + 7 + 9
+    assert renumbered(run.trace.events) == renumbered(run_all.trace.events)
+    assert run.trace.step_ends == run_all.trace.step_ends
+    assert est.peak_bytes == est_all.peak_bytes and est.breakdown == est_all.breakdown
+
+
+@pytest.mark.parametrize("flag", ["--cache", "--counter"])
+def test_calls_that_write_or_read_changing_state_run_every_time(flag):
+    """--cache: each no-grad call writes its keys into a buffer the model owns; --counter: the
+    forward counts its calls in an attribute and crops its input on odd counts. Neither is replayed."""
+    (_est,), run = estimate_script(flag)
+    assert run.steps == 3 and run.repeats_replayed == 0
