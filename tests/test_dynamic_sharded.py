@@ -174,3 +174,29 @@ def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, co
         estimate_command(parse_train_command(command), [get_profile("h100-80gb")], cwd=SCRIPTS)
     assert e.value.kind == "vest-unsupported" and "DeepSpeed" in e.value.what
     assert line in e.value.fix
+
+
+def test_a_mesh_reached_through_another_import_path_is_the_stand_in_and_dtensor_is_refused_at_once():
+    """init_device_mesh imported from torch.distributed._tensor.device_mesh (bound before the run
+    started) is the stand-in too, as is init_process_group where device_mesh.py binds it: before,
+    the real DeviceMesh waited for the second rank until the time limit and the user was told to
+    make the script reach its step sooner. Tensor parallelism is refused naming the API vest lacks."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command(["torchrun", "--nproc_per_node", "2", "tp_mesh_alias.py"]),
+                         [get_profile("a100-80gb")], cwd=SCRIPTS)
+    assert e.value.kind == "vest-unsupported" and "DeviceMesh." in str(e.value) and "tp_mesh_alias.py:11" in str(e.value)
+    assert time.monotonic() - t0 < 60   # not the 120 s limit
+
+
+def test_every_binding_of_a_patched_torch_api_is_patched():
+    import torch.distributed as dist
+    import torch.distributed.device_mesh  # noqa: F401
+    from vest_slurm.dynamic.standins import _aliases
+
+    new = object()
+    got = {(m.__name__, a) for m, a, n in _aliases([(dist, "init_process_group", new)]) if n is new}
+    assert ("torch.distributed.distributed_c10d", "init_process_group") in got
+    assert ("torch.distributed.device_mesh", "init_process_group") in got   # DeviceMesh's set-up calls it

@@ -109,6 +109,16 @@ class _FakeMesh:
         idx = [self.mesh_dim_names.index(n) for n in names] if self.mesh_dim_names else list(range(len(names)))
         return _FakeMesh(self.device_type, [self.shape[i] for i in idx], names)
 
+    def __getattr__(self, name):
+        # Only what fully_shard's stand-in reads is here; DTensor (tensor parallelism,
+        # distribute_tensor) asks for more, and its DTensors do not run on fake CUDA: vest's gap.
+        from .cuda_surface import NotSupportedHere
+
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotSupportedHere(f"DeviceMesh.{name}", "a device mesh is modelled for FSDP2's fully_shard only; "
+                               "tensor parallelism (DTensor, parallelize_module) is not traced")
+
 
 class FsdpRecord:
     """What the script asked of fully_shard, and where its units ran (in the child)."""

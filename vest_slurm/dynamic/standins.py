@@ -455,6 +455,28 @@ class UpdateWatch(torch.overrides.TorchFunctionMode):
         return out
 
 
+def _aliases(patches: list[tuple]) -> list[tuple]:
+    """The same patches where another loaded torch module binds the original under the same name
+    (``from torch.distributed.distributed_c10d import init_process_group`` in device_mesh.py,
+    ``torch.distributed._tensor.device_mesh`` re-exporting init_device_mesh): a stand-in replaces
+    the API wherever torch's own code or a script reaches it. Missing one made DeviceMesh call
+    the real init_process_group, which waited for the other ranks until the time limit."""
+    import sys
+    import types
+
+    out = []
+    modules = [m for name, m in list(sys.modules.items())
+               if isinstance(m, types.ModuleType) and (name == "torch" or name.startswith("torch."))]
+    for obj, attr, new in patches:
+        if not isinstance(obj, types.ModuleType):
+            continue   # a class's attribute: one binding
+        old = obj.__dict__.get(attr)
+        if old is None or isinstance(old, (bool, int, float, str)):
+            continue
+        out.extend((m, attr, new) for m in modules if m is not obj and m.__dict__.get(attr) is old)
+    return out
+
+
 @contextlib.contextmanager
 def patched(state: ScriptState):
     tr = state.tracer
@@ -601,6 +623,7 @@ def patched(state: ScriptState):
     from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)
 
     patches += fake_dist.patches(state)
+    patches += _aliases(patches)
     saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(pre_forward),
