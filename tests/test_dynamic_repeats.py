@@ -32,14 +32,17 @@ def renumbered(events) -> list:
     return out
 
 
-def test_repeated_eval_and_sampling_calls_replay_the_events_running_them_makes(monkeypatch):
+@pytest.mark.parametrize("amp", [[], ["--amp"]], ids=["fp32", "autocast-per-call"])
+def test_repeated_eval_and_sampling_calls_replay_the_events_running_them_makes(monkeypatch, amp):
     """6 evaluation calls of one shape before each step; 24 sampled tokens after each, the context
     cropped to 16 (a (1, 16) view whose row stride grows each call). Replayed: the eval calls from
     the third on, and the sampling calls at full context from their third on; each run's trace
-    equals, event for event, that of the run in which every call runs."""
-    (est,), run = estimate_script()
+    equals, event for event, that of the run in which every call runs. With --amp each call has
+    its own autocast region (nanoGPT's ``with ctx:``): the weights' bf16 casts outlive the call
+    in autocast's cache until the region exits; a replay puts its casts there."""
+    (est,), run = estimate_script(*amp)
     monkeypatch.setenv("VEST_REPEATS", "run")
-    (est_all,), run_all = estimate_script()
+    (est_all,), run_all = estimate_script(*amp)
     assert run_all.repeats_replayed == 0
     # evaluations before each of the 3 steps: the first's 1st call holds one-time work (the main
     # thread's cuBLAS workspace), its 2nd and 3rd make the same events: 3 + 6 + 6 replayed.

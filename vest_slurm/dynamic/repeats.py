@@ -24,7 +24,8 @@ where all of this holds; otherwise it runs, as before:
   key can include one-time work: the cuBLAS handle's workspace, cuDNN's benchmark), and in each:
   it wrote no tensor that existed before it (a KV cache in a buffer, BatchNorm's running stats in
   train mode), freed none, kept no block beyond its outputs (a tensor stored in a module or a
-  global), read no value from the device (.item(), data-dependent shapes: nonzero, boolean
+  global) and autocast's casts of the weights (kept in its cache until the outermost autocast
+  region exits: a replay puts its casts there, and which weights the cache holds is in the key), read no value from the device (.item(), data-dependent shapes: nonzero, boolean
   indexing), and returned only fake CUDA tensors allocated in the call and plain values, none with
   known or shadowed values (_fakecuda.known_of, _shadow.py).
 So a replay's events are those the call would make. What cannot be seen from here is Python state
@@ -101,7 +102,7 @@ class Repeats:
     def _call(self, orig_call, mod, args, kwargs):
         key = self._key(mod, args, kwargs) if self.enabled else None
         rec = self.records.get(key) if key is not None else None
-        if rec is not None and rec[0] == _CONFIRMED:
+        if rec is not None and rec[0] == _CONFIRMED and all(ref() is not None for ref, _l in rec[1][2].cached.values()):
             return self._replay(rec)
         if key is None or (rec is not None and rec[0] == _NEVER) or (rec is None and len(self.records) >= _MAX_KEYS):
             return self._run(orig_call, mod, args, kwargs)
@@ -150,9 +151,10 @@ class Repeats:
             if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
                 return None
             modules.append(_fingerprint(m))
+        cached = tuple(sorted(k for k, (ref, _c) in fc.CAST_CACHE.entries.items() if ref() is not None))
         return (id(mod), str(spec), tuple(parts), tuple(modules), torch.is_inference_mode_enabled(),
-                torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-                bool(torch.backends.cudnn.benchmark), bool(torch.backends.cudnn.enabled))
+                torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled(),
+                cached, bool(torch.backends.cudnn.benchmark), bool(torch.backends.cudnn.enabled))
 
     # -- the replay
     def _replay(self, rec):
@@ -163,26 +165,33 @@ class Repeats:
         for action, b, size, phase, category, module, detail, workspace in events:
             if action == "free":
                 tr.replay_free(local.pop(b))
-            elif b in outputs:
-                made[b] = self._new_storage(size, phase, category, module, ops[b])
+            elif b in outputs or b in outputs.cached:
+                made[b] = self._new_storage(size, outputs.exact.get(b), phase, category, module, ops[b])
                 local[b] = tr.block_of(made[b])
             else:
                 block = None if workspace else next(tr.recorder._ids)
                 local[b] = tr.replay_alloc(block, size, phase, category, module, detail, ops[b])
         leaves = [_view(made, leaf) if isinstance(leaf, tuple) else leaf for leaf in outputs.leaves]
+        for block, (ref, layout) in outputs.cached.items():
+            # autocast's weight casts stay in its cache until the outermost autocast region exits
+            fc.CAST_CACHE.entries[id(ref())] = (ref, _view(made, (block,) + layout))
         st.forward_since_backward = True
         st.cudnn_benchmark = st.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
         tr.s.phase = "other"
         self.replayed += 1
         return pytree.tree_unflatten(leaves, spec)
 
-    def _new_storage(self, size, phase, category, module, op):
+    def _new_storage(self, size, exact, phase, category, module, op):
+        """A new fake CUDA storage of ``size`` bytes, recorded in the call's phase, category and
+        module: as the one tensor ``exact`` (dtype, shape, stride) that covers it, else as bytes."""
         s = self.tracer.s
         saved = s.phase, s.category
         s.phase, s.category = phase, category or None
         s.module_stack.append(module)
         try:
-            t = torch.empty(size, dtype=torch.uint8, device=fc.DEVICE)
+            dtype, shape, stride = exact or (torch.uint8, (size,), (1,))
+            with torch._C.DisableTorchFunction():   # straight to the fake mode, which records it
+                t = torch.empty_strided(shape, stride, dtype=dtype, device=fc.DEVICE)
         finally:
             s.module_stack.pop()
             s.phase, s.category = saved
@@ -194,12 +203,22 @@ class _Outputs(dict):
     """Call-local block -> nbytes of the outputs' storages; ``leaves`` the flattened outputs, each
     a tensor's layout (block, dtype, shape, stride, offset) or a plain value."""
 
-    def __init__(self, blocks: dict, leaves: list):
+    def __init__(self, blocks: dict, leaves: list, cached: dict, cached_nbytes: dict):
         super().__init__(blocks)
         self.leaves = leaves
+        self.cached = cached   # call-local block -> (weakref to the weight, its cast's layout)
+        layouts: dict = {}
+        for leaf in leaves:
+            if isinstance(leaf, tuple):
+                layouts.setdefault(leaf[0], []).append(leaf[1:])
+        for b, (_ref, layout) in cached.items():
+            layouts.setdefault(b, []).append(layout)
+        sizes = dict(blocks) | cached_nbytes
+        self.exact = {b: e for b, ls in layouts.items() if (e := _exact(ls, sizes[b])) is not None}
 
     def __eq__(self, other):
-        return isinstance(other, _Outputs) and dict.__eq__(self, other) and self.leaves == other.leaves
+        return isinstance(other, _Outputs) and dict.__eq__(self, other) and self.leaves == other.leaves \
+            and {b: (r(), l) for b, (r, l) in self.cached.items()} == {b: (r(), l) for b, (r, l) in other.cached.items()}
 
     __hash__ = None
 
@@ -278,10 +297,18 @@ class _Watch:
             else:
                 alive.discard(b)
             events.append((action, local[b], size, phase, category, module, detail[0] if detail else "", b < 0))
+        cached, cached_nbytes = {}, {}   # autocast's casts of the weights the call made, kept in its cache (fc._CastCache)
+        for ref, cast in list(fc.CAST_CACHE.entries.values()):
+            b = self.tracer.recorder.live_block(cast) if ref() is not None else None
+            if b in alive and b not in out_blocks:
+                cached[local[b]] = (ref, (cast.dtype, tuple(cast.shape), cast.stride(), cast.storage_offset()))
+                cached_nbytes[local[b]] = cast.untyped_storage().nbytes()
+                alive.discard(b)
         if alive != set(out_blocks) or any(b < 0 for b in alive):
             return None   # kept a block that is not an output's
         outputs = _Outputs({local[b]: n for b, n in out_blocks.items()},
-                           [(local[d[0]],) + d[1:] if isinstance(d, tuple) else d for d in described])
+                           [(local[d[0]],) + d[1:] if isinstance(d, tuple) else d for d in described], cached,
+                           cached_nbytes)
         return (tuple(events), ops, outputs, spec)
 
 
@@ -296,7 +323,19 @@ def _layout(t: torch.Tensor) -> tuple:
 def _view(made: dict, leaf: tuple) -> torch.Tensor:
     block, dtype, shape, stride, offset = leaf
     base = made[block]
-    return base.view(dtype).as_strided(shape, stride, offset)
+    if base.dtype == dtype and tuple(base.shape) == shape and base.stride() == stride and offset == 0:
+        return base   # the storage was made as this tensor (_Outputs.exact)
+    return base.view(torch.uint8).view(-1).view(dtype).as_strided(shape, stride, offset)
+
+
+def _exact(layouts: list, nbytes: int):
+    """The (dtype, shape, stride) of a tensor at offset 0 that spans a storage of ``nbytes``
+    exactly, among the layouts of its views (a call's fresh outputs and casts: nearly always)."""
+    for dtype, shape, stride, offset in layouts:
+        extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+        if offset == 0 and extent * dtype.itemsize == nbytes:
+            return dtype, shape, stride
+    return None
 
 
 def _fingerprint(m: nn.Module) -> tuple:

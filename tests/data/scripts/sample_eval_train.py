@@ -2,8 +2,10 @@
 in the style of the minimal GPT trainers: the loss estimated over several batches under no_grad
 before each step, and a few tokens sampled one forward pass at a time after it, the context
 cropped to the block size. --cache: the model writes each call's keys into a buffer it owns (a
-KV cache), --counter: its forward counts its calls in an attribute and branches on the count."""
+KV cache), --counter: its forward counts its calls in an attribute and branches on the count,
+--amp: each call under its own autocast region, as nanoGPT's ``with ctx:``."""
 import argparse
+import contextlib
 
 import torch
 from torch import nn
@@ -16,8 +18,10 @@ p.add_argument("--eval-iters", type=int, default=6)
 p.add_argument("--sample", type=int, default=24)
 p.add_argument("--cache", action="store_true")
 p.add_argument("--counter", action="store_true")
+p.add_argument("--amp", action="store_true", help="each call of the model under its own autocast region (bf16)")
 args = p.parse_args()
 V, D = 80, 32
+ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if args.amp else contextlib.nullcontext
 
 
 class Block(nn.Module):
@@ -64,7 +68,8 @@ def estimate_loss(model):
     losses = torch.zeros(args.eval_iters)
     for k in range(args.eval_iters):
         x, y = batch()
-        _, loss = model(x, y)
+        with ctx():
+            _, loss = model(x, y)
         losses[k] = loss.item()
     model.train()
     return losses.mean()
@@ -74,7 +79,8 @@ def estimate_loss(model):
 def sample(model, idx, n):
     model.eval()
     for _ in range(n):
-        logits, _ = model(idx[:, -args.block_size:])
+        with ctx():
+            logits, _ = model(idx[:, -args.block_size:])
         probs = F.softmax(logits[:, -1, :], dim=-1)
         idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
     model.train()
@@ -96,7 +102,8 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for step in range(100):
     print(f"step {step}: eval loss {estimate_loss(model):.4f}")
     x, y = batch()
-    _, loss = model(x, y)
+    with ctx():
+        _, loss = model(x, y)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
