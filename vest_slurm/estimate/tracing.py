@@ -267,29 +267,18 @@ class Tracer:
 
     def _workspace(self, name: str, nbytes: int = 0, detail: str = "") -> int:
         """Allocate a workspace block (freed by the caller with _release, or kept)."""
-        s = self.s
-        block = s.next_ws
-        s.next_ws -= 1
-        phase = "backward" if fc.current_autograd_node() is not None else s.phase
-        s.blocks[block] = _Block(len(s.events), phase, "workspace", name, s.iteration)
-        s.ops[block] = _op_name(fc.current_autograd_node())
-        s.events.append(["alloc", block, nbytes, phase, "workspace", name, detail])
-        s.live_bytes += nbytes
-        s.peak_bytes = max(s.peak_bytes, s.live_bytes)
-        return block
+        node = fc.current_autograd_node()
+        phase = "backward" if node is not None else self.s.phase
+        return self.replay_alloc(None, nbytes, phase, "workspace", name, detail, _op_name(node))
 
     def _release(self, block: int) -> None:
-        s = self.s
-        info = s.blocks[block]
-        size = s.events[info.index][2]
-        s.events.append(["free", block, size, info.phase, "", ""])
-        s.live_bytes -= size
+        self.replay_free(block)
 
-    # -- a recorded call appended again (vest_slurm/dynamic/repeats.py)
+    # -- appended as given: workspaces, and a recorded call again (vest_slurm/dynamic/repeats.py)
     def replay_alloc(self, block: int | None, nbytes: int, phase: str, category: str, module: str,
                      detail: str, op: str) -> int:
-        """Append an allocation as recorded in an earlier call; ``block`` None takes a new
-        workspace id. Returns the block."""
+        """Append an allocation in the given phase, category and module; ``block`` None takes a
+        new workspace id. Returns the block."""
         s = self.s
         if block is None:
             block = s.next_ws
@@ -302,7 +291,7 @@ class Tracer:
         return block
 
     def replay_free(self, block: int) -> None:
-        """Append the free of a block replay_alloc appended, in its recorded phase."""
+        """Append the free of a block replay_alloc appended, in the phase it was allocated in."""
         s = self.s
         info = s.blocks[block]
         s.freed_in[block] = info.phase
