@@ -354,7 +354,7 @@ def _kind(message: str, doc) -> str:
 _REFUSALS = ("data-dependent", "refused-io", "limit")   # vest declined for a stated reason
 
 
-def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
+def run_one(entry: dict, mirror: str, work: str, gpu: str, oracles: bool = True) -> dict:
     slug = entry["name"].replace("/", "__")
     base = os.path.join(work, slug)
     shutil.rmtree(base, ignore_errors=True)
@@ -381,7 +381,9 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str) -> dict:
                    flags="", message=msg)
     row["expected"] = entry.get("expect", "estimated")
     row.update(oracle="", oracle_kind="", oracle_s="", oracle_est_live_mib="", oracle_live_mib="", oracle_diff_pct="", declarative_s="", time_ratio="")
-    if entry.get("oracle") and row["outcome"] == "estimated":
+    if not oracles:
+        row["oracle"] = "not run (--no-oracle)"
+    elif entry.get("oracle") and row["outcome"] == "estimated":
         dec = measure(vest + shlex.split(entry["oracle"]), workdir)
         dest = (dec["json"] or {}).get("estimates") if dec["rc"] == 0 else None
         if dest:
@@ -458,6 +460,8 @@ def main() -> int:
                    help="scratch folder for the scripts and their data (default: ~/.cache/vest-slurm/corpus)")
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "scripts-results.csv"))
+    p.add_argument("--no-oracle", action="store_true",
+                   help="estimate only, no oracle (a quick pass: outcomes and live peaks against an earlier results file)")
     p.add_argument("--merge", action="store_true",
                    help="with --only: replace those scripts' rows in --out and keep the others (in corpus order)")
     args = p.parse_args()
@@ -475,7 +479,7 @@ def main() -> int:
     t0 = time.perf_counter()
     for e in chosen:
         try:
-            row = run_one(e, os.path.abspath(args.mirror), work, args.gpu)
+            row = run_one(e, os.path.abspath(args.mirror), work, args.gpu, oracles=not args.no_oracle)
         except Exception as exc:   # the runner's own failure on one script: recorded, the corpus goes on
             row = {f: "" for f in FIELDS} | {"script": e["name"], "family": e["family"], "outcome": "failed",
                                              "kind": "runner-error", "seconds": 0.0, "peak_rss_mib": 0,

@@ -54,6 +54,19 @@ def test_repeated_eval_and_sampling_calls_replay_the_events_running_them_makes(m
     assert est.peak_bytes == est_all.peak_bytes and est.breakdown == est_all.breakdown
 
 
+def test_a_flag_switched_in_the_models_config_object_is_another_call(monkeypatch):
+    """--switch turns on a flag of an object the model holds (model.config) after step 1: the
+    full-context sampling calls confirmed before it are not replayed after it (the trace equals
+    the all-run one; a key that looked only at the model's own attributes replayed the old calls)."""
+    (_est,), run = estimate_script("--switch")
+    monkeypatch.setenv("VEST_REPEATS", "run")
+    (_est,), run_all = estimate_script("--switch")
+    assert renumbered(run.trace.events) == renumbered(run_all.trace.events)
+    # as without --switch, but the calls after the switch are new keys: the second sampling's full
+    # context replays 7 of 9, the last evaluation 4 of 6
+    assert run.repeats_replayed == 3 + 7 + 6 + 7 + 4
+
+
 @pytest.mark.parametrize("flag", ["--cache", "--counter"])
 def test_calls_that_write_or_read_changing_state_run_every_time(flag):
     """--cache: each no-grad call writes its keys into a buffer the model owns; --counter: the

@@ -146,11 +146,11 @@ class Repeats:
                 return None   # a real host tensor (its values), a tensor subclass, an object
         if not any_fake:
             return None
-        modules = []
+        modules, seen = [], {}
         for m in mod.modules():
             if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
                 return None
-            modules.append(_fingerprint(m))
+            modules.append(_fingerprint(m, seen))
         cached = tuple(sorted(k for k, (ref, _c) in fc.CAST_CACHE.entries.items() if ref() is not None))
         return (id(mod), str(spec), tuple(parts), tuple(modules), torch.is_inference_mode_enabled(),
                 torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled(),
@@ -338,16 +338,28 @@ def _exact(layouts: list, nbytes: int):
     return None
 
 
-def _fingerprint(m: nn.Module) -> tuple:
+def _fingerprint(m: nn.Module, seen: dict) -> tuple:
     """What a module's forward may read besides its inputs, by identity: its attributes (a flag
-    set to another value, a replaced tensor), and the contents of its parameter, buffer and
-    submodule tables."""
+    set to another value, a replaced tensor), the contents of its parameter, buffer and submodule
+    tables, and one level into a plain object it holds (transformers' ``self.config``: a
+    ``config.use_cache`` switched between calls). ``seen``: objects already looked into in this key."""
     d = m.__dict__
-    out = [(k, id(v), len(v) if isinstance(v, (list, dict, set)) else -1)
-           for k, v in d.items() if k not in ("_parameters", "_buffers", "_modules")]
+    out = [(k, id(v), _contents(v, seen)) for k, v in d.items() if k not in ("_parameters", "_buffers", "_modules")]
     for table in ("_parameters", "_buffers", "_modules"):
         out.extend((table, k, id(v)) for k, v in d[table].items())
     return tuple(out)
+
+
+def _contents(v, seen: dict):
+    if isinstance(v, (list, dict, set)):
+        return len(v)
+    if isinstance(v, (nn.Module, torch.Tensor, type)) or callable(v) or not hasattr(v, "__dict__"):
+        return None
+    key = id(v)
+    if key not in seen:
+        seen[key] = tuple((k, id(x), len(x) if isinstance(x, (list, dict, set)) else -1)
+                          for k, x in vars(v).items())
+    return seen[key]
 
 
 def _hook_ids() -> tuple:

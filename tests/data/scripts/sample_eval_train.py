@@ -3,7 +3,8 @@ in the style of the minimal GPT trainers: the loss estimated over several batche
 before each step, and a few tokens sampled one forward pass at a time after it, the context
 cropped to the block size. --cache: the model writes each call's keys into a buffer it owns (a
 KV cache), --counter: its forward counts its calls in an attribute and branches on the count,
---amp: each call under its own autocast region, as nanoGPT's ``with ctx:``."""
+--amp: each call under its own autocast region, as nanoGPT's ``with ctx:``; --switch: a flag of the
+model's config object (transformers' ``model.config.use_cache`` habit) turned on after step 1."""
 import argparse
 import contextlib
 
@@ -18,6 +19,7 @@ p.add_argument("--eval-iters", type=int, default=6)
 p.add_argument("--sample", type=int, default=24)
 p.add_argument("--cache", action="store_true")
 p.add_argument("--counter", action="store_true")
+p.add_argument("--switch", action="store_true", help="a flag of the model's config object turned on after the first step")
 p.add_argument("--amp", action="store_true", help="each call of the model under its own autocast region (bf16)")
 args = p.parse_args()
 V, D = 80, 32
@@ -41,6 +43,10 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
+class Config:
+    twice = False
+
+
 class TinyLM(nn.Module):
     def __init__(self):
         super().__init__()
@@ -49,6 +55,7 @@ class TinyLM(nn.Module):
         self.blocks = nn.Sequential(Block(), Block())
         self.head = nn.Linear(D, V)
         self.calls = 0
+        self.config = Config()
 
     def forward(self, idx, targets=None):
         if args.counter:
@@ -58,6 +65,8 @@ class TinyLM(nn.Module):
         t = idx.shape[1]
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         logits = self.head(self.blocks(x))
+        if self.config.twice:
+            logits = logits + self.head(x)
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets[:, -t:].flatten())
         return logits, loss
 
@@ -107,5 +116,7 @@ for step in range(100):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if args.switch and step == 1:
+        model.config.twice = True
     out = sample(model, torch.zeros((1, 1), dtype=torch.long, device="cuda"), args.sample)
     print("sampled", "".join(chr(32 + int(i)) for i in out[0].tolist()))
