@@ -201,3 +201,16 @@ def test_a_mask_computed_from_the_models_outputs_is_still_refused():
     with pytest.raises(EstimateError) as e:
         estimate_script("model_mask_train.py")
     assert e.value.kind == "data-dependent" and e.value.where.endswith("model_mask_train.py:16")
+
+
+def test_weights_moved_to_the_device_in_worker_threads():
+    """transformers 5.x loads a checkpoint's tensors in a ThreadPoolExecutor (``tensor.to(device)``
+    in each worker): the script's threads run under the fake CUDA mode too, their allocations
+    recorded (before, the worker reached for the absent driver: 'Found no NVIDIA driver')."""
+    (est,), run = estimate_script("thread_to_cuda.py")
+    assert run.steps == 3
+    weights = 4 * (256 * 1024 + 256)
+    setup = sorted(e.size_bytes for e in run.trace.events if e.action == "alloc" and e.phase == "setup")
+    # the two tensors the workers moved, and the first batch (4 x 1024) copied before the first forward
+    assert setup == [4 * 256, 4 * 4 * 1024, 4 * 256 * 1024]
+    assert dict(est.breakdown)["gradients"] == weights

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import io
 import json
 import os
 import runpy
 import sys
+import threading
 import traceback
 
 from . import children
@@ -319,6 +321,27 @@ def classify(e: BaseException) -> str:
     return "script-error"
 
 
+@contextlib.contextmanager
+def threads_carry(modes):
+    """Threads started while the script runs enter ``modes`` (the fake CUDA mode and the torch
+    function modes around it) for their whole run, as the main thread has them: torch keeps modes
+    per thread, and transformers (5.x) moves checkpoint tensors to the device in a
+    ThreadPoolExecutor, which without them reached for the absent driver."""
+    real_run = threading.Thread.run
+
+    def run(self):
+        with contextlib.ExitStack() as stack:
+            for m in modes:
+                stack.enter_context(m)
+            return real_run(self)
+
+    threading.Thread.run = run
+    try:
+        yield
+    finally:
+        threading.Thread.run = real_run
+
+
 def run(ns) -> dict:
     from ..estimate import _fakecuda as fc
     from . import standins as sp
@@ -337,11 +360,15 @@ def run(ns) -> dict:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
     mode = fc.FakeCudaMode(tracer.recorder, scalar_stand_in=True, host_real=True)
     repeats = Repeats(state, mode)   # identical no-grad calls of the model replayed, not rerun
+    # torch's modes are per thread: the script's threads run under the same ones (threads_carry)
+    modes = (mode, fc.CudaFactoryMode(host_real=True), sp.UpdateWatch(state), tracked.TaintMode(state.ledger))
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), tracer, mode, fc.CudaFactoryMode(host_real=True), \
-                sp.UpdateWatch(state), tracked.TaintMode(state.ledger), repeats.installed():
+                             device_count=ns.device_count), sp.patched(state), tracer, contextlib.ExitStack() as stack, \
+                threads_carry(modes), repeats.installed():
+            for m in modes:
+                stack.enter_context(m)
             try:
                 from . import accelerate_env   # accelerate launch's variables (nothing for other launchers)
 

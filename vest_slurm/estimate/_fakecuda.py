@@ -60,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -519,7 +520,13 @@ class FakeCudaMode(FakeTensorMode):
         # CUDA one is handled as a fake host tensor was (_onto_the_gpu), and what its values are
         # is read from them (known_of).
         self.host_real = host_real
-        self._depth = 0   # nesting of __torch_dispatch__ (decompositions re-enter the mode)
+        # nesting of __torch_dispatch__ (decompositions re-enter the mode), per thread: a thread
+        # the script starts runs under this mode too (bootstrap.py: transformers loads weights in a
+        # ThreadPoolExecutor), and its ops are outermost in their own thread
+        self._nesting = threading.local()
+        # FakeTensorMode keeps its kernel-invocation state on the instance, not per thread: one op
+        # at a time across threads (reentrant: decompositions dispatch back in)
+        self._lock = threading.RLock()
         # Dynamic analysis: a value read from the device (bool(t), float(t)) gets a stand-in
         # (1 / 1.0 / False) instead of failing; the declarative tracer reports it as data-dependent.
         self.scalar_stand_in = scalar_stand_in
@@ -530,6 +537,14 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a call of the model being recorded for replay sees each outermost op
         # first (vest_slurm/dynamic/repeats.py); None otherwise
         self.watch: Callable[[object, tuple, dict], None] | None = None
+
+    @property
+    def _depth(self) -> int:
+        return getattr(self._nesting, "depth", 0)
+
+    @_depth.setter
+    def _depth(self, value: int) -> None:
+        self._nesting.depth = value
 
     @property
     def avoid_device_init(self) -> bool:
@@ -612,6 +627,10 @@ class FakeCudaMode(FakeTensorMode):
             self.set_known(out, k)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with self._lock:
+            return self._dispatch(func, types, args, kwargs)
+
+    def _dispatch(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _PRIM_DEVICE:
             return torch.device("cpu")
