@@ -36,7 +36,6 @@ random numbers); bootstrap.py's docstring says so with the run's other limits.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import threading
 
@@ -160,17 +159,17 @@ class Repeats:
     def _replay(self, rec):
         _, (events, ops, outputs, spec) = rec
         tr, st = self.tracer, self.state
-        made: dict = {}     # call-local block -> the fake uint8 tensor over its new storage
+        made: dict = {}     # call-local block -> the fake tensor made over its new storage
         local: dict = {}    # call-local block -> the trace's new block id
         for action, b, size, phase, category, module, detail, workspace in events:
             if action == "free":
-                tr.replay_free(local.pop(b))
+                tr.append_free(local.pop(b))
             elif b in outputs or b in outputs.cached:
                 made[b] = self._new_storage(size, outputs.exact.get(b), phase, category, module, ops[b])
                 local[b] = tr.block_of(made[b])
             else:
-                block = None if workspace else next(tr.recorder._ids)
-                local[b] = tr.replay_alloc(block, size, phase, category, module, detail, ops[b])
+                block = None if workspace else tr.recorder.new_block()
+                local[b] = tr.append_alloc(block, size, phase, category, module, detail, ops[b])
         leaves = [_view(made, leaf) if isinstance(leaf, tuple) else leaf for leaf in outputs.leaves]
         for block, (ref, layout) in outputs.cached.items():
             # autocast's weight casts stay in its cache until the outermost autocast region exits
@@ -217,10 +216,15 @@ class _Outputs(dict):
         self.exact = {b: e for b, ls in layouts.items() if (e := _exact(ls, sizes[b])) is not None}
 
     def __eq__(self, other):
+        # the cached casts' weights by identity (a tensor's == would compare values on the device)
         return isinstance(other, _Outputs) and dict.__eq__(self, other) and self.leaves == other.leaves \
-            and {b: (r(), l) for b, (r, l) in self.cached.items()} == {b: (r(), l) for b, (r, l) in other.cached.items()}
+            and _casts(self.cached) == _casts(other.cached)
 
     __hash__ = None
+
+
+def _casts(cached: dict) -> dict:
+    return {b: (id(ref()), layout) for b, (ref, layout) in cached.items()}
 
 
 class _Watch:
@@ -231,7 +235,7 @@ class _Watch:
         self.state = repeats.state
         self.mode = repeats.mode
         self.first_event = len(self.tracer.s.events)
-        self.first_block = _next_id(self.tracer.recorder)
+        self.first_block = self.tracer.recorder.next_block
         self.reads = (len(self.state.ledger.reads), self.state.ledger.marked_made)
         self.spoiled = False
 
@@ -244,11 +248,7 @@ class _Watch:
             return
         for i, name in fc._written_args(func):
             t = args[i] if i < len(args) else kwargs.get(name)
-            if isinstance(t, (list, tuple)):
-                ts = t
-            else:
-                ts = (t,)
-            for x in ts:
+            for x in t if isinstance(t, (list, tuple)) else (t,):
                 if isinstance(x, torch.Tensor) and not self._made_here(x):
                     self.spoiled = True   # state that existed before the call is written
                     return
@@ -287,8 +287,6 @@ class _Watch:
         for e in s.events[self.first_event:]:
             action, b, size, phase, category, module, *detail = e
             if action == "alloc":
-                if b < 0 and module == "cublas":
-                    return None   # a kept workspace: once per thread, not per call
                 local[b] = len(local)
                 alive.add(b)
                 ops[local[b]] = s.ops.get(b, "")
@@ -305,7 +303,7 @@ class _Watch:
                 cached_nbytes[local[b]] = cast.untyped_storage().nbytes()
                 alive.discard(b)
         if alive != set(out_blocks) or any(b < 0 for b in alive):
-            return None   # kept a block that is not an output's
+            return None   # kept a block that is not an output's (a workspace: cuBLAS's, once per thread)
         outputs = _Outputs({local[b]: n for b, n in out_blocks.items()},
                            [(local[d[0]],) + d[1:] if isinstance(d, tuple) else d for d in described], cached,
                            cached_nbytes)
@@ -366,10 +364,3 @@ def _hook_ids() -> tuple:
     mm = torch.nn.modules.module
     return tuple(tuple(d) for d in (mm._global_forward_hooks, mm._global_forward_pre_hooks,
                                     mm._global_backward_hooks, mm._global_backward_pre_hooks))
-
-
-def _next_id(recorder) -> int:
-    """The id the recorder will give the next block (its counter is ``itertools.count``)."""
-    n = next(recorder._ids)
-    recorder._ids = itertools.count(n)
-    return n

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -454,8 +453,13 @@ class Recorder:
     on_alloc: Callable[[int, int, torch.UntypedStorage], None]
     on_free: Callable[[int], None]
     on_op: Callable[[object, tuple, object], None] | None = None
-    _ids: itertools.count = field(default_factory=itertools.count)
+    next_block: int = 0   # the id the next block gets (ids only grow: a block made later has a larger one)
     _seen: dict = field(default_factory=dict)  # id(storage) -> block id
+
+    def new_block(self) -> int:
+        """A block id of its own, for an allocation recorded without a storage (repeats.py)."""
+        block, self.next_block = self.next_block, self.next_block + 1
+        return block
 
     def see(self, t) -> None:
         if not _is_fake_cuda(t):
@@ -464,7 +468,7 @@ class Recorder:
         key = id(s)
         if key in self._seen:
             return
-        block = next(self._ids)
+        block = self.new_block()
         self._seen[key] = block
         weakref.finalize(s, self._freed, key, block)
         self.on_alloc(block, s.nbytes(), s)

@@ -210,15 +210,15 @@ class Tracer:
                     # own. The benchmark cache is thread_local: each shape is timed once per
                     # thread (the forward's on the main thread, the backward's on autograd's).
                     s.cudnn_found.add((thread, key))
-                    self._release(self._workspace("cudnn_find", detail=key))
-                self._release(self._workspace("cudnn", detail=key))
+                    self.append_free(self._workspace("cudnn_find", detail=key))
+                self.append_free(self._workspace("cudnn", detail=key))
         scratch = kernel_scratch(func, args)
         if scratch is not None:
             # buffers the CUDA kernel allocates for itself and frees before returning (scratch.py)
             name, sizes = scratch
             blocks = [self._workspace(name, nbytes=n) for n in sizes]
             for block in reversed(blocks):
-                self._release(block)
+                self.append_free(block)
 
     def _maybe_in_place(self, func, args, out) -> None:
         """Where the GPU run writes in place and the traced one allocates, because under a dispatch
@@ -266,16 +266,13 @@ class Tracer:
         s.peak_bytes = acc.peak_before
 
     def _workspace(self, name: str, nbytes: int = 0, detail: str = "") -> int:
-        """Allocate a workspace block (freed by the caller with _release, or kept)."""
+        """Allocate a workspace block (freed by the caller with append_free, or kept)."""
         node = fc.current_autograd_node()
         phase = "backward" if node is not None else self.s.phase
-        return self.replay_alloc(None, nbytes, phase, "workspace", name, detail, _op_name(node))
-
-    def _release(self, block: int) -> None:
-        self.replay_free(block)
+        return self.append_alloc(None, nbytes, phase, "workspace", name, detail, _op_name(node))
 
     # -- appended as given: workspaces, and a recorded call again (vest_slurm/dynamic/repeats.py)
-    def replay_alloc(self, block: int | None, nbytes: int, phase: str, category: str, module: str,
+    def append_alloc(self, block: int | None, nbytes: int, phase: str, category: str, module: str,
                      detail: str, op: str) -> int:
         """Append an allocation in the given phase, category and module; ``block`` None takes a
         new workspace id. Returns the block."""
@@ -290,8 +287,8 @@ class Tracer:
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
         return block
 
-    def replay_free(self, block: int) -> None:
-        """Append the free of a block replay_alloc appended, in the phase it was allocated in."""
+    def append_free(self, block: int) -> None:
+        """Append the free of a block append_alloc appended, in the phase it was allocated in."""
         s = self.s
         info = s.blocks[block]
         s.freed_in[block] = info.phase
