@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -171,6 +172,41 @@ def test_weights_in_the_users_model_cache_load_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     (est,), run = estimate_script("cached_weights_train.py")
     assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (32 * 8 + 8)
+
+
+def _tiny_llama(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1000, max_position_embeddings=128)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def test_transformers_hub_kernels_are_off_and_the_estimate_says_so(tmp_path):
+    """transformers >= 5 kernelizes what from_pretrained loads with kernels fetched from the Hub
+    (the kernels package is its dependency); offline that load fails. The estimate traces PyTorch's
+    own layers and flags it, with what the job can set to match."""
+    import importlib.util
+
+    from vest_slurm.estimate.trace import HUB_KERNELS_NOTE
+
+    shutil.copy(os.path.join(SCRIPTS, "hub_model_train.py"), tmp_path)
+    _tiny_llama(tmp_path / "ckpt")   # in the job's folder (the estimate's sandbox shows that one, not all of /tmp)
+    (est,), run = estimate_command(parse_train_command(["python", "hub_model_train.py", "ckpt"]), [A100], cwd=str(tmp_path))
+    assert run.steps == 3 and run.batch_hint == 4
+    assert (HUB_KERNELS_NOTE in run.flags) == (importlib.util.find_spec("kernels") is not None), run.flags
+
+
+def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_script(tmp_path, monkeypatch):
+    """A model named by its Hub id and not in the user's cache: the job would download it, the
+    estimate runs offline. Refused as a limit, with the fetch to make, not "the script failed"."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(EstimateError) as err:
+        estimate_script("hub_model_train.py", "some-org/some-model")
+    e = err.value
+    assert e.kind == "limit" and "Hugging Face Hub" in str(e) and "hub_model_train.py:10" in str(e), str(e)
+    assert "hf download" in e.fix and "the script failed" not in str(e)
 
 
 def test_host_built_index_and_mask_on_the_device_give_the_real_shapes_and_values():

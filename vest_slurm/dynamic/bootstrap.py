@@ -285,18 +285,42 @@ def _api_called(tb) -> str | None:
     return fr.name
 
 
+# What huggingface_hub (and the libraries on it: transformers, datasets, kernels) raise when a file
+# is not in the local cache and HF_HUB_OFFLINE, which the estimate sets, forbids fetching it: the
+# job on a node with the network would download it (huggingface_hub/errors.py; transformers'
+# cached_file and kernels' version resolution word it so).
+_HUB_OFFLINE_ERRORS = ("OfflineModeIsEnabled", "LocalEntryNotFoundError")
+_HUB_OFFLINE_WORDS = ("offline mode", "hf_hub_offline", "couldn't connect to 'https://huggingface.co'",
+                      "not available in the local cache")
+
+
+def _chain(e: BaseException | None, most: int = 10):
+    """The exception and those it was raised from or during, innermost last."""
+    while e is not None and most > 0:
+        yield e
+        e, most = e.__cause__ or e.__context__, most - 1
+
+
+def needs_hub(e: BaseException) -> bool:
+    """Whether the script failed for a Hugging Face Hub file (a model, tokenizer, data set or Hub
+    kernel) that is not in the user's cache: the estimate runs offline, the job would fetch it."""
+    for x in _chain(e):
+        text = str(x).lower()
+        if type(x).__name__ in _HUB_OFFLINE_ERRORS or any(w in text for w in _HUB_OFFLINE_WORDS):
+            return True
+    return False
+
+
 def _needs_network(e: BaseException) -> bool:
     """Whether the script failed for want of the network (a name that does not resolve, a refused
-    connection: estimates run offline), anywhere in the exception's chain."""
+    connection, a Hub file offline: estimates run offline), anywhere in the exception's chain."""
     import socket
 
-    seen = 0
-    while e is not None and seen < 10:
-        if isinstance(e, (socket.gaierror, ConnectionError)) or "NameResolution" in type(e).__name__ \
-                or type(e).__name__ in ("ConnectionError", "URLError", "MaxRetryError"):
+    for x in _chain(e):
+        if isinstance(x, (socket.gaierror, ConnectionError)) or "NameResolution" in type(x).__name__ \
+                or type(x).__name__ in ("ConnectionError", "URLError", "MaxRetryError"):
             return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
+    return needs_hub(e)
 
 
 def classify(e: BaseException) -> str:
@@ -395,7 +419,7 @@ def run(ns) -> dict:
         name = type(e).__name__
         result.update(status=kind, message=f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip(),
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
-                      traceback="".join(traceback.format_exception(e)))
+                      traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e))
     if state.input_problem and result["status"] == STATUS_OK:
         place = state.input_problem.split(" at ", 1)[1].split(";")[0] if " at " in state.input_problem else None
         result.update(status="data-dependent", message=state.input_problem, where=place or (
@@ -421,8 +445,25 @@ def run(ns) -> dict:
     from . import fake_dist
 
     result["fsdp"] = fake_dist.result(state)   # what fully_shard was asked (None: no FSDP2)
-    result["notes"] = list(trace.notes)
+    result["notes"] = list(trace.notes) + hub_kernels_note()
     return result
+
+
+def hub_kernels_note() -> list[str]:
+    """HUB_KERNELS_NOTE where the estimate turned transformers' Hub kernels off (runner._child_env,
+    VEST_HUB_KERNELS=off) and the script used transformers with the kernels package installed,
+    which since transformers 5 kernelizes every model from_pretrained loads unless USE_HUB_KERNELS
+    says no (transformers/modeling_utils.py, integrations/hub_kernels.py)."""
+    if os.environ.get("VEST_HUB_KERNELS") != "off" or "transformers.modeling_utils" not in sys.modules:
+        return []
+    try:
+        import importlib.util
+
+        from ..estimate.trace import HUB_KERNELS_NOTE
+
+        return [HUB_KERNELS_NOTE] if importlib.util.find_spec("kernels") is not None else []
+    except (ImportError, ValueError):
+        return []
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ from .children import CONFINED_ENV
 from . import accelerate_env
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
-from ..estimate.trace import CUDNN_RNN_NOTE, AllocEvent, AllocTrace
+from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, AllocEvent, AllocTrace
 from ..units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -90,6 +90,11 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
     })
     env.update(_rank_env(cmd, world_size, accelerate_config))
+    if "USE_HUB_KERNELS" not in env:
+        # transformers >= 5 swaps layers for kernels it fetches from the Hub, which an offline run
+        # cannot; PyTorch's own layers are traced instead and the estimate says so (bootstrap's
+        # HUB_KERNELS_NOTE). A job that sets USE_HUB_KERNELS keeps its choice.
+        env.update(USE_HUB_KERNELS="0", VEST_HUB_KERNELS="off")
     if cmd.mixed_precision:
         env["ACCELERATE_MIXED_PRECISION"] = cmd.mixed_precision
     # the vest_slurm package must import in the child even when run from a source checkout
@@ -287,7 +292,8 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
         batch, flags = batch_and_flags(cmd, result)
-        flags += tuple(n for n in trace.notes if n == CUDNN_RNN_NOTE)   # cuDNN's RNN: not sized here
+        # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
+        flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         observed = dict(result.get("observed") or {})
         observed["batch_seen"] = batch
         mine = dict(observed=tuple(sorted(observed.items())), flags=flags,
@@ -395,6 +401,12 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None) -> 
                             f"have{at}: {msg}{line}{log}",
                             "shapes that follow tensor values (nonzero, boolean masks, lengths read with .item()) "
                             "cannot be traced without the data; " + _WORKAROUND, kind="data-dependent", where=where)
+    if status == "refused" and result.get("hub"):
+        raise EstimateError(f"{cmd.display}: the script needs a file from the Hugging Face Hub that is not in your "
+                            f"cache{at}, and the estimate runs offline: {msg}{line}{log}",
+                            "fetch it once where the network is (e.g. `hf download REPO` on the login node, into the "
+                            "cache the job uses: HF_HUB_CACHE or HF_HOME), then estimate again; or " + _WORKAROUND,
+                            kind="limit", where=where)
     if status == "refused":
         raise EstimateError(f"{cmd.display}: {msg}{line}{log}",
                             "estimates run offline and in one process: make network access and subprocesses optional "

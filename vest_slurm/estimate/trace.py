@@ -62,6 +62,13 @@ CUDNN_RNN_NOTE = ("nn.LSTM/GRU/RNN traced through ATen's CPU kernels (oneDNN's L
                   "and keeps a reserve space for backward that only cuDNN on a GPU can size: the RNN's activation "
                   "memory here may be off")
 
+# transformers >= 5 replaces layers with kernels it fetches from the Hub; the dynamic run turns that
+# off (runner._child_env) and says so where it mattered (bootstrap.hub_kernels_note).
+HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they are fetched from the Hub, and the "
+                    "estimate runs offline): PyTorch's own layers were traced where the job may load fused ones "
+                    "(RMSNorm, rotary embedding, activations), which keep as much or less for the backward pass; "
+                    "set USE_HUB_KERNELS=0 in the job to run what was estimated")
+
 
 @dataclass(frozen=True)
 class AllocTrace:
