@@ -209,6 +209,42 @@ def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_scr
     assert "hf download" in e.fix and "the script failed" not in str(e)
 
 
+def test_checkpoints_written_and_read_back_round_trip_on_fake_tensors():
+    """torch.save / torch.load (to the host, and back onto the GPU after an atomic os.replace),
+    safetensors' save_file / load_file: what the script saved comes back with its shapes, devices
+    and values of real host data (the script asserts them). The resume onto the GPU allocates the
+    checkpoint's tensors there, as the real load does."""
+    (est,), run = estimate_script("checkpoint_roundtrip_train.py")
+    assert run.steps == 3 and run.batch_hint == 32
+    sizes = [512 * 256, 512, 10 * 512, 10]
+    assert dict(est.breakdown)["parameters"] == 4 * sum(sizes)
+    allocs = [e.size_bytes for e in run.trace.events if e.action == "alloc"]
+    # weights 4 + AdamW states 2 x 4: each once, then once more each when the resume loads them
+    assert sum(1 for n in allocs if n == 4 * 512 * 256) >= 3 + 3, allocs
+
+
+def test_save_pretrained_then_from_pretrained_keeps_tied_weights():
+    """transformers' save_pretrained finds tied weights by storage pointer: fake tensors have
+    distinct pointers as a GPU's do (all were 0, every weight one tied group: "shared tensors"
+    error), and from_pretrained reads the safetensors file back from where the write went."""
+    (est,), run = estimate_script("checkpoint_roundtrip_train.py", "--hf")
+    assert run.steps == 3 and run.batch_hint == 4
+
+
+def test_a_tensor_on_the_device_says_so_however_the_script_asks():
+    """``is_cuda``, ``is_cpu``, ``get_device()``, ``type()`` of fake CUDA tensors answered as on the
+    GPU (they read the C++ tensor, which answered as the host: the script's asserts failed and its
+    GPU-only branch was skipped); ``.type(torch.cuda.FloatTensor)`` moves a host batch to the GPU
+    (it reached for the driver); the GRU's weights flattened into cuDNN's one buffer."""
+    (est,), run = estimate_script("device_checks_train.py")
+    assert run.steps == 3 and run.batch_hint == 16
+    allocs = [e for e in run.trace.events if e.action == "alloc"]
+    assert any(e.size_bytes == 4 * (1 << 20) for e in allocs)   # the branch taken on the GPU
+    gru = 3 * 64 * (32 + 64) + 2 * 3 * 64
+    assert any(e.size_bytes == 4 * gru for e in allocs)          # cuDNN's flat weight buffer
+    assert dict(est.breakdown)["parameters"] == 4 * (gru + 64 * 10 + 10)
+
+
 def test_host_built_index_and_mask_on_the_device_give_the_real_shapes_and_values():
     """Labels, a training mask and a permutation built on the host and moved to the GPU (a graph
     script's): ``labels.max().item()``, ``int(mask.sum())``, ``mask.nonzero()`` and the model's

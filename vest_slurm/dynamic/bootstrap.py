@@ -200,7 +200,28 @@ class Sandbox:
         for name in ("makedirs", "mkdir"):
             setattr(os, name, guarded(make(name), real[name]))
         self._real = real
+        self._native_readers()
         sys.addaudithook(self._audit)
+
+    def _native_readers(self) -> None:
+        """Readers in compiled code open their files past Python's ``open``: safetensors'
+        ``safe_open`` (Rust), with which transformers' from_pretrained, accelerate and
+        ``load_file`` read checkpoints. Its path goes through the overlay too (``seen``), so that
+        a checkpoint the script saved (dynamic/checkpoints.py) is found where it went."""
+        try:
+            import safetensors
+        except ImportError:
+            return
+        real_safe_open, sandbox = safetensors.safe_open, self
+
+        def safe_open(filename, *a, **k):
+            return real_safe_open(sandbox.seen(filename), *a, **k)
+
+        safetensors.safe_open = safe_open
+        for name in ("safetensors.torch", "safetensors.numpy"):
+            mod = sys.modules.get(name)
+            if mod is not None and getattr(mod, "safe_open", None) is real_safe_open:
+                mod.safe_open = safe_open
 
     def _audit(self, event: str, args) -> None:
         if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):

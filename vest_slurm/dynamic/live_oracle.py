@@ -30,7 +30,7 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - Kernels are the CPU's: an op whose CUDA kernel saves or returns other tensors than its CPU kernel
   differs (cuDNN's batch-norm reserve space, fused attention's logsumexp and RNG state, CUDA's
   native_dropout mask of 1 byte per element against the CPU's). cuDNN's RNNs: the weights are
-  flattened into one buffer as cuDNN's are (_cudnn_rnn_flatten_weight here), but the CPU's LSTM /
+  flattened into one buffer as cuDNN's are (standins._cudnn_rnn_flatten_weight), but the CPU's LSTM /
   GRU saves its gates per time step for backward where cuDNN keeps a reserve space of its own size
   (cudnnGetRNNTempSpaceSizes, asked of a GPU), so an RNN's activations are the CPU's, not cuDNN's. Workspaces
   (cuBLAS, cuDNN) and kernel scratch are not tensors, here as in the estimate's live peak.
@@ -265,26 +265,6 @@ def _gpu_kernels(census: Census):
     return [(F, "dropout", gpu_dropout), (F, "scaled_dot_product_attention", gpu_sdpa)]
 
 
-def _cudnn_rnn_flatten_weight(weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers,
-                              batch_first, bidirectional):
-    """cuDNN's weight flattening (aten/src/ATen/native/cudnn/RNN.cpp, _cudnn_rnn_flatten_weight, which
-    nn.LSTM/GRU/RNN's flatten_parameters calls for CUDA weights), which has no CPU kernel: one buffer
-    holding every weight, each parameter then a view of it (set_orig_weights_to_flat_buf), so the
-    parameters' own storages are freed. Sized as the sum of the weights (cuDNN's weight space packs
-    them; cudnnGetRNNWeightSpaceSize may add alignment). The buffer is made from a device weight,
-    so it is counted as the device's."""
-    with torch.no_grad():
-        total = sum(w.numel() for w in weight_arr)
-        buf = weight_arr[0].new_empty(total)
-        offset = 0
-        for w in weight_arr:
-            n = w.numel()
-            buf[offset:offset + n].copy_(w.reshape(-1))
-            w.set_(buf.untyped_storage(), offset, w.size())
-            offset += n
-    return buf
-
-
 def _autocast_on_cpu():
     """autocast('cuda') as autocast('cpu') at the dtype the CUDA one would use (float16 by default)."""
     from torch.amp import autocast_mode
@@ -305,7 +285,7 @@ def _patched(census: Census, steps: int, state: dict):
 
     from ..estimate import _fakecuda as fc
     from . import cuda_surface
-    from .standins import _compile, triton_patches
+    from .standins import _compile, _cudnn_rnn_flatten_weight, triton_patches
 
     import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
 

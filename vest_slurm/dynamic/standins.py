@@ -16,7 +16,7 @@ from torch import nn
 
 from ..estimate import _fakecuda as fc
 from ..estimate import _shadow
-from . import cuda_surface
+from . import checkpoints, cuda_surface
 from .grad_scaler import FakeCudaGradScaler, FakeGradScaler
 from . import tracked
 
@@ -33,7 +33,6 @@ class ScriptState:
     batch_hint: int | None = None
     batch_hint_depth: int = 1 << 30   # module nesting at which batch_hint was read
     first_forward_done: bool = False
-    saved: list = field(default_factory=list)
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
     input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
@@ -358,20 +357,23 @@ def triton_patches(is_device, written) -> list:
 
 # ---- checkpoints and compile -------------------------------------------------------------------------
 
-def _save(state: ScriptState):
-    def save(obj, f, *args, **kwargs):
-        # Fake tensors have no data to serialize: a marker stands for the file, written where the
-        # script writes it (the sandbox's overlay, bootstrap.Sandbox), so that the script can
-        # rename, move or stat its checkpoint afterwards.
-        marker = "vest-slurm dynamic analysis: checkpoint not written (fake tensors)\n"
-        if isinstance(f, (str, os.PathLike)):
-            with open(f, "w") as fh:
-                fh.write(marker)
-            state.saved.append(os.fsdecode(f))
-        elif hasattr(f, "write"):
-            f.write(marker.encode() if "b" in getattr(f, "mode", "b") else marker)
-
-    return save
+def _cudnn_rnn_flatten_weight(weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers,
+                              batch_first, bidirectional):
+    """cuDNN's weight flattening (aten/src/ATen/native/cudnn/RNN.cpp, _cudnn_rnn_flatten_weight, which
+    nn.LSTM/GRU/RNN's flatten_parameters calls for CUDA weights), which has no fake kernel: one buffer
+    holding every weight, each parameter then a view of it (set_orig_weights_to_flat_buf), so the
+    parameters' own storages are freed. Sized as the sum of the weights (cuDNN's weight space packs
+    them; cudnnGetRNNWeightSpaceSize may add alignment). Also the live oracle's (live_oracle.py)."""
+    with torch.no_grad():
+        total = sum(w.numel() for w in weight_arr)
+        buf = weight_arr[0].new_empty(total)
+        offset = 0
+        for w in weight_arr:
+            n = w.numel()
+            buf[offset:offset + n].copy_(w.reshape(-1))
+            w.set_(buf.untyped_storage(), offset, w.size())
+            offset += n
+    return buf
 
 
 def _compile(model=None, *args, **kwargs):
@@ -607,7 +609,6 @@ def patched(state: ScriptState):
         (torch.amp, "GradScaler", FakeGradScaler),
         (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
         (torch, "compile", _compile),
-        (torch, "save", _save(state)),
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", _init_process_group(state)),
@@ -618,6 +619,11 @@ def patched(state: ScriptState):
     ]
     patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
     patches += fc.gpu_optimizer_defaults()
+    patches += fc.fake_pointers()
+    patches += fc.device_identity()
+    # nn.LSTM/GRU/RNN's flatten_parameters, now that their CUDA weights say is_cuda: cuDNN's one buffer
+    patches.append((torch, "_cudnn_rnn_flatten_weight", _cudnn_rnn_flatten_weight))
+    patches += checkpoints.patches()   # torch.save / torch.load / safetensors of fake tensors
     patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),
                               lambda t: t.fake_mode.written_outside(t) if hasattr(t.fake_mode, "written_outside") else None)
     from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)

@@ -969,6 +969,87 @@ def _to_aliases(args, kwargs) -> bool:
     return memory_format in (None, torch.preserve_format) or x.is_contiguous(memory_format=memory_format)
 
 
+def is_fake(t) -> bool:
+    """A fake tensor on the host or the device (not a meta tensor the script made itself)."""
+    return isinstance(t, FakeTensor) and t.fake_device.type != "meta"
+
+
+def storage_key(t: FakeTensor) -> int:
+    """An id of a fake tensor's storage, the same for every view of it while it lives: the address
+    of its StorageImpl (``_cdata``), which no data buffer of a real tensor has."""
+    return t.untyped_storage()._cdata
+
+
+def fake_pointers() -> list:
+    """Patches (obj, attr, new): ``data_ptr()`` of fake tensors and of their storages, distinct per
+    storage as a GPU's are. Fake storages are meta storages, whose data pointer is 0 for all;
+    libraries that find tied weights or shared tensors by pointer (safetensors, transformers'
+    save_pretrained, accelerate) would take every weight for one. Never dereferenced: a fake
+    tensor's bytes are never read (checkpoints.py writes files of fake tensors without data)."""
+    tensor_ptr, storage_ptr = torch.Tensor.data_ptr, torch.UntypedStorage.data_ptr
+
+    def data_ptr(self):
+        if is_fake(self) and self.untyped_storage().nbytes():
+            return storage_key(self) + self.storage_offset() * self.element_size()
+        return tensor_ptr(self)
+
+    def storage_data_ptr(self):
+        if self.device.type == "meta" and self.nbytes():
+            return self._cdata
+        return storage_ptr(self)
+
+    return [(torch.Tensor, "data_ptr", data_ptr), (torch.UntypedStorage, "data_ptr", storage_data_ptr)]
+
+
+def real_host():
+    """A context in which torch calls make real tensors, the fake mode set aside (host data)."""
+    return torch._subclasses.fake_tensor.unset_fake_temporarily()
+
+
+def device_identity() -> list:
+    """Patches (obj, attr, new): what a fake CUDA tensor says of its device when asked in Python.
+    ``t.device`` is FakeTensor's own (cuda:0), but ``is_cuda``, ``is_cpu``, ``get_device()`` and
+    ``type()`` read the C++ tensor, which answers as the host (see the module docstring): a
+    script's ``if x.is_cuda:`` or ``torch.cuda.device(x.get_device())`` would take the host's
+    branch. They answer as on the GPU here; every other tensor is asked as before."""
+    is_cuda, is_cpu = torch.Tensor.is_cuda, torch.Tensor.is_cpu
+    get_device, type_ = torch.Tensor.get_device, torch.Tensor.type
+
+    def _cuda(self) -> bool:
+        return isinstance(self, FakeTensor) and self.fake_device.type == "cuda"
+
+    def type_of(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = type_(self)   # (torch's function handling may come back here: add "cuda" once)
+            return name.replace("torch.", "torch.cuda.", 1) if _cuda(self) and not name.startswith("torch.cuda.") \
+                else name
+        legacy = torch._utils._import_dotted_name(dtype) if isinstance(dtype, str) else dtype
+        if isinstance(legacy, type) and hasattr(legacy, "is_cuda") and not getattr(legacy, "is_sparse", False):
+            # x.type(torch.cuda.FloatTensor): a copy to that device and dtype (torch/_utils.py _type);
+            # C++ would reach for the driver, or see a fake CUDA tensor as the host's
+            return self.to(DEVICE if legacy.is_cuda else "cpu", legacy.dtype, non_blocking=non_blocking)
+        return type_(self, dtype, non_blocking, **kwargs)
+
+    return [(torch.Tensor, "is_cuda", property(lambda self: True if _cuda(self) else is_cuda.__get__(self))),
+            (torch.Tensor, "is_cpu", property(lambda self: False if _cuda(self) else is_cpu.__get__(self))),
+            (torch.Tensor, "get_device", lambda self: self.fake_device.index or 0 if _cuda(self) else get_device(self)),
+            (torch.Tensor, "type", type_of)]
+
+
+def fake_empty(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A new fake uint8 tensor of ``nbytes`` on ``device`` (dynamic analysis, the fake mode active):
+    on the GPU an allocation the recorder sees, as a real one would be; on the host a fake tensor,
+    as a model's weights built on the host are (no host memory), not the real one the host_real
+    factories would make."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    with real_host():
+        meta = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cpu"))
+
+
 def _deepcopy_fake(t: FakeTensor, memo: dict):
     """copy.deepcopy of a fake tensor (EMA copies of a model, torchmetrics' default states): a clone
     on the same device, as on a GPU. Tensor.__deepcopy__ would rebuild the storage from its bytes,

@@ -1,0 +1,219 @@
+"""Checkpoints of fake tensors: written, and read back, as a script on a GPU would (dynamic analysis).
+
+A fake tensor has a shape, dtype, strides and device but no bytes, so a script's checkpoint cannot
+be written as it is on the GPU. What a script does with its checkpoints must still run: save the
+initial weights and load them back, ``save_pretrained`` then ``from_pretrained``, resume from the
+file it just wrote, move or stat it (bootstrap's overlay holds the file wherever it was written).
+
+- ``torch.save`` of an object holding fake tensors writes this module's format: ``MAGIC``, then a
+  pickle of the object in which each fake tensor is a record (storage id and size, dtype, shape,
+  strides, offset, device, requires_grad, parameter or not) and each real tensor the bytes torch's
+  own ``torch.save`` makes of it. An object without fake tensors is saved by torch itself.
+- ``torch.load`` of such a file rebuilds the object: each storage once (tensors that shared one
+  share it again), as a fake tensor on the device the load maps it to (``map_location`` as torch
+  reads it: None keeps the saved device; a device, a string, a dict, or a function). Loaded to the
+  GPU, its storages are allocations the tracer records, as the real load's are. Any other file goes
+  to torch's own load. The script wrote the file in this run, so it is unpickled without torch's
+  weights_only restriction.
+- ``safetensors.torch.save_file`` / ``save`` of fake tensors make a real safetensors file (its
+  header: names, dtypes, shapes, offsets; ``__metadata__`` as given plus a note) whose data are
+  zeros. The file is sparse: no disk is written for them. Every safetensors reader (transformers'
+  from_pretrained, accelerate, ``load_file``) reads it as it reads any other, with zeros as values;
+  the checks safetensors makes before it writes (shared storages, contiguity) are made as before.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+
+import torch
+
+from ..estimate import _fakecuda as fc
+
+MAGIC = b"vest-slurm fake checkpoint 1\n"
+_SAFETENSORS_NOTE = {"vest-slurm": "written by a dynamic estimate: fake tensors, zero data"}
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, f, probe: bool):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.probe = probe
+        self.fakes = 0
+
+    def persistent_id(self, obj):
+        if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):   # its __reduce__ calls torch.save
+            return ("probe",) if self.probe else ("real", self._real(obj))
+        if not isinstance(obj, torch.Tensor):
+            return None
+        if fc.is_fake(obj):
+            self.fakes += 1
+            if self.probe:
+                return ("probe",)
+            return ("fake", fc.storage_key(obj), obj.untyped_storage().nbytes(), str(obj.dtype).removeprefix("torch."),
+                    tuple(obj.shape), tuple(obj.stride()), obj.storage_offset(), str(obj.fake_device),
+                    obj.requires_grad, isinstance(obj, torch.nn.Parameter))
+        if self.probe:
+            return ("probe",)
+        return ("real", self._real(obj))
+
+    @staticmethod
+    def _real(obj) -> bytes:
+        b = io.BytesIO()
+        _ORIGINAL["save"](obj, b)
+        return b.getvalue()
+
+
+def _holds_fake(obj) -> bool:
+    p = _Pickler(io.BytesIO(), probe=True)
+    try:
+        p.dump(obj)
+    except Exception:  # not picklable here: torch's own save says why
+        return False
+    return p.fakes > 0
+
+
+def _mapped(map_location, saved: str) -> torch.device:
+    """The device torch.load puts a storage saved on ``saved`` (torch/serialization.py, _get_restore_location)."""
+    if map_location is None:
+        return torch.device(saved)
+    if isinstance(map_location, dict):
+        return torch.device(map_location.get(saved, saved))
+    if isinstance(map_location, (str, torch.device)):
+        return torch.device(map_location)
+    if callable(map_location):   # fn(storage, location): ask it with an empty host storage
+        try:
+            out = map_location(torch.UntypedStorage(0), saved)
+        except Exception:   # it moved the storage to a GPU (there is none here)
+            return torch.device("cuda")
+        return torch.device(getattr(out, "device", "cpu") if out is not None else saved)
+    return torch.device(saved)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f, map_location):
+        super().__init__(f)
+        self.map_location = map_location
+        self.storages: dict[int, torch.Tensor] = {}
+
+    def persistent_load(self, pid):
+        if pid[0] == "real":   # host data, saved by torch: loaded for real, then to where the load maps it
+            with fc.real_host():
+                t = _ORIGINAL["load"](io.BytesIO(pid[1]), map_location="cpu", weights_only=False)
+            to = _mapped(self.map_location, "cpu")
+            return t.to(to) if isinstance(t, torch.Tensor) and to.type != "cpu" else t
+        _, key, nbytes, dtype, shape, stride, offset, device, requires_grad, is_param = pid
+        base = self.storages.get(key)
+        if base is None:
+            base = self.storages[key] = fc.fake_empty(nbytes, _mapped(self.map_location, device))
+        dt = getattr(torch, dtype)
+        flat = base if dt == torch.uint8 else base.view(dt)
+        t = flat.as_strided(shape, stride, offset)
+        if is_param:
+            return torch.nn.Parameter(t, requires_grad=requires_grad)
+        return t.requires_grad_(True) if requires_grad and t.is_leaf else t
+
+
+def save(obj, f, *args, **kwargs):
+    if not _holds_fake(obj):
+        return _ORIGINAL["save"](obj, f, *args, **kwargs)
+    own = isinstance(f, (str, os.PathLike))
+    fh = open(f, "wb") if own else f
+    try:
+        fh.write(MAGIC)
+        _Pickler(fh, probe=False).dump(obj)
+    finally:
+        if own:
+            fh.close()
+
+
+def load(f, map_location=None, *args, **kwargs):
+    own = isinstance(f, (str, os.PathLike))
+    fh = open(f, "rb") if own else f
+    try:
+        start = fh.tell() if fh.seekable() else None
+        head = fh.read(len(MAGIC)) if start is not None else b""
+        if head == MAGIC:
+            return _Unpickler(fh, map_location).load()
+        if start is not None:
+            fh.seek(start)
+        return _ORIGINAL["load"](fh, map_location, *args, **kwargs)
+    finally:
+        if own:
+            fh.close()
+
+
+# ---- safetensors -----------------------------------------------------------------------------
+
+def _safetensors_header(tensors: dict, metadata) -> tuple[bytes, int]:
+    """The header of a safetensors file of these tensors (the format: an 8-byte little-endian header
+    length, the JSON header padded with spaces to 8 bytes, then the data, largest element size
+    first as safetensors orders it) and the data's length."""
+    from safetensors import torch as st
+
+    code = {dt: name for name, dt in st._TYPES.items()}
+    header, offset = {}, 0
+    for name, t in sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0])):
+        if t.dtype not in code:
+            raise ValueError(f"safetensors cannot store dtype {t.dtype} (tensor {name!r})")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": code[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {**(metadata or {}), **_SAFETENSORS_NOTE}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, offset
+
+
+def _checked(tensors: dict) -> None:
+    """safetensors' own checks before it writes: a dict of dense, contiguous tensors, none sharing
+    storage with another (its message, with the advice to use save_model)."""
+    from safetensors import torch as st
+
+    check = getattr(st, "_evaluate_tensors_for_save", None)
+    if check is not None:
+        check(tensors)
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"You are trying to save a non contiguous tensor: `{name}` which is not allowed "
+                             "(safetensors); call `.contiguous()` on it before saving")
+
+
+def _has_fake(tensors) -> bool:
+    return isinstance(tensors, dict) and any(fc.is_fake(t) for t in tensors.values())
+
+
+def safetensors_save_file(tensors, filename, metadata=None):
+    if not _has_fake(tensors):
+        return _ORIGINAL["save_file"](tensors, filename, metadata=metadata)
+    _checked(tensors)
+    head, size = _safetensors_header(tensors, metadata)
+    with open(filename, "wb") as fh:
+        fh.write(head)
+        fh.truncate(len(head) + size)   # zeros, as holes: nothing written for the data
+
+
+def safetensors_save(tensors, metadata=None) -> bytes:
+    if not _has_fake(tensors):
+        return _ORIGINAL["save_bytes"](tensors, metadata=metadata)
+    _checked(tensors)
+    head, size = _safetensors_header(tensors, metadata)
+    return head + bytes(size)
+
+
+_ORIGINAL: dict = {}
+
+
+def patches() -> list:
+    """(obj, attr, new) for torch.save / torch.load and, where it is installed, safetensors' save."""
+    _ORIGINAL.update(save=torch.save, load=torch.load)
+    out = [(torch, "save", save), (torch, "load", load)]
+    try:
+        from safetensors import torch as st
+    except ImportError:
+        return out
+    _ORIGINAL.update(save_file=st.save_file, save_bytes=st.save)
+    return out + [(st, "save_file", safetensors_save_file), (st, "save", safetensors_save)]
