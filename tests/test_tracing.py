@@ -652,3 +652,19 @@ def test_rnns_on_fake_cuda_take_atens_cpu_kernels_as_the_note_says(cls, kernel):
         with Log():
             model(x)
     assert kernel in ops and not any("cudnn" in op or "_thnn_fused" in op for op in ops), sorted(set(ops))
+
+
+def test_a_model_that_asks_where_its_tensors_are_is_told_the_gpu():
+    """``is_cuda``, ``is_cpu``, ``get_device()``, ``type()`` read the C++ tensor, which answers as
+    the host for a fake CUDA tensor: the model's GPU branch was skipped. And its GRU's weights are
+    flattened into cuDNN's one buffer when they reach the GPU (flatten_parameters asks is_cuda and
+    each weight's data_ptr, which are distinct per storage as on a GPU), as parameters."""
+    s = spec("--model", f"{USER}:asks_its_device", "--batch-size", "8", "--input", "tensor:20x32", "--loss", "mse")
+    trace = trace_training(s)
+    hidden = 64
+    assert any(e.size_bytes == 8 * 4 * hidden * 4 and e.module.endswith("gpu_path")
+               for e in trace.events if e.action == "alloc"), "the GPU branch was not taken"
+    gru = 3 * hidden * (32 + hidden) + 2 * 3 * hidden
+    assert any(e.size_bytes == 4 * gru and e.category == "parameter" for e in trace.events if e.action == "alloc")
+    params, buffers = param_bytes(s)
+    assert live_at_end(trace, "parameter") == params + buffers

@@ -245,3 +245,24 @@ class _PadsTheBatch(nn.Module):
 
 def pads_the_batch(features: int = 256):
     return _PadsTheBatch(features)
+
+
+class _AsksItsDevice(nn.Module):
+    """Research-code habits: a GRU, and a forward that asks its input where it is (``is_cuda``,
+    ``get_device()``, ``type()``) and on the GPU keeps a wider projection (a fused path's buffer)."""
+
+    def __init__(self, features: int = 32, hidden: int = 64):
+        super().__init__()
+        self.rnn = nn.GRU(features, hidden, batch_first=True)
+        self.gpu_path = nn.Linear(hidden, 4 * hidden)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x):
+        out = self.rnn(x)[0][:, -1]
+        if x.is_cuda and not x.is_cpu and x.get_device() == 0 and x.type().startswith("torch.cuda."):
+            out = self.gpu_path(out)[:, :out.shape[1]]
+        return self.head(out)
+
+
+def asks_its_device():
+    return _AsksItsDevice()

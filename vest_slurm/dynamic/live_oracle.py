@@ -30,7 +30,7 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - Kernels are the CPU's: an op whose CUDA kernel saves or returns other tensors than its CPU kernel
   differs (cuDNN's batch-norm reserve space, fused attention's logsumexp and RNG state, CUDA's
   native_dropout mask of 1 byte per element against the CPU's). cuDNN's RNNs: the weights are
-  flattened into one buffer as cuDNN's are (standins._cudnn_rnn_flatten_weight), but the CPU's LSTM /
+  flattened into one buffer as cuDNN's are (_fakecuda.cudnn_rnn_flatten_weight), but the CPU's LSTM /
   GRU saves its gates per time step for backward where cuDNN keeps a reserve space of its own size
   (cudnnGetRNNTempSpaceSizes, asked of a GPU), so an RNN's activations are the CPU's, not cuDNN's. Workspaces
   (cuBLAS, cuDNN) and kernel scratch are not tensors, here as in the estimate's live peak.
@@ -285,7 +285,7 @@ def _patched(census: Census, steps: int, state: dict):
 
     from ..estimate import _fakecuda as fc
     from . import cuda_surface
-    from .standins import _compile, _cudnn_rnn_flatten_weight, triton_patches
+    from .standins import _compile, triton_patches
 
     import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
 
@@ -383,7 +383,7 @@ def _patched(census: Census, steps: int, state: dict):
         (torch.autograd, "backward", backward),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch, "compile", _compile),
-        (torch, "_cudnn_rnn_flatten_weight", _cudnn_rnn_flatten_weight),
+        (torch, "_cudnn_rnn_flatten_weight", fc.cudnn_rnn_flatten_weight),
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", init_process_group),
         (par, "DistributedDataParallel", DistributedDataParallel),

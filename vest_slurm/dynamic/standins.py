@@ -357,25 +357,6 @@ def triton_patches(is_device, written) -> list:
 
 # ---- checkpoints and compile -------------------------------------------------------------------------
 
-def _cudnn_rnn_flatten_weight(weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers,
-                              batch_first, bidirectional):
-    """cuDNN's weight flattening (aten/src/ATen/native/cudnn/RNN.cpp, _cudnn_rnn_flatten_weight, which
-    nn.LSTM/GRU/RNN's flatten_parameters calls for CUDA weights), which has no fake kernel: one buffer
-    holding every weight, each parameter then a view of it (set_orig_weights_to_flat_buf), so the
-    parameters' own storages are freed. Sized as the sum of the weights (cuDNN's weight space packs
-    them; cudnnGetRNNWeightSpaceSize may add alignment). Also the live oracle's (live_oracle.py)."""
-    with torch.no_grad():
-        total = sum(w.numel() for w in weight_arr)
-        buf = weight_arr[0].new_empty(total)
-        offset = 0
-        for w in weight_arr:
-            n = w.numel()
-            buf[offset:offset + n].copy_(w.reshape(-1))
-            w.set_(buf.untyped_storage(), offset, w.size())
-            offset += n
-    return buf
-
-
 def _compile(model=None, *args, **kwargs):
     """torch.compile runs eagerly here: the compiled graph's memory is close to eager's (at most
     lower), so the estimate stays on the safe side."""
@@ -619,10 +600,6 @@ def patched(state: ScriptState):
     ]
     patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
     patches += fc.gpu_optimizer_defaults()
-    patches += fc.fake_pointers()
-    patches += fc.device_identity()
-    # nn.LSTM/GRU/RNN's flatten_parameters, now that their CUDA weights say is_cuda: cuDNN's one buffer
-    patches.append((torch, "_cudnn_rnn_flatten_weight", _cudnn_rnn_flatten_weight))
     patches += checkpoints.patches()   # torch.save / torch.load / safetensors of fake tensors
     patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),
                               lambda t: t.fake_mode.written_outside(t) if hasattr(t.fake_mode, "written_outside") else None)

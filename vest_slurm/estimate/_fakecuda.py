@@ -1036,6 +1036,26 @@ def device_identity() -> list:
             (torch.Tensor, "type", type_of)]
 
 
+def cudnn_rnn_flatten_weight(weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers,
+                             batch_first, bidirectional):
+    """cuDNN's weight flattening (aten/src/ATen/native/cudnn/RNN.cpp, _cudnn_rnn_flatten_weight, which
+    nn.LSTM/GRU/RNN's flatten_parameters calls once their weights say ``is_cuda``: device_identity),
+    which has no fake kernel: one buffer holding every weight, each parameter then a view of it
+    (set_orig_weights_to_flat_buf), so the parameters' own storages are freed. Sized as the sum of
+    the weights (cuDNN's weight space packs them; cudnnGetRNNWeightSpaceSize may add alignment).
+    The live oracle (dynamic/live_oracle.py) runs it on real host weights."""
+    with torch.no_grad():
+        total = sum(w.numel() for w in weight_arr)
+        buf = weight_arr[0].new_empty(total)
+        offset = 0
+        for w in weight_arr:
+            n = w.numel()
+            buf[offset:offset + n].copy_(w.reshape(-1))
+            w.set_(buf.untyped_storage(), offset, w.size())
+            offset += n
+    return buf
+
+
 def fake_empty(nbytes: int, device: torch.device) -> torch.Tensor:
     """A new fake uint8 tensor of ``nbytes`` on ``device`` (dynamic analysis, the fake mode active):
     on the GPU an allocation the recorder sees, as a real one would be; on the host a fake tensor,
@@ -1229,7 +1249,12 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         (torch.cuda, "synchronize", lambda *a, **k: None),
         (torch, "clear_autocast_cache", _clear_autocast_cache(torch.clear_autocast_cache)),
         (torch.utils, "swap_tensors", _swap_or_set_data(torch.utils.swap_tensors)),
+        (torch, "_cudnn_rnn_flatten_weight", cudnn_rnn_flatten_weight),
+        # torch.cuda.device(i) / device_of(t): the one fake device is current; -1 (host) stays a no-op
+        (torch.cuda, "_exchange_device", lambda device: -1 if device < 0 else 0),
+        (torch.cuda, "_maybe_exchange_device", lambda device: -1 if device < 0 else 0),
     ]
+    patches += device_identity() + fake_pointers()
     if scalar_draws_at_the_top:
         patches += _host_draws_at_the_top()
     # Optimizer.step asks the current CUDA stream whether it is capturing a graph: it is not.
@@ -1389,6 +1414,8 @@ def materialize(module: torch.nn.Module, weight_dtype: torch.dtype, channels_las
         for name, b in list(m._buffers.items()):
             if b is not None:
                 m._buffers[name] = convert(b, False)
+        if isinstance(m, torch.nn.RNNBase):
+            m._init_flat_weights()   # as RNNBase._apply does: cuDNN's flat weight buffer
 
     visit(module)
 
