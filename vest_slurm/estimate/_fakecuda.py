@@ -994,6 +994,8 @@ def fake_pointers() -> list:
         return tensor_ptr(self)
 
     def storage_data_ptr(self):
+        # a storage does not say whose it is: every meta storage gets its address (a script's own
+        # meta tensors too, at storage level; their tensors' data_ptr stays 0)
         if self.device.type == "meta" and self.nbytes():
             return self._cdata
         return storage_ptr(self)
@@ -1014,9 +1016,7 @@ def device_identity() -> list:
     branch. They answer as on the GPU here; every other tensor is asked as before."""
     is_cuda, is_cpu = torch.Tensor.is_cuda, torch.Tensor.is_cpu
     get_device, type_ = torch.Tensor.get_device, torch.Tensor.type
-
-    def _cuda(self) -> bool:
-        return isinstance(self, FakeTensor) and self.fake_device.type == "cuda"
+    _cuda = _is_fake_cuda
 
     def type_of(self, dtype=None, non_blocking=False, **kwargs):
         if dtype is None and not kwargs:
