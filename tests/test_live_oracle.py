@@ -9,9 +9,11 @@ import os
 import shutil
 
 import pytest
+import torch
+from torch.utils._pytree import tree_flatten
 
 from vest_slurm.dynamic.launch import parse_train_command
-from vest_slurm.dynamic.live_oracle import run_command
+from vest_slurm.dynamic.live_oracle import _ABSENT, Census, _Census, _half_in_fp32, run_command
 from vest_slurm.dynamic.runner import estimate_command
 from vest_slurm.estimate.profiles import get_profile
 
@@ -93,3 +95,45 @@ def test_cudnn_weight_flattening_counts_the_weights_once(scripts):
     assert res["status"] == "ok" and res["steps"] == 3, res
     params = 2 * (4 * 256 * (256 + 256) + 2 * 4 * 256) * 4
     assert 2 * params <= res["live_peak_bytes"] <= 2.1 * params, (res["live_peak_bytes"], params)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_gemms_and_convolutions_run_in_float32_with_the_half_kernels_outputs(dtype):
+    """The oracle computes half GEMMs and convolutions (forward and backward) in float32 and rounds
+    to the half dtype (the CPU's half kernels are scalar fallbacks, 15-60x slower here): each output
+    has the dtype, shape and strides of the half kernel's, values as close as half precision allows,
+    and is counted as device storage as before; the float32 copies are not counted."""
+    census = Census()
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(64, 48, generator=g).to(dtype), torch.randn(48, 32, generator=g).to(dtype))
+    x = torch.randn(2, 8, 10, 10, generator=g).to(dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3, generator=g).to(dtype)
+    gy = torch.randn(2, 16, 10, 10, generator=g).to(dtype)
+    census.mark_all((a, b, x, w, gy))
+    before = census.live_bytes
+    aten = torch.ops.aten
+    calls = [(aten.mm.default, (a, b), {}),
+             (aten.addmm.default, (b[0], a, b), {}),
+             (aten.bmm.default, (a[None], b[None]), {}),
+             (aten.convolution.default, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {}),
+             (aten.convolution_backward.default,
+              (gy, x, w, [16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]), {})]
+    kept = []
+    for func, args, kwargs in calls:
+        native = func(*args, **kwargs)
+        with _Census(census):
+            got = func(*args, **kwargs)
+        for n, o in zip(tree_flatten(native)[0], tree_flatten(got)[0]):
+            assert o.dtype == n.dtype == dtype and o.shape == n.shape and o.stride() == n.stride(), func
+            assert torch.allclose(o.float(), n.float(), rtol=0.05, atol=0.05 * n.float().abs().max().item()), func
+            assert census.is_device(o), func
+            kept.append(o)
+    # the outputs' own bytes, at the half dtype: the float32 copies were never counted
+    assert census.live_bytes - before == sum(o.untyped_storage().nbytes() for o in kept)
+
+
+def test_other_ops_and_mixed_dtypes_run_as_they_are():
+    """Only half inputs of one dtype are widened: float32 and mixed calls go to the op unchanged."""
+    a = torch.randn(4, 4)
+    assert _half_in_fp32(torch.ops.aten.mm.default, (a, a), {}) is _ABSENT
+    assert _half_in_fp32(torch.ops.aten.mm.default, (a.half(), a.bfloat16()), {}) is _ABSENT

@@ -41,6 +41,10 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
   for backward (output, logsumexp) is close to, not equal to, CUDA's flash / memory-efficient kernels
   (which pad the logsumexp and add a philox seed); a mask or head size the CPU's fused kernel does
   not take falls back to the math path, which saves the L x L attention.
+- Half-precision GEMMs and convolutions (forward and backward) are computed in float32 and rounded
+  to their half dtype (_half_in_fp32), as cuBLAS and cuDNN accumulate them: the CPU's own half
+  kernels are scalar fallbacks without AVX512-BF16/FP16 or AMX, too slow for a GPT's three steps.
+  The outputs, and so the count, are those of the half kernels.
 - autocast("cuda") runs as autocast("cpu") at the same dtype: CPU autocast's op lists
   (torch/amp/autocast_mode.py, aten/src/ATen/autocast_mode.cpp) are close to CUDA's but not equal.
 - A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
@@ -72,7 +76,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 
 class StopRun(BaseException):
@@ -153,6 +157,33 @@ class Census:
             self.live_bytes -= n
 
 
+_HALF = (torch.float16, torch.bfloat16)
+_aten = torch.ops.aten
+# GEMMs and convolutions, forward and backward: a CPU without AVX512-BF16/FP16 or AMX runs them in
+# half precision through scalar fallbacks, 15-60x slower than in float32 (a GPT of 25 M parameters
+# took over 600 s for three steps under autocast)
+_HALF_SLOW = frozenset((_aten.mm.default, _aten.bmm.default, _aten.addmm.default, _aten.baddbmm.default,
+                        _aten.addbmm.default, _aten._addmm_activation.default, _aten.addmv.default,
+                        _aten.mv.default, _aten.convolution.default, _aten.convolution_backward.default))
+
+
+def _half_in_fp32(func, args, kwargs):
+    """``func`` of half-precision tensors computed in float32 and rounded to the half dtype, or
+    _ABSENT when its floating inputs are not all one half dtype. cuBLAS and cuDNN accumulate half
+    GEMMs and convolutions in float32 and round the result, so this is the GPU's arithmetic more
+    nearly than the CPU's half kernels; each output has the dtype, shape and strides the half kernel
+    gives (``to`` keeps the layout), and the float32 copies are this function's own, made with the
+    mode off (unmarked, never counted)."""
+    flat, spec = tree_flatten((args, kwargs))
+    dtypes = {t.dtype for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(dtypes) != 1 or (half := dtypes.pop()) not in _HALF:
+        return _ABSENT
+    up = [t.to(torch.float32) if isinstance(t, torch.Tensor) and t.dtype == half else t for t in flat]
+    a, k = tree_unflatten(up, spec)
+    out = func(*a, **k)
+    return tree_map_only(torch.Tensor, lambda t: t.to(half) if t.dtype == torch.float32 else t, out)
+
+
 class _Census(TorchDispatchMode):
     """Marks every op's outputs as device storage when an input is one (or a device factory runs)."""
 
@@ -161,7 +192,9 @@ class _Census(TorchDispatchMode):
         self.c = census
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else _ABSENT
+        if out is _ABSENT:
+            out = func(*args, **(kwargs or {}))
         c = self.c
         if c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0])):
             c.mark_all(out)
