@@ -176,6 +176,25 @@ def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, co
     assert line in e.value.fix
 
 
+def test_a_deepspeed_configs_reduce_bucket_is_in_its_vest_line(tmp_path):
+    """reduce_bucket_size from the DeepSpeed JSON (a number, often written 2e8) is carried into the
+    #VEST line of ZeRO-2/3, whose gradient bucket it sizes; "auto" (transformers' hidden_size^2) and
+    ZeRO-1 leave it out, and the line parses back into that workload."""
+    from vest_slurm.dynamic.deepspeed_plan import _from_ds_json
+    from vest_slurm.estimate.workload import parse_vest_line
+
+    def line(zero):
+        return _from_ds_json({"zero_optimization": zero, "bf16": {"enabled": True}}, "ds.json").vest_line
+
+    assert "--reduce-bucket-size 200000000" in line({"stage": 3, "reduce_bucket_size": 2e8})
+    assert "--reduce-bucket-size" not in line({"stage": 3, "reduce_bucket_size": "auto"})
+    assert "--reduce-bucket-size" not in line({"stage": 1, "reduce_bucket_size": 2e8})
+    words = line({"stage": 2, "reduce_bucket_size": 50000000}).split()
+    spec = parse_vest_line(" ".join(["--model", "hf:gpt2", "--batch-size", "2", "--num-gpus", "4",
+                                     *words[words.index("--parallelism"):words.index("--num-gpus")]]))
+    assert spec.reduce_bucket_size == 50_000_000 and spec.parallelism == "zero2"
+
+
 def test_a_mesh_reached_through_another_import_path_is_the_stand_in_and_dtensor_is_refused_at_once():
     """init_device_mesh imported from torch.distributed._tensor.device_mesh (bound before the run
     started) is the stand-in too, as is init_process_group where device_mesh.py binds it: before,

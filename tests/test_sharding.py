@@ -478,3 +478,42 @@ def test_torchtitan_logits_model_keeps_fp32_logits_through_backward():
     assert logits_sized_alive_at_backward(os.path.abspath(path) + ":llama2_7b") == (2, 0)
     # log_softmax's saved output, and the bf16 logits its output keeps
     assert logits_sized_alive_at_backward("hf:LlamaForCausalLM") == (1, 1)
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_zero_gradient_bucket_is_the_reduce_bucket_size_given(stage):
+    """contiguous_gradients: ZeRO-2/3 keep one ipg buffer of reduce_bucket_size elements in the model
+    dtype (or the model's size, if smaller): DeepSpeed's 5e8 by default, the job's own when it sets
+    one (Lightning's DeepSpeedStrategy: 2e8); a bucket larger than the model costs the model's size."""
+    total = sum(math.prod(sh) for sh in SHAPES)
+
+    def bucket(*extra):
+        tr = _summary(_spec(stage, 3, "--precision", "bf16", *extra)).trace
+        (size,) = [e.size_bytes for e in tr.events if e.action == "alloc" and e.module == "zero_ipg_bucket"]
+        return size
+
+    assert bucket() == total * 2 == bucket("--reduce-bucket-size", "5e8")
+    assert bucket("--reduce-bucket-size", "100") == 100 * 2
+    assert bucket("--reduce-bucket-size", "7") == 7 * 2
+    with pytest.raises(WorkloadError, match="ZeRO-2/3"):
+        parse_workload_args(["--model", MLP, "--batch-size", "2", "--reduce-bucket-size", "2e8"])
+    with pytest.raises(WorkloadError, match="whole number"):
+        _spec(stage, 3, "--reduce-bucket-size", "1.5")
+
+
+def test_zero3_parameter_offload_is_flagged_not_silent():
+    """ZeRO-3's offloaded parameters leave a working set on the GPU that the model does not size
+    (a published run came out 31% above the estimate): such an estimate carries a flag, shown in
+    the table and the JSON; ZeRO-3 without parameter offload, and optimizer offload, do not."""
+    import json
+
+    from vest_slurm.estimate.estimator import estimate
+    from vest_slurm.estimate.report import estimate_json, estimate_table
+    from vest_slurm.estimate.workload import ZERO3_OFFLOAD_FLAG
+
+    spec = _spec("zero3", 2, "--offload", "params")
+    assert spec.flags == (ZERO3_OFFLOAD_FLAG,)
+    assert _spec("zero3", 2, "--offload", "optimizer").flags == () == _spec("zero3", 2).flags
+    est = estimate(spec, [get_profile("a100-80gb")])
+    assert json.loads(estimate_json(spec, est))["flags"] == [ZERO3_OFFLOAD_FLAG]
+    assert "FLAGGED: " + ZERO3_OFFLOAD_FLAG in estimate_table(spec, est)

@@ -6,11 +6,11 @@ and events and JIT-compiled ops (FusedAdam, ...) that a fake-CUDA run cannot bui
 dependency of vest-slurm. The per-rank model of ZeRO-1/2/3 (estimate/sharding.py: partitions padded
 as stage_1_and_2.py and partition_parameters.py cut them, DeepSpeed's default buckets) covers it
 declaratively, so a DeepSpeed job is answered with the #VEST line that names its stage, offload and
-precision, read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers' Trainer, Megatron-style
+precision (and gradient bucket), read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers' Trainer, Megatron-style
 scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its ``deepspeed_config`` or
 ``deepspeed_config_file``). What this does not cover: the model (the user names it with --model),
-DeepSpeed settings other than stage, offload and precision (bucket sizes, stage3_max_live_parameters,
-activation checkpointing and partitioning), ZeRO++ and MiCS.
+DeepSpeed settings other than stage, offload, precision and reduce_bucket_size (the other buckets,
+stage3_max_live_parameters, activation checkpointing and partitioning), ZeRO++ and MiCS.
 
 ``plan(cmd, cwd)``: None when the command asks for no DeepSpeed, else a DeepSpeedPlan.
 """
@@ -32,6 +32,7 @@ class DeepSpeedPlan:
     stage: int | None      # ZeRO stage (None: not said)
     offload: str           # none, optimizer, params (the per-rank model's --offload)
     precision: str | None  # bf16, fp16, or None (fp32)
+    reduce_bucket: int = 0  # zero_optimization.reduce_bucket_size in elements (0: DeepSpeed's default, or "auto")
 
     @property
     def vest_line(self) -> str:
@@ -41,6 +42,8 @@ class DeepSpeedPlan:
             parts.append(f"--offload {self.offload}")
         if self.precision:
             parts.append(f"--precision {self.precision}")
+        if self.reduce_bucket and stage in (2, 3):
+            parts.append(f"--reduce-bucket-size {self.reduce_bucket}")
         return " ".join(parts + ["--num-gpus N --batch-size B --optimizer ..."])
 
 
@@ -89,7 +92,10 @@ def _from_ds_json(doc: dict, source: str, args=()) -> DeepSpeedPlan:
         return v == "true" or (v == "auto" and any(a in (f"--{k}", f"--{k}=True", f"--{k}=true") for a in args))
 
     precision = "bf16" if on("bf16") else ("fp16" if on("fp16") else None)
-    return DeepSpeedPlan(source, stage, offload, precision)
+    # a number (2e8 is a float in JSON); "auto" is transformers' hidden_size squared, not known here
+    rb = zero.get("reduce_bucket_size")
+    bucket = int(rb) if isinstance(rb, (int, float)) and not isinstance(rb, bool) and 0 < rb < 1e12 else 0
+    return DeepSpeedPlan(source, stage, offload, precision, bucket)
 
 
 def plan(cmd: TrainCommand, cwd: str, accelerate_config: str | None = None) -> DeepSpeedPlan | None:

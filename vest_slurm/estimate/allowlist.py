@@ -274,6 +274,7 @@ _OPTIONS = {
     "--reduce-dtype": ("reduce_dtype", lambda v: _choice("--reduce-dtype", v, SHARD_DTYPES)),
     "--offload": ("offload", lambda v: _choice("--offload", v, OFFLOADS)),
     "--reshard-after-forward": ("reshard_after_forward", lambda v: _choice("--reshard-after-forward", v, ON_OFF)),
+    "--reduce-bucket-size": ("reduce_bucket_size", lambda v: _float("--reduce-bucket-size", v)),
 }
 ALLOWED_OPTIONS = tuple(_OPTIONS)
 

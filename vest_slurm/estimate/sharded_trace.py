@@ -51,7 +51,7 @@ def _compute_spec(spec: WorkloadSpec) -> WorkloadSpec:
     return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
                    optimizer="sgd", optimizer_impl="auto", weight_decay=None,
                    shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
-                   offload="none", reshard_after_forward="on", alloc_conf="")
+                   offload="none", reshard_after_forward="on", reduce_bucket_size=0, alloc_conf="")
 
 
 def wrap_units(model: nn.Module) -> list[tuple[str, nn.Module]]:

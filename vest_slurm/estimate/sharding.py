@@ -41,8 +41,8 @@ at most two all-gathers (limit_all_gathers), so the free is placed two units lat
 separate pools in the replay, as in CUDACachingAllocator (a block is only reused on its stream).
 
 Known limitations (each said in the estimate's notes where it applies): DeepSpeed is modelled from
-its defaults, not traced (reduce_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7
-elements); activations are traced once and repeated. NCCL's NVLS buffers are added outside the allocator
+its defaults, not traced (stage3_prefetch_bucket_size 5e7 elements; reduce_bucket_size 5e8
+elements unless the workload gives its own, --reduce-bucket-size); activations are traced once and repeated. NCCL's NVLS buffers are added outside the allocator
 where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's behaviour is the installed
 torch's, or that of $VEST_JOB_TORCH where the job runs another (before 2.5 only the reduce-scatter
 input's stream differs); FSDP1's record_stream frees are placed two all-gathers later
@@ -341,7 +341,8 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
     zero2_bucket = None
     if kind in ("zero2", "zero3"):
         # contiguous_gradients: one ipg bucket of reduce_bucket_size elements (or the model, if smaller)
-        zero2_bucket = b.alloc(min(ZERO_REDUCE_BUCKET, sum(sum(u.numels) for u in units)) * p, COMPUTE,
+        bucket = spec.reduce_bucket_size or ZERO_REDUCE_BUCKET
+        zero2_bucket = b.alloc(min(bucket, sum(sum(u.numels) for u in units)) * p, COMPUTE,
                                "setup", "other", "zero_ipg_bucket")
 
     grad_blocks = {g: u for u in units for g in u.grad_blocks}
