@@ -5,9 +5,9 @@ DeepSpeed is not traced: its engine (deepspeed.initialize) builds flat fp32 part
 and events and JIT-compiled ops (FusedAdam, ...) that a fake-CUDA run cannot build, and it is not a
 dependency of vest-slurm. The per-rank model of ZeRO-1/2/3 (estimate/sharding.py: partitions padded
 as stage_1_and_2.py and partition_parameters.py cut them, DeepSpeed's default buckets) covers it
-declaratively, so a DeepSpeed job is answered with the #VEST line that names its stage, offload and
-precision (and gradient bucket), read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers' Trainer, Megatron-style
-scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its ``deepspeed_config`` or
+declaratively, so a DeepSpeed job is answered with the #VEST line that names its stage, offload,
+precision and gradient bucket, read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers'
+Trainer, Megatron-style scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its ``deepspeed_config`` or
 ``deepspeed_config_file``). What this does not cover: the model (the user names it with --model),
 DeepSpeed settings other than stage, offload, precision and reduce_bucket_size (the other buckets,
 stage3_max_live_parameters, activation checkpointing and partitioning), ZeRO++ and MiCS.
