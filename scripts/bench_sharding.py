@@ -95,9 +95,15 @@ CAI_GPT_SOURCE = dict(
     alloc_conf="default (train.py sets none)")
 
 
-def _cai_gpt(size: str, *args: str) -> tuple[str, ...]:
-    return ("--model", f"benchmarks/models/colossalai_gpt.py:{size}", "--loss", "model", "--input", "seq1024",
-            "--gradient-checkpointing", "on", *args)
+def _cai(name: str, size: str, published_mib: float, published: str, *args: str) -> Config:
+    """A row of the ColossalAI-Lightning GPT-2 benchmark: its model (seq 1024, gradient checkpointing
+    on, A100 40GB) with ``args``, and its published max_memory_allocated in MiB."""
+    return Config(f"{name} (ColossalAI-Lightning benchmark)",
+                  ("--model", f"benchmarks/models/colossalai_gpt.py:{size}", "--loss", "model", "--input", "seq1024",
+                   "--gradient-checkpointing", "on", *args),
+                  "a100-40gb", tracker=False, published_active_gib=published_mib / 1024, **CAI_GPT_SOURCE,
+                  published_config=f"{published}; HF gradient checkpointing; max_memory_allocated {published_mib:.3f} MB",
+                  tracker_note=("DDP" if "ddp" in args else "DeepSpeed") + ": FSDPMemTracker tracks fully_shard only")
 
 
 CONFIGS = (
@@ -171,40 +177,24 @@ CONFIGS = (
     # random token batches of 1024; the DDP row Lightning's native AMP with torch.optim.Adam of torch
     # 1.12 (for-loop by default, foreach came in 2.0) whose zero_grad() kept the gradients
     # (set_to_none=False until 2.0): --zero-grad never is that memory. Only allocated is published.
-    Config("gpt2-xl zero3 x4 fp16 AC batch 40 seq 1024 (ColossalAI-Lightning benchmark)",
-           _cai_gpt("gpt2_xl", "--parallelism", "zero3", "--num-gpus", "4", "--precision", "fp16",
-                    "--batch-size", "40", "--optimizer", "adamw", "--optimizer-impl", "fused",
-                    "--reduce-bucket-size", "2e8"),
-           "a100-40gb", tracker=False, published_active_gib=25360.968 / 1024, **CAI_GPT_SOURCE,
-           published_config="deepspeed (zero3): 4xA100 40GB; GPT2-XL (1600/48/25, vocab 50257); micro batch 40; "
-                            "seq 1024; fp16; FusedAdam; HF gradient checkpointing; max_memory_allocated 25360.968 MB",
-           tracker_note="DeepSpeed: FSDPMemTracker tracks fully_shard only"),
-    Config("gpt2-12B zero3 x8 fp16 AC batch 1 seq 1024 (ColossalAI-Lightning benchmark)",
-           _cai_gpt("gpt2_12b", "--parallelism", "zero3", "--num-gpus", "8", "--precision", "fp16",
-                    "--batch-size", "1", "--optimizer", "adamw", "--optimizer-impl", "fused",
-                    "--reduce-bucket-size", "2e8"),
-           "a100-40gb", tracker=False, published_active_gib=29751.203 / 1024, **CAI_GPT_SOURCE,
-           published_config="deepspeed (zero3): 8xA100 40GB; GPT-2 12B (4096/60/16); micro batch 1; seq 1024; fp16; "
-                            "FusedAdam; HF gradient checkpointing; max_memory_allocated 29751.203 MB",
-           tracker_note="DeepSpeed: FSDPMemTracker tracks fully_shard only"),
-    Config("gpt2-18B zero3 offload x1 fp16 AC batch 1 seq 1024 (ColossalAI-Lightning benchmark)",
-           _cai_gpt("gpt2_18b", "--parallelism", "zero3", "--num-gpus", "1", "--offload", "params",
-                    "--precision", "fp16", "--batch-size", "1", "--optimizer", "adamw",
-                    "--reduce-bucket-size", "2e8"),
-           "a100-40gb", tracker=False, published_active_gib=5699.500 / 1024, **CAI_GPT_SOURCE,
-           published_config="deepspeed (zero3 offload): 1xA100 40GB; GPT-2 18B (4096/90/16); micro batch 1; seq 1024; "
-                            "fp16; params and optimizer on the CPU (DeepSpeedCPUAdam); HF gradient checkpointing; "
-                            "max_memory_allocated 5699.500 MB",
-           tracker_note="DeepSpeed: FSDPMemTracker tracks fully_shard only"),
-    Config("gpt2-xl ddp x4 amp-fp16 AC batch 6 seq 1024 (ColossalAI-Lightning benchmark)",
-           _cai_gpt("gpt2_xl", "--parallelism", "ddp", "--num-gpus", "4", "--precision", "amp-fp16",
-                    "--batch-size", "6", "--optimizer", "adam", "--optimizer-impl", "for-loop",
-                    "--zero-grad", "never"),
-           "a100-40gb", tracker=False, published_active_gib=37905.422 / 1024, **CAI_GPT_SOURCE,
-           published_config="ddp (AMP): 4xA100 40GB; GPT2-XL; batch 6 per GPU (global 24); seq 1024; native AMP "
-                            "fp16; torch.optim.Adam (torch 1.12: for-loop, zero_grad keeps the gradients); "
-                            "DDP static_graph; HF gradient checkpointing; max_memory_allocated 37905.422 MB",
-           tracker_note="DDP: FSDPMemTracker tracks fully_shard only"),
+    _cai("gpt2-xl zero3 x4 fp16 AC batch 40 seq 1024", "gpt2_xl", 25360.968,
+         "deepspeed (zero3): 4xA100 40GB; GPT2-XL (1600/48/25, vocab 50257); micro batch 40; seq 1024; fp16; "
+         "FusedAdam", "--parallelism", "zero3", "--num-gpus", "4", "--precision", "fp16", "--batch-size", "40",
+         "--optimizer", "adamw", "--optimizer-impl", "fused", "--reduce-bucket-size", "2e8"),
+    _cai("gpt2-12B zero3 x8 fp16 AC batch 1 seq 1024", "gpt2_12b", 29751.203,
+         "deepspeed (zero3): 8xA100 40GB; GPT-2 12B (4096/60/16); micro batch 1; seq 1024; fp16; FusedAdam",
+         "--parallelism", "zero3", "--num-gpus", "8", "--precision", "fp16", "--batch-size", "1",
+         "--optimizer", "adamw", "--optimizer-impl", "fused", "--reduce-bucket-size", "2e8"),
+    _cai("gpt2-18B zero3 offload x1 fp16 AC batch 1 seq 1024", "gpt2_18b", 5699.500,
+         "deepspeed (zero3 offload): 1xA100 40GB; GPT-2 18B (4096/90/16); micro batch 1; seq 1024; fp16; params "
+         "and optimizer on the CPU (DeepSpeedCPUAdam)", "--parallelism", "zero3", "--num-gpus", "1",
+         "--offload", "params", "--precision", "fp16", "--batch-size", "1", "--optimizer", "adamw",
+         "--reduce-bucket-size", "2e8"),
+    _cai("gpt2-xl ddp x4 amp-fp16 AC batch 6 seq 1024", "gpt2_xl", 37905.422,
+         "ddp (AMP): 4xA100 40GB; GPT2-XL; batch 6 per GPU (global 24); seq 1024; native AMP fp16; "
+         "torch.optim.Adam (torch 1.12: for-loop, zero_grad keeps the gradients); DDP static_graph",
+         "--parallelism", "ddp", "--num-gpus", "4", "--precision", "amp-fp16", "--batch-size", "6",
+         "--optimizer", "adam", "--optimizer-impl", "for-loop", "--zero-grad", "never"),
     # issue 24's speed target: an 8B model over 8 GPUs (32 identical blocks: traced at 4 and 5, scaled)
     Config("llama-3-8b fsdp2 x8 batch 1 seq 2048 (speed)",
            ("--model", "hf:llama-3-8b", "--batch-size", "1", "--input", "seq2048", "--optimizer", "adamw",
