@@ -497,8 +497,9 @@ def test_zero_gradient_bucket_is_the_reduce_bucket_size_given(stage):
     assert bucket("--reduce-bucket-size", "7") == 7 * 2
     with pytest.raises(WorkloadError, match="ZeRO-2/3"):
         parse_workload_args(["--model", MLP, "--batch-size", "2", "--reduce-bucket-size", "2e8"])
-    with pytest.raises(WorkloadError, match="whole number"):
-        _spec(stage, 3, "--reduce-bucket-size", "1.5")
+    for bad in ("1.5", "inf", "nan", "-1", "2e12", "lots"):
+        with pytest.raises(WorkloadError, match="whole number"):
+            _spec(stage, 3, "--reduce-bucket-size", bad)
 
 
 def test_zero3_parameter_offload_is_flagged_not_silent():

@@ -336,7 +336,7 @@ def bucket_elements(text) -> int:
         v = float(str(text))
     except ValueError:
         v = float("nan")
-    if not (v == v and v >= 0 and v == int(v) and v <= 1e12):
+    if not (0 <= v <= 1e12 and v == int(v)):   # (nan and inf fail the range before int() sees them)
         raise WorkloadError(f"--reduce-bucket-size {text!r} is not a whole number of elements",
                             "give it as DeepSpeed's config does, e.g. --reduce-bucket-size 2e8")
     return int(v)
