@@ -7,10 +7,11 @@ dependency of vest-slurm. The per-rank model of ZeRO-1/2/3 (estimate/sharding.py
 as stage_1_and_2.py and partition_parameters.py cut them, DeepSpeed's default buckets) covers it
 declaratively, so a DeepSpeed job is answered with the #VEST line that names its stage, offload,
 precision and gradient bucket, read from the DeepSpeed JSON (``--deepspeed ds.json``: transformers'
-Trainer, Megatron-style scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its ``deepspeed_config`` or
-``deepspeed_config_file``). What this does not cover: the model (the user names it with --model),
-DeepSpeed settings other than stage, offload, precision and reduce_bucket_size (the other buckets,
-stage3_max_live_parameters, activation checkpointing and partitioning), ZeRO++ and MiCS.
+Trainer, Megatron-style scripts) or from an accelerate config (``distributed_type: DEEPSPEED``, its
+``deepspeed_config`` or ``deepspeed_config_file``). What this does not cover: the model (the user
+names it with --model), DeepSpeed settings other than stage, offload, precision and
+reduce_bucket_size (the other buckets, stage3_max_live_parameters, activation checkpointing and
+partitioning), ZeRO++ and MiCS.
 
 ``plan(cmd, cwd)``: None when the command asks for no DeepSpeed, else a DeepSpeedPlan.
 """
@@ -21,6 +22,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..errors import WorkloadError
+from ..estimate.workload import bucket_elements
 from .launch import TrainCommand
 
 _DS_ARGS = ("--deepspeed_config", "--deepspeed-config", "--deepspeed")
@@ -92,9 +95,15 @@ def _from_ds_json(doc: dict, source: str, args=()) -> DeepSpeedPlan:
         return v == "true" or (v == "auto" and any(a in (f"--{k}", f"--{k}=True", f"--{k}=true") for a in args))
 
     precision = "bf16" if on("bf16") else ("fp16" if on("fp16") else None)
-    # a number (2e8 is a float in JSON); "auto" is transformers' hidden_size squared, not known here
+    # a number (2e8 is a float in JSON), checked as --reduce-bucket-size checks it; "auto" is
+    # transformers' hidden_size squared, not known here: DeepSpeed's default stands
     rb = zero.get("reduce_bucket_size")
-    bucket = int(rb) if isinstance(rb, (int, float)) and not isinstance(rb, bool) and 0 < rb < 1e12 else 0
+    bucket = 0
+    if isinstance(rb, (int, float)) and not isinstance(rb, bool):
+        try:
+            bucket = bucket_elements(rb)
+        except WorkloadError:
+            pass
     return DeepSpeedPlan(source, stage, offload, precision, bucket)
 
 

@@ -45,8 +45,8 @@ its defaults, not traced (stage3_prefetch_bucket_size 5e7 elements; reduce_bucke
 elements unless the workload gives its own, --reduce-bucket-size); ZeRO-3's working set of gathered
 parameters under parameter offload is not sized (such a workload is flagged,
 workload.ZERO3_OFFLOAD_FLAG); activations are traced once and repeated. NCCL's NVLS buffers are
-added outside the allocator where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's behaviour is the installed
-torch's, or that of $VEST_JOB_TORCH where the job runs another (before 2.5 only the reduce-scatter
+added outside the allocator where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's
+behaviour is the installed torch's, or that of $VEST_JOB_TORCH where the job runs another (before 2.5 only the reduce-scatter
 input's stream differs); FSDP1's record_stream frees are placed two all-gathers later
 (limit_all_gathers), not where the GPU would pass them.
 """
