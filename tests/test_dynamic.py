@@ -432,3 +432,50 @@ def test_a_script_runs_once_for_the_gpu_classes_that_answer_its_questions_alike(
                                              cwd=str(tmp_path))
     assert runs == [(8, 0), (7, 0)] and summaries[True] is not summaries[False]
     assert ("device_name", None, None) in run.trace.gpu_asked
+
+
+def _estimate_in(folder, *command):
+    return estimate_command(parse_train_command(list(command)), [A100], cwd=str(folder))
+
+
+def test_a_module_the_python_lacks_is_the_users_environment_named_with_that_python(tmp_path):
+    (tmp_path / "train.py").write_text("import torch\nimport vest_no_such_package_xyz\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert "imports 'vest_no_such_package_xyz'" in msg and sys.executable in msg and "train.py:2" in msg
+    assert e.value.kind == "script-error" and "pip install" in e.value.fix and "environment the job activates" in e.value.fix
+    assert "fix the script" not in msg
+
+
+def test_a_name_the_installed_version_lacks_names_that_version_and_the_scripts_pin(tmp_path):
+    from importlib import metadata
+
+    (tmp_path / "requirements.txt").write_text("torch>=1.13\ntoml==0.9.0   # the version it was written for\n")
+    (tmp_path / "train.py").write_text("import torch\nfrom toml import vest_no_such_name\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert f"imports 'vest_no_such_name' from toml" in msg and f"toml {metadata.version('toml')}" in msg
+    assert "requirements.txt asks for toml==0.9.0" in msg and e.value.kind == "script-error"
+
+
+def test_a_command_run_by_another_python_says_to_run_vest_from_it(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    (tmp_path / "train.py").write_text("import vest_no_such_package_xyz\n")
+    venv_python = str(tmp_path / "venv" / "bin" / "python")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, venv_python, "train.py")
+    assert f"another Python ({venv_python})" in e.value.fix and "install vest-slurm there" in e.value.fix
+
+
+def test_other_python_tells_a_link_to_this_python_from_a_venv(tmp_path):
+    from vest_slurm.estimate.cudnn_ws import other_python
+
+    link = tmp_path / "python"
+    link.symlink_to(os.path.realpath(sys.executable))   # another name for the base interpreter
+    # this Python where it is not a venv's; where it is, the link runs the base environment
+    assert other_python(str(link)) == (None if sys.prefix == sys.base_prefix else str(link))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv_python = str(tmp_path / "venv" / "bin" / "python")   # a link to the base interpreter, yet a venv
+    assert other_python(venv_python) == venv_python

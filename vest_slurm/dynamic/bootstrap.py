@@ -344,15 +344,52 @@ def _needs_network(e: BaseException) -> bool:
     return needs_hub(e)
 
 
+def missing_import(e: BaseException) -> dict | None:
+    """What a script imports that this Python does not have, from the exception's chain: a module
+    whose top-level package is not installed here ({"module"}), or a name its installed version
+    does not define ({"module", "symbol", "package", "version"}: an ImportError "cannot import name
+    X from M"), else None. The job fails the same way in an environment like this one; in its own
+    (a venv, a conda env, `module load`, the versions the script pins) it may not."""
+    import importlib.util
+    import re
+    from importlib import metadata
+
+    for x in _chain(e):
+        if not isinstance(x, ImportError) or not x.name:
+            continue
+        top = x.name.split(".")[0]
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if isinstance(x, ModuleNotFoundError):
+            if not found:
+                return {"module": x.name}
+            continue
+        m = re.match(r"cannot import name '([^']+)' from '([^']+)'", str(x))
+        if found and m:
+            dists = metadata.packages_distributions().get(top) or [top]
+            try:
+                version = metadata.version(dists[0])
+            except metadata.PackageNotFoundError:
+                version = None
+            return {"module": m.group(2), "symbol": m.group(1), "package": dists[0], "version": version}
+    return None
+
+
 def classify(e: BaseException) -> str:
     """Who must act on a failure: ``vest-unsupported`` (it failed inside vest's fake CUDA or a
     stand-in, on a fake tensor, or at a CUDA API with no stand-in: the same script would run on a
     GPU), ``data-dependent`` (a shape or branch needs the data), ``refused`` (network, processes,
-    writes), ``memory``, or ``script-error`` (what the script would raise on a GPU too)."""
+    writes), ``memory``, ``missing-import`` (a package the script imports is not installed in the
+    Python that ran it, or not in the version the script was written for: the user's environment), or ``script-error`` (what the script would raise
+    on a GPU too)."""
     name = type(e).__name__
     text = str(e)
     if isinstance(e, Refused) or _needs_network(e):
         return "refused"
+    if missing_import(e) is not None:
+        return "missing-import"
     if "DataDependent" in name or "DynamicOutputShape" in name or "data-dependent" in text.lower():
         return "data-dependent"
     if isinstance(e, MemoryError):
@@ -440,7 +477,8 @@ def run(ns) -> dict:
         name = type(e).__name__
         result.update(status=kind, message=f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip(),
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
-                      traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e))
+                      traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
+                      missing=missing_import(e) if kind == "missing-import" else None)
     if state.input_problem and result["status"] == STATUS_OK:
         place = state.input_problem.split(" at ", 1)[1].split(";")[0] if " at " in state.input_problem else None
         result.update(status="data-dependent", message=state.input_problem, where=place or (

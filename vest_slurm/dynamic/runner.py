@@ -286,7 +286,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
-            _raise_for_status(cmd, result, _keep_log(log_path))
+            _raise_for_status(cmd, result, _keep_log(log_path), where)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
@@ -380,7 +380,30 @@ _WORKAROUND = ("describe the workload with a #VEST line instead (e.g. #VEST --mo
                "--batch-size 64 --input 3x224x224 --optimizer sgd-momentum), which needs no run of the script")
 
 
-def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None) -> None:
+def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[str, str] | None:
+    """(file, requirement) where a requirements file beside the script or in the directory the
+    command runs in names ``package`` (e.g. ("requirements.txt", "timm==0.3.2")), else None."""
+    import re
+
+    want = re.sub(r"[-_.]+", "-", package).lower()
+    where = cwd or os.getcwd()
+    dirs = [where] + ([os.path.dirname(os.path.join(where, cmd.script))] if cmd.script else [])
+    for d in dict.fromkeys(os.path.normpath(x) for x in dirs):
+        for name in ("requirements.txt", "requirements-train.txt", "requirements_train.txt"):
+            try:
+                with open(os.path.join(d, name), errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            for text in lines:
+                req = text.split("#", 1)[0].strip()
+                m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+                if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == want:
+                    return os.path.relpath(os.path.join(d, name), where), req
+    return None
+
+
+def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None) -> None:
     status = result.get("status")
     if status == "ok":
         return
@@ -418,6 +441,30 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None) -> 
         raise EstimateError(f"{msg} before its first training step\n{tail}{log}",
                             "run the script directly: it fails by itself (arguments, missing files)",
                             kind="script-error", where=where)
+    if status == "missing-import":
+        from ..estimate.cudnn_ws import other_python
+
+        miss = result.get("missing") or {}
+        theirs = other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+        env_fix = (f"the command runs another Python ({theirs}): install vest-slurm there and run vest from it, so "
+                   "that the estimate imports what the job imports" if theirs else
+                   "install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
+                   "from there, so that the estimate imports what the job imports")
+        if miss.get("symbol"):
+            pkg, version = miss.get("package") or miss["module"].split(".")[0], miss.get("version")
+            pin = requirement_pin(pkg, cmd, cwd)
+            what = (f"the script imports {miss['symbol']!r} from {miss['module']}{at}, which {pkg} "
+                    f"{version or '(version unknown)'} in the Python that ran it ({sys.executable}) does not have"
+                    + (f"; {pin[0]} asks for {pin[1]}" if pin else ""))
+            fix = (f"run the estimate with the {pkg} the job uses ({env_fix}), or make the script "
+                   f"work with {pkg} {version}; the job fails the same way in an environment like this one")
+        else:
+            what = (f"the script imports {miss.get('module')!r}{at}, which the Python that ran it does not have "
+                    f"({sys.executable})")
+            fix = (f"install the package that provides it into that Python (pip install ...), or {env_fix}; the job "
+                   "fails the same way in an environment without it" if not theirs else
+                   f"{env_fix}, or install the package that provides it into {sys.executable}")
+        raise EstimateError(f"{cmd.display}: {what}{line}{log}", fix, kind="script-error", where=where)
     if status == "vest-unsupported":
         named = f" (at {api})" if api else ""
         raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA{named}{at}: {msg}{line}{log}",

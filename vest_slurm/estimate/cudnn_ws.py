@@ -285,6 +285,27 @@ def _interpreter(program: str, path: str | None, cwd: str | None) -> str | None:
     return words[0] if words and os.path.isfile(words[0]) else None
 
 
+def other_python(program: str, env_path: str | None = None, cwd: str | None = None) -> str | None:
+    """The Python that runs a job's command where it is not this process's (a venv's, a module's),
+    else None."""
+    import sys
+
+    interp = _interpreter(program, env_path, cwd) if program else None
+    if interp is None or _prefix(interp) == _prefix(sys.executable):
+        return None
+    return interp
+
+
+def _prefix(exe: str) -> str:
+    """The environment a Python runs in (its sys.prefix): a venv's folder where a pyvenv.cfg sits
+    beside its bin/ (a venv's python is a link to the base interpreter, yet imports the venv's
+    packages), else the installation the link resolves to (pyenv's shims, python -> python3.11)."""
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(exe)))
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        return venv
+    return os.path.dirname(os.path.dirname(os.path.realpath(exe)))
+
+
 def use_job_python(program: str, env_path: str | None = None, cwd: str | None = None) -> str:
     """Where a job's command runs another Python than this process (a venv's, a module's), ask its
     torch for its cuDNN and set $VEST_JOB_CUDNN to it for this estimate ("unknown" for a CPU build,
@@ -302,8 +323,8 @@ def use_job_python(program: str, env_path: str | None = None, cwd: str | None = 
     if now is not None:            # an earlier job's answer in this process: not this job's
         del os.environ[JOB_CUDNN_ENV]
         _SET_HERE = None
-    interp = _interpreter(program, env_path, cwd) if program else None
-    if interp is None or os.path.abspath(interp) == os.path.abspath(sys.executable):
+    interp = other_python(program, env_path, cwd)
+    if interp is None:
         return ""
     try:
         r = subprocess.run([interp, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
