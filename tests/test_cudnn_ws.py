@@ -391,7 +391,7 @@ def test_placement_bounds_the_engines_where_the_cudnn_asked_is_not_the_jobs(monk
 def test_the_job_python_s_cudnn_is_asked_of_that_python(monkeypatch, tmp_path):
     """A job whose command runs another Python than vest's: its torch is asked for its cuDNN
     ($VEST_JOB_CUDNN, said with where it comes from). Real interpreters: vest's own through a
-    symlink elsewhere (another path, the same torch: its real cuDNN), Debian's python3 without torch
+    venv that sees its packages (another environment, the same torch: its real cuDNN), Debian's python3 without torch
     (unknown: placement bounds the engines), and vest's own (nothing asked)."""
     import os
     import shutil
@@ -406,6 +406,9 @@ def test_the_job_python_s_cudnn_is_asked_of_that_python(monkeypatch, tmp_path):
     bindir = tmp_path / "venv" / "bin"
     bindir.mkdir(parents=True)
     (bindir / "python").symlink_to(sys.executable)
+    # a venv (its pyvenv.cfg) that sees this Python's packages: another environment, the same torch
+    (tmp_path / "venv" / "pyvenv.cfg").write_text(f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n"
+                                                  "include-system-site-packages = true\n")
     (bindir / "torchrun").write_text("#!/usr/bin/env python\nimport sys\n")
     (bindir / "torchrun").chmod(0o755)
     cmd = parse_train_command("srun torchrun --nproc_per_node=2 train.py --lr 1")
