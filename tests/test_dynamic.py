@@ -479,3 +479,58 @@ def test_other_python_tells_a_link_to_this_python_from_a_venv(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
     venv_python = str(tmp_path / "venv" / "bin" / "python")   # a link to the base interpreter, yet a venv
     assert other_python(venv_python) == venv_python
+
+
+_TINY_TRAIN = """import torch
+from torch import nn
+{imports}
+model = nn.Sequential(nn.Linear(64, {width}), nn.ReLU(), nn.Linear({width}, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    x = torch.randn(32, 64, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _venv(path, system_site_packages: bool, files: dict | None = None) -> str:
+    """A real venv (its own environment), with ``files`` written into its site-packages."""
+    argv = [sys.executable, "-m", "venv", "--without-pip", str(path)] + (["--system-site-packages"] if system_site_packages else [])
+    subprocess.run(argv, check=True)
+    site = path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    for name, text in (files or {}).items():
+        (site / name).write_text(text)
+    return str(path / "bin" / "python")
+
+
+def test_the_script_runs_in_the_jobs_own_python_with_its_packages(tmp_path):
+    from vest_slurm.estimate.trace import JOB_PYTHON_NOTE
+
+    # a package only the job's venv has (vest's Python lacks it: that run would fail)
+    python = _venv(tmp_path / "venv", True, {"jobonly_width.py": "WIDTH = 4096\n"})
+    (tmp_path / "train.py").write_text(_TINY_TRAIN.format(imports="from jobonly_width import WIDTH", width="WIDTH"))
+    (est,), run = _estimate_in(tmp_path, python, "train.py")
+    assert any(n.startswith(f"{JOB_PYTHON_NOTE} ({python}, torch {torch.__version__})") for n in run.trace.notes)
+    assert run.flags == () and run.steps == 3
+    # the job's package decided the model: 64x4096 + 4096x10 parameters, fp32
+    assert dict(est.breakdown)["parameters"] == (64 * 4096 + 4096 + 4096 * 10 + 10) * 4
+    with pytest.raises(EstimateError, match="imports 'jobonly_width'"):
+        _estimate_in(tmp_path, "python", "train.py")   # vest's own Python has no such package
+
+
+def test_a_job_python_vest_cannot_run_in_is_said_and_the_estimate_flagged(tmp_path):
+    (tmp_path / "train.py").write_text(_TINY_TRAIN.format(imports="", width=128))
+    # no torch at all in the job's venv: the script runs in vest's Python, flagged
+    bare = _venv(tmp_path / "bare", False)
+    (_,), run = _estimate_in(tmp_path, bare, "train.py")
+    assert any(f"the job's Python ({bare}) has no torch that imports" in f and "vest's Python" in f for f in run.flags)
+    # a torch there, but vest's fake CUDA does not import under it (as under a torch too old or too new
+    # for it): run again in vest's Python, flagged with why
+    breaks = ("import sys\nclass _No:\n    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'vest_slurm.estimate._fakecuda':\n            raise ImportError('not under this torch')\n"
+              "sys.meta_path.insert(0, _No())\n")
+    odd = _venv(tmp_path / "odd", True, {"sitecustomize.py": breaks})
+    (_,), run = _estimate_in(tmp_path, odd, "train.py")
+    assert any(f"the job's Python ({odd}) did not run vest's fake CUDA" in f for f in run.flags), run.flags

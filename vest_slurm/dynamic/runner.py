@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import EstimateError
 from .bwrap import rss_bytes, sandbox_argv, tree_cpu_wait_s, tree_pids
@@ -30,7 +31,7 @@ from .children import CONFINED_ENV
 from . import accelerate_env
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
-from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, AllocEvent, AllocTrace
+from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, AllocEvent, AllocTrace
 from ..units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -73,10 +74,63 @@ class DynamicRun:
     repeats_replayed: int = 0   # identical no-grad calls of the model replayed from their trace (repeats.py)
 
 
+def _torch_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# The oldest torch and Python vest's fake CUDA runs a script with (pyproject's requirements).
+MIN_JOB_TORCH = (2, 4)
+MIN_JOB_PYTHON = (3, 10)
+
+
+def script_python(cmd: TrainCommand, cwd: str | None) -> tuple[str, str]:
+    """(the Python that runs the script with fake CUDA, why not the job's: "" where it is the job's).
+    The job's own where its command runs another Python than vest's (a venv, a conda env, a
+    module's) that has a torch vest can drive: the script imports what the job imports, at the
+    versions the job has (transformers, timm, torch itself: their memory is the job's). Else vest's,
+    and the reason, which the estimate flags."""
+    from ..estimate import cudnn_ws
+
+    theirs = cudnn_ws.other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+    if theirs is None:
+        return sys.executable, ""
+    torch_v, _, _, py = cudnn_ws.probe(theirs)
+    m = re.match(r"(\d+)\.(\d+)", torch_v or "")
+    if m is None:
+        why = "has no torch that imports"
+    elif (int(m.group(1)), int(m.group(2))) < MIN_JOB_TORCH or (py and tuple(py) < MIN_JOB_PYTHON):
+        why = (f"has torch {torch_v} on Python {'.'.join(map(str, py or ()))}; vest runs scripts with torch "
+               f">= {'.'.join(map(str, MIN_JOB_TORCH))} on Python >= {'.'.join(map(str, MIN_JOB_PYTHON))}")
+    else:
+        return theirs, ""
+    return sys.executable, f"the job's Python ({theirs}) {why}"
+
+
+def _env_prefix(python: str) -> str:
+    """The folder of a Python's environment (a venv's, or the installation's), which its child reads."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(python)))
+
+
+def _vest_only_path(tmpdir: str) -> str:
+    """A folder that holds vest_slurm alone (a link to this package), for the job's Python's
+    PYTHONPATH: the folder this package is installed in would also put vest's other packages (its
+    torch, transformers) before the job's."""
+    d = os.path.join(tmpdir, "vest-path")
+    os.makedirs(d, exist_ok=True)
+    os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.join(d, "vest_slurm"))
+    return d
+
+
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
-               user_env: dict | None = None) -> dict:
+               user_env: dict | None = None, vest_path: str | None = None) -> dict:
     """The child's environment: the user's (``user_env``, default this process's) less the GPU's and
-    the launchers' own variables, with the caches, offline switches and temp dir of the run."""
+    the launchers' own variables, with the caches, offline switches and temp dir of the run.
+    ``vest_path``: where the child (the job's own Python) finds vest_slurm, else this package's root."""
     base = os.environ if user_env is None else user_env
     env = {k: v for k, v in base.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
     env.update(dict(cmd.env))
@@ -100,7 +154,7 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
     # the vest_slurm package must import in the child even when run from a source checkout
     # (the folder that holds vest_slurm/: this file is vest_slurm/dynamic/runner.py), also when the
     # command sets its own PYTHONPATH (minGPT's projects: PYTHONPATH=../.. python chargpt.py)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pkg_root = vest_path or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -206,7 +260,24 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits: Limits = Limits(),
                 cwd: str | None = None) -> DynamicRun:
-    """Run ``cmd`` with fake CUDA for ``limits.steps`` optimizer steps; raise EstimateError on failure."""
+    """Run ``cmd`` with fake CUDA for ``limits.steps`` optimizer steps; raise EstimateError on failure.
+    In the job's own Python where it can (script_python); where vest's machinery does not run
+    there (a failure of kind vest-unsupported), once more in vest's, flagged."""
+    python, why_not = script_python(cmd, cwd)
+    if python == sys.executable:
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, why_not)
+    try:
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, "")
+    except EstimateError as e:
+        if e.kind != "vest-unsupported":
+            raise
+        first = e.what.splitlines()[0].removeprefix(f"{cmd.display}: ")
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, sys.executable,
+                            f"the job's Python ({python}) did not run vest's fake CUDA ({first})")
+
+
+def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits: Limits, cwd: str | None,
+                 python: str, why_not: str) -> DynamicRun:
     where = cwd or os.getcwd()
     if cmd.script and not os.path.isfile(os.path.join(where, cmd.script)):
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
@@ -230,7 +301,7 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
                 launcher_args = ["--config_file", config] + launcher_args
             else:
                 launcher_args = [config if a == cmd.config_file else a for a in launcher_args]
-    argv = [sys.executable, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
+    argv = [python, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
             "--tmpdir", tmpdir, "--gpu-name", profile.name, "--total-memory", str(profile.total_bytes),
             "--capability", str(profile.capability[0]), str(profile.capability[1]),
             "--device-count", str(_per_node(cmd, world)), "--world-size", str(max(1, world))]
@@ -239,13 +310,15 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     else:
         argv += ["--", cmd.script, *cmd.args]
     # bubblewrap where it can run (bwrap.py), else the audit hook alone, said once
-    argv, _confined = sandbox_argv(argv, tmpdir, where, tuple(_model_caches(os.environ).values()))
+    reads = tuple(_model_caches(os.environ).values()) + ((_env_prefix(python),) if python != sys.executable else ())
+    argv, _confined = sandbox_argv(argv, tmpdir, where, reads)
     t0 = time.perf_counter()
     log_path = os.path.join(tmpdir, "output.log")
     peak_rss = 0
     try:
         with open(log_path, "wb") as log:
-            env = _child_env(cmd, tmpdir, world, config)
+            env = _child_env(cmd, tmpdir, world, config, vest_path=_vest_only_path(tmpdir) if python != sys.executable
+                             else None)
             env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
             if cmd.launcher == "accelerate":
                 env[accelerate_env.ENV] = json.dumps(launcher_args)
@@ -294,6 +367,15 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
         batch, flags = batch_and_flags(cmd, result)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
+        if why_not:   # the job runs other packages than those the script ran with here
+            flags += (f"{why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
+                      "with its packages, not the job's, whose versions may take other memory; install vest-slurm "
+                      "in the job's environment and run vest from there",)
+        elif python != sys.executable:
+            from ..estimate.cudnn_ws import probe
+
+            trace = replace(trace, notes=trace.notes + (f"{JOB_PYTHON_NOTE} ({python}, torch {probe(python)[0]}) "
+                                                        "with its packages",))
         observed = dict(result.get("observed") or {})
         observed["batch_seen"] = batch
         mine = dict(observed=tuple(sorted(observed.items())), flags=flags,
@@ -446,8 +528,10 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
 
         miss = result.get("missing") or {}
         theirs = other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
-        env_fix = (f"the command runs another Python ({theirs}): install vest-slurm there and run vest from it, so "
-                   "that the estimate imports what the job imports" if theirs else
+        why_not = script_python(cmd, cwd)[1] if theirs else ""   # why the script did not run there
+        why_not = why_not.removeprefix(f"the job's Python ({theirs}) ")
+        env_fix = (f"the command runs another Python ({theirs}{', which ' + why_not if why_not else ''}): install "
+                   "vest-slurm there and run vest from it, so that the estimate imports what the job imports" if theirs else
                    "install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
                    "from there, so that the estimate imports what the job imports")
         if miss.get("symbol"):

@@ -255,8 +255,8 @@ def jobs_cudnn() -> tuple[int | None, str]:
 # ---------------------------------------------------------------- the job's own python
 
 # What the job's interpreter is asked (no GPU needed: cudnnGetVersion only loads the library).
-_PROBE = ("import json, torch; c = torch.version.cuda; "
-          "print(json.dumps([torch.__version__, c, torch.backends.cudnn.version() if c else None]))")
+_PROBE = ("import json, sys, torch; c = torch.version.cuda; print(json.dumps([torch.__version__, c, "
+          "torch.backends.cudnn.version() if c else None, list(sys.version_info[:2])]))")
 PROBE_TIMEOUT_S = 120     # importing a CUDA build of torch reads ~2 GB of libraries; a cold disk is slow
 
 
@@ -306,6 +306,27 @@ def _prefix(exe: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(exe)))
 
 
+_PROBED: dict[str, tuple] = {}
+
+
+def probe(interp: str) -> tuple:
+    """(torch version, CUDA version, cuDNN version, (Python major, minor)) of another Python, each
+    None where it does not answer (no torch: all None); asked once per process."""
+    import json
+    import subprocess
+
+    if interp not in _PROBED:
+        try:
+            r = subprocess.run([interp, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, stdin=subprocess.DEVNULL)
+            torch_v, cuda_v, cudnn_v, py = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 \
+                else (None,) * 4
+            _PROBED[interp] = (torch_v, cuda_v, cudnn_v, tuple(py) if py else None)
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError):
+            _PROBED[interp] = (None,) * 4
+    return _PROBED[interp]
+
+
 def use_job_python(program: str, env_path: str | None = None, cwd: str | None = None) -> str:
     """Where a job's command runs another Python than this process (a venv's, a module's), ask its
     torch for its cuDNN and set $VEST_JOB_CUDNN to it for this estimate ("unknown" for a CPU build,
@@ -326,12 +347,7 @@ def use_job_python(program: str, env_path: str | None = None, cwd: str | None = 
     interp = other_python(program, env_path, cwd)
     if interp is None:
         return ""
-    try:
-        r = subprocess.run([interp, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, stdin=subprocess.DEVNULL)
-        torch_v, cuda_v, cudnn_v = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else (None,) * 3
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        torch_v = cuda_v = cudnn_v = None
+    torch_v, cuda_v, cudnn_v, _ = probe(interp)
     if cudnn_v:
         value, what = version_text(int(cudnn_v)), f"the job's python {interp} (torch {torch_v}, CUDA {cuda_v})"
     else:

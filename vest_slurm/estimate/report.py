@@ -163,13 +163,15 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
 
 def trace_notes(summaries) -> list[str]:
     """What the output says about how the traces were made: a stack of identical blocks traced at
-    4 and 5 and scaled, or why it was traced whole (block_scaling.py)."""
+    4 and 5 and scaled, or why it was traced whole (block_scaling.py); a script run in the job's own
+    Python (runner.script_python)."""
     from .block_scaling import SCALED_NOTE, WHOLE_NOTE
+    from .trace import JOB_PYTHON_NOTE
 
     out: list[str] = []
     for s in summaries:
         trace = getattr(s, "trace", None)
         for n in (trace.notes if trace is not None else ()):
-            if n.startswith((SCALED_NOTE, WHOLE_NOTE)) and n not in out:
+            if n.startswith((SCALED_NOTE, WHOLE_NOTE, JOB_PYTHON_NOTE)) and n not in out:
                 out.append(n)
     return out

@@ -68,6 +68,8 @@ HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they
                     "estimate runs offline): PyTorch's own layers were traced where the job may load fused ones "
                     "(RMSNorm, rotary embedding, activations), which keep as much or less for the backward pass; "
                     "set USE_HUB_KERNELS=0 in the job to run what was estimated")
+# A dynamic run in the job's own Python (runner.script_python), said with the estimate.
+JOB_PYTHON_NOTE = "the script ran in the job's Python"
 
 
 @dataclass(frozen=True)
