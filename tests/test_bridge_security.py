@@ -253,3 +253,28 @@ def test_root_does_not_run_a_users_training_script(alice_job, hostile):
                        text=True, cwd=alice_job, env=env, timeout=300)
     assert not marker.exists()
     assert r.returncode == 2 and f"belongs to {USER}" in r.stderr, r.stderr
+
+
+def test_root_does_not_run_a_users_python_environment(bridge_users, tmp_path):
+    """A script of root's own, but the command names a user's venv (directly, or activated by the job
+    script): its Python is that user's code; nothing of it runs, not even the cuDNN probe."""
+    marker = tmp_path / "ran"
+    venv = Path(tempfile.mkdtemp(prefix="vest-alice-venv-"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+        pw = pwd.getpwnam(USER)
+        for p in [venv, *venv.rglob("*")]:
+            os.lchown(p, pw.pw_uid, pw.pw_gid)
+        work = tmp_path / "job"
+        work.mkdir()
+        (work / "train.py").write_text("import torch\n")
+        (work / "job.sh").write_text(f"#!/bin/bash\n#SBATCH --gres=gpu:v100:1\nsource {venv}/bin/activate\npython train.py\n")
+        for args in (("estimate", "--", str(venv / "bin" / "python"), "train.py"),
+                     ("check", str(work / "job.sh"), "--no-search")):
+            r = _vest(*args, cwd=work)
+            assert r.returncode == 2 and f"{venv} belongs to {USER}" in r.stderr, r.stderr
+        assert not marker.exists()
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

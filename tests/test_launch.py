@@ -109,3 +109,37 @@ def test_child_env_starts_from_the_users_environment_given(tmp_path):
     user = {"HF_HUB_CACHE": "/data/hub", "CUDA_VISIBLE_DEVICES": "3", "PATH": "/usr/bin"}
     env = _child_env(parse_train_command("python train.py"), str(tmp_path), 1, user_env=user)
     assert env["HF_HUB_CACHE"] == "/data/hub" and "CUDA_VISIBLE_DEVICES" not in env and env["PATH"] == "/usr/bin"
+
+
+def test_an_environment_the_job_script_activates_is_the_commands_python(tmp_path):
+    from vest_slurm.dynamic.launch import find_train_command
+
+    def env_dir(path):
+        (path / "bin").mkdir(parents=True)
+        (path / "bin" / "python").write_text("")
+        (path / "bin" / "activate").write_text("")
+        return str(path / "bin")
+
+    venv = env_dir(tmp_path / "venv")
+    named = env_dir(tmp_path / "home" / ".conda" / "envs" / "torch24")
+    installed = env_dir(tmp_path / "opt" / "miniforge" / "envs" / "lm")
+    env = {"PATH": "/usr/bin", "HOME": str(tmp_path / "home"), "CONDA_EXE": str(tmp_path / "opt" / "miniforge" / "bin" / "conda"),
+           "WORK": str(tmp_path)}
+    cases = {
+        (f"source {tmp_path}/venv/bin/activate",): venv,
+        (". $WORK/venv/bin/activate",): venv,
+        ("conda activate torch24",): named,
+        ("mamba activate lm",): installed,
+        ("source activate lm",): installed,
+        (f"conda activate {tmp_path}/venv",): venv,
+        ("conda activate torch24", "conda deactivate"): None,
+        ("conda activate no-such-env",): None,
+        ("module load pytorch/2.4",): None,   # not resolvable here: PATH as it is, and the estimate says whose Python
+    }
+    for lines, bin_dir in cases.items():
+        cmd = find_train_command([*lines, "srun python train.py --lr 1"], env)
+        assert cmd.script == "train.py" and cmd.args == ("--lr", "1")
+        assert dict(cmd.env).get("PATH") == (f"{bin_dir}:/usr/bin" if bin_dir else None), lines
+    # the command's own PATH= is the user's word
+    cmd = find_train_command([f"source {tmp_path}/venv/bin/activate", "PATH=/x python train.py"], env)
+    assert dict(cmd.env)["PATH"] == "/x"

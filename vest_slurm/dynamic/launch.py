@@ -171,16 +171,75 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
                         config_file, program=head)
 
 
-def find_train_command(command_lines: list[str]) -> TrainCommand | None:
-    """The first command line of a job script that runs Python training (None if there is none)."""
+def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:
+    """The first command line of a job script that runs Python training (None if there is none).
+    An environment the script activates before it (``source VENV/bin/activate``, ``conda activate
+    NAME``; activated_bin) goes first on the command's PATH, as in the job: its Python is the
+    job's (``env``: the variables to expand and find conda by, default this process's)."""
+    env = os.environ if env is None else env
+    active = None
     for line in command_lines:
         text = line.strip()
         if not text or text.startswith("#"):
+            continue
+        if (found := activated_bin(text, env)) is not None:
+            active = found or None   # "" : deactivated
             continue
         try:
             cmd = parse_train_command(text)
         except WorkloadError:
             continue
         if cmd.module or (cmd.script and cmd.script.endswith(".py")):
+            if active and "PATH" not in dict(cmd.env):
+                path = active + (os.pathsep + env["PATH"] if env.get("PATH") else "")
+                cmd = TrainCommand(**{**cmd.__dict__, "env": cmd.env + (("PATH", path),)})
             return cmd
+    return None
+
+
+def activated_bin(line: str, env) -> str | None:
+    """The bin folder a job script's line puts first on PATH by activating an environment: a
+    venv's (``source VENV/bin/activate``, ``. VENV/bin/activate``), a conda env's (``conda activate
+    NAME|PATH``, also mamba/micromamba, and the old ``source activate NAME``), found where conda keeps
+    environments ($CONDA_EXE's install, ~/.conda, the usual installers' folders); "" for
+    ``deactivate``; None for any other line, and for an environment not found (the command then runs
+    what PATH has: the estimate says whose Python that was)."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return None
+    if not words:
+        return None
+    home = env.get("HOME") or os.path.expanduser("~")
+
+    def expand(w: str) -> str:
+        w = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), w)
+        return home + w[1:] if w == "~" or w.startswith("~/") else w
+
+    if words[0] in ("deactivate", "conda", "mamba", "micromamba") and words[-1] == "deactivate":
+        return ""
+    if words[0] in (".", "source") and len(words) >= 2:
+        target = expand(words[1])
+        if os.path.basename(target) == "activate" and os.path.basename(os.path.dirname(target)) == "bin" \
+                and os.path.isfile(os.path.join(os.path.dirname(target), "python")):
+            return os.path.dirname(target)   # a venv's bin/activate
+        if os.path.basename(target) == "activate" and len(words) >= 3:   # conda's old `source activate NAME`
+            return _conda_bin(expand(words[2]), env, home)
+        return None
+    if words[0] in ("conda", "mamba", "micromamba") and len(words) >= 3 and words[1] == "activate":
+        names = [w for w in words[2:] if not w.startswith("-")]
+        return _conda_bin(expand(names[0]), env, home) if names else None
+    return None
+
+
+def _conda_bin(name: str, env, home: str) -> str | None:
+    if "/" in name:
+        places = [name]
+    else:
+        roots = [os.path.dirname(os.path.dirname(env["CONDA_EXE"]))] if env.get("CONDA_EXE") else []
+        roots += [os.path.join(home, d) for d in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")]
+        places = [os.path.join(home, ".conda", "envs", name)] + [os.path.join(r, "envs", name) for r in roots]
+    for p in places:
+        if os.path.isfile(os.path.join(p, "bin", "python")):
+            return os.path.join(p, "bin")
     return None
