@@ -534,3 +534,40 @@ def test_a_job_python_vest_cannot_run_in_is_said_and_the_estimate_flagged(tmp_pa
     odd = _venv(tmp_path / "odd", True, {"sitecustomize.py": breaks})
     (_,), run = _estimate_in(tmp_path, odd, "train.py")
     assert any(f"the job's Python ({odd}) did not run vest's fake CUDA" in f for f in run.flags), run.flags
+
+
+_SPAWN_TRAIN = """import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch import nn
+
+def main_worker(gpu, ngpus):
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", world_size=ngpus, rank=gpu)
+    torch.cuda.set_device(gpu)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(256, 2048), nn.ReLU(),
+                                                              nn.Linear(2048, 10)).cuda(gpu), device_ids=[gpu])
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(5):
+        x = torch.randn(64, 256, device=gpu)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+if __name__ == "__main__":
+    ngpus = torch.cuda.device_count()
+    {launch}
+"""
+
+
+def test_a_script_that_spawns_its_ranks_runs_rank_0_here(tmp_path):
+    """mp.spawn(main_worker, nprocs=GPUs): rank 0 runs in the estimate's process, as if the script
+    had called main_worker(0, ...) itself (a real spawn starts Pythons without the fake CUDA)."""
+    for name, launch in (("spawn.py", "mp.spawn(main_worker, nprocs=ngpus, args=(ngpus,))"),
+                         ("start.py", "mp.start_processes(main_worker, args=(ngpus,), nprocs=ngpus, join=False).join()"),
+                         ("direct.py", "main_worker(0, ngpus)")):
+        (tmp_path / name).write_text(_SPAWN_TRAIN.replace("{launch}", launch))
+    runs = {name: estimate_command(parse_train_command(["python", name]), [A100], num_gpus=2, cwd=str(tmp_path))
+            for name in ("spawn.py", "start.py", "direct.py")}
+    (direct,), _ = runs["direct.py"]
+    for name in ("spawn.py", "start.py"):
+        (est,), run = runs[name]
+        assert run.steps == 3 and est.peak_bytes == direct.peak_bytes, name
+        assert dict(est.breakdown) == dict(direct.breakdown), name

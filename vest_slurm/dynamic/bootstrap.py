@@ -348,7 +348,7 @@ def missing_import(e: BaseException) -> dict | None:
     """What a script imports that this Python does not have, from the exception's chain: a module
     whose top-level package is not installed here ({"module"}), or a name its installed version
     does not define ({"module", "symbol", "package", "version"}: an ImportError "cannot import name
-    X from M"), else None. The job fails the same way in an environment like this one; in its own
+    X from M", or a submodule it does not have, symbol None), else None. The job fails the same way in an environment like this one; in its own
     (a venv, a conda env, `module load`, the versions the script pins) it may not."""
     import importlib.util
     import re
@@ -362,18 +362,18 @@ def missing_import(e: BaseException) -> dict | None:
             found = importlib.util.find_spec(top) is not None
         except (ImportError, ValueError):
             found = False
-        if isinstance(x, ModuleNotFoundError):
-            if not found:
-                return {"module": x.name}
-            continue
+        if isinstance(x, ModuleNotFoundError) and not found:
+            return {"module": x.name}
         m = re.match(r"cannot import name '([^']+)' from '([^']+)'", str(x))
-        if found and m:
+        if found and (m or isinstance(x, ModuleNotFoundError)):
+            # the package is there, not that part of it: another version than the script's
             dists = metadata.packages_distributions().get(top) or [top]
             try:
                 version = metadata.version(dists[0])
             except metadata.PackageNotFoundError:
                 version = None
-            return {"module": m.group(2), "symbol": m.group(1), "package": dists[0], "version": version}
+            what = {"module": m.group(2), "symbol": m.group(1)} if m else {"module": x.name, "symbol": None}
+            return what | {"package": dists[0], "version": version}
     return None
 
 

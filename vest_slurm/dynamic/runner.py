@@ -359,7 +359,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
-            _raise_for_status(cmd, result, _keep_log(log_path), where)
+            _raise_for_status(cmd, result, _keep_log(log_path), where, python)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
@@ -485,7 +485,8 @@ def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[s
     return None
 
 
-def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None) -> None:
+def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None,
+                      python: str = sys.executable) -> None:
     status = result.get("status")
     if status == "ok":
         return
@@ -527,27 +528,37 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
         from ..estimate.cudnn_ws import other_python
 
         miss = result.get("missing") or {}
-        theirs = other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
-        why_not = script_python(cmd, cwd)[1] if theirs else ""   # why the script did not run there
-        why_not = why_not.removeprefix(f"the job's Python ({theirs}) ")
-        env_fix = (f"the command runs another Python ({theirs}{', which ' + why_not if why_not else ''}): install "
-                   "vest-slurm there and run vest from it, so that the estimate imports what the job imports" if theirs else
-                   "install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
-                   "from there, so that the estimate imports what the job imports")
-        if miss.get("symbol"):
-            pkg, version = miss.get("package") or miss["module"].split(".")[0], miss.get("version")
-            pin = requirement_pin(pkg, cmd, cwd)
-            what = (f"the script imports {miss['symbol']!r} from {miss['module']}{at}, which {pkg} "
-                    f"{version or '(version unknown)'} in the Python that ran it ({sys.executable}) does not have"
-                    + (f"; {pin[0]} asks for {pin[1]}" if pin else ""))
-            fix = (f"run the estimate with the {pkg} the job uses ({env_fix}), or make the script "
-                   f"work with {pkg} {version}; the job fails the same way in an environment like this one")
+        theirs = None
+        if python != sys.executable:   # the job's own Python: the job fails the same way
+            who = f"the job's Python ({python})"
         else:
-            what = (f"the script imports {miss.get('module')!r}{at}, which the Python that ran it does not have "
-                    f"({sys.executable})")
-            fix = (f"install the package that provides it into that Python (pip install ...), or {env_fix}; the job "
-                   "fails the same way in an environment without it" if not theirs else
-                   f"{env_fix}, or install the package that provides it into {sys.executable}")
+            who = f"the Python that ran it ({python})"
+            theirs = other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+        if theirs:
+            why_not = script_python(cmd, cwd)[1].removeprefix(f"the job's Python ({theirs}) ")
+            env_fix = (f"the command runs another Python ({theirs}{', which ' + why_not if why_not else ''}): "
+                       "install vest-slurm there and run vest from it, so that the estimate imports what the job imports")
+        else:
+            env_fix = ("install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
+                       "from there, so that the estimate imports what the job imports")
+        if miss.get("package"):
+            pkg, version = miss["package"], miss.get("version")
+            pin = requirement_pin(pkg, cmd, cwd)
+            imported = f"{miss['symbol']!r} from {miss['module']}" if miss.get("symbol") else miss["module"]
+            what = (f"the script imports {imported}{at}, which {pkg} {version or '(version unknown)'} in {who} does "
+                    "not have" + (f"; {pin[0]} asks for {pin[1]}" if pin else ""))
+            fix = (f"make the script work with {pkg} {version}, or " +
+                   (f"install the {pkg} it was written for into the job's environment" if python != sys.executable
+                    else f"run the estimate with the {pkg} the job uses ({env_fix})") +
+                   "; the job fails the same way in an environment like this one")
+        elif python != sys.executable:
+            what = f"the script imports {miss.get('module')!r}{at}, which {who} does not have"
+            fix = "install the package that provides it into the job's environment; the job fails the same way without it"
+        else:
+            what = f"the script imports {miss.get('module')!r}{at}, which {who} does not have"
+            fix = (f"{env_fix}, or install the package that provides it into {python}" if theirs else
+                   f"install the package that provides it into that Python (pip install ...), or {env_fix}; the job "
+                   "fails the same way in an environment without it")
         raise EstimateError(f"{cmd.display}: {what}{line}{log}", fix, kind="script-error", where=where)
     if status == "vest-unsupported":
         named = f" (at {api})" if api else ""

@@ -232,6 +232,34 @@ def _init_process_group(state: ScriptState):
     return init
 
 
+def _spawn(state: ScriptState):
+    """torch.multiprocessing.spawn / start_processes(fn, args, nprocs, ...), the launcher of
+    scripts that start one process per GPU themselves (pytorch/examples' imagenet, MoCo:
+    ``mp.spawn(main_worker, nprocs=ngpus_per_node, args=...)``): rank 0 runs here, ``fn(0, *args)``,
+    traced like the rest of the script; the other ranks run the same step on their own GPUs. A real
+    spawn would start Python processes without the fake CUDA, which fail (NCCL finds no GPU) or
+    compute on the CPU untraced."""
+    class _Done:
+        """What spawn(join=False) returns, for a rank that has already run."""
+
+        processes = ()
+
+        def join(self, timeout=None):
+            return True
+
+        def pids(self):
+            return []
+
+    def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        fn(0, *args)
+        return None if join else _Done()
+
+    def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        return start_processes(fn, args, nprocs, join, daemon, start_method)
+
+    return spawn, start_processes
+
+
 # ---- scalars and host copies ---------------------------------------------------------------------------
 
 def _stand_in_scalar(t):
@@ -568,8 +596,10 @@ def patched(state: ScriptState):
         return orig_dl_init(self, *a, **k)
 
     import torch.distributed as dist
+    import torch.multiprocessing as torch_mp
     import torch.nn.parallel as par
 
+    spawn, start_processes = _spawn(state)
     patches = [
         (nn.Module, "_apply", _apply_overwrite(state)),
         (nn.Module, "cuda", _as_parameters(state, nn.Module.cuda, lambda *a, **k: True)),
@@ -593,6 +623,8 @@ def patched(state: ScriptState):
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", _init_process_group(state)),
+        (torch_mp, "spawn", spawn),
+        (torch_mp, "start_processes", start_processes),
         (par, "DataParallel", _data_parallel(par.DataParallel)),
         (nn, "DataParallel", _data_parallel(par.DataParallel)),
         (par, "DistributedDataParallel", FakeDDP),

@@ -763,14 +763,16 @@ def _grouped_mm_fp32_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 
 def _pin(d):
-    """``cuda`` / ``cuda:N`` / torch.device(cuda) -> cuda:0; anything else unchanged. A bare
-    ``cuda`` would make C++ ask the (absent) driver for the current device."""
+    """``cuda`` / ``cuda:N`` / torch.device(cuda) / an index N -> cuda:0; anything else unchanged. A
+    bare ``cuda`` would make C++ ask the (absent) driver for the current device. A device given as
+    an index (``device=local_rank``, ``t.to(gpu)``: DDP scripts' habit) is a CUDA device's in a
+    CUDA build of torch (c10::Device from an int is the current accelerator's)."""
     if isinstance(d, str) and (d == "cuda" or d.startswith("cuda:")):
         return DEVICE
     if isinstance(d, torch.device) and d.type == "cuda":
         return DEVICE
-    if isinstance(d, int) and not isinstance(d, bool):
-        return d
+    if isinstance(d, int) and not isinstance(d, bool) and d >= 0:
+        return DEVICE
     return d
 
 
@@ -834,7 +836,7 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
             return _deepcopy_fake(*args)
         dev = kwargs.get("device")
-        if dev is not None and not isinstance(dev, int):
+        if dev is not None:
             pinned = _pin(dev)
             if pinned is not dev:
                 kwargs = dict(kwargs, device=pinned)
