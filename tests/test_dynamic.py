@@ -571,3 +571,29 @@ def test_a_script_that_spawns_its_ranks_runs_rank_0_here(tmp_path):
         (est,), run = runs[name]
         assert run.steps == 3 and est.peak_bytes == direct.peak_bytes, name
         assert dict(est.breakdown) == dict(direct.breakdown), name
+
+
+def test_srun_gives_the_script_its_first_tasks_slurm_variables(tmp_path):
+    """Scripts written for Slurm take rank and world from srun's variables; the estimate runs rank
+    0 as srun starts it. The model's width here is 64 x SLURM_NTASKS, its parameters say what it read."""
+    (tmp_path / "train.py").write_text(
+        "import os, torch, torch.distributed as dist\nfrom torch import nn\n"
+        "rank, world, local = int(os.environ['SLURM_PROCID']), int(os.environ['SLURM_NTASKS']), int(os.environ['SLURM_LOCALID'])\n"
+        "assert rank == 0 and local == 0 and os.environ['SLURM_NODELIST']\n"
+        "nodes = int(os.environ['SLURM_NNODES'])\n"
+        "dist.init_process_group('nccl', rank=rank, world_size=world, init_method='tcp://127.0.0.1:29518')\n"
+        "torch.cuda.set_device(local)\n"
+        "model = nn.parallel.DistributedDataParallel(nn.Linear(16, 64 * world + nodes).cuda(), device_ids=[local])\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    model(torch.randn(8, 16, device='cuda')).sum().backward()\n"
+        "    opt.step()\n    opt.zero_grad()\n")
+    for srun, gpus, width in ((["srun"], 4, 64 * 4 + 1),                                   # one task per GPU
+                              (["srun", "-n", "8", "--ntasks-per-node", "4"], 8, 64 * 8 + 2),
+                              (["srun", "--ntasks-per-node=2", "-N", "3"], 6, 64 * 6 + 3)):
+        (est,), run = estimate_command(parse_train_command(srun + ["python", "train.py"]), [A100], num_gpus=gpus,
+                                       cwd=str(tmp_path))
+        assert dict(est.breakdown)["parameters"] == (16 * width + width) * 4, srun
+    # without srun nothing sets them: the script sees the user's own environment, where they are not
+    with pytest.raises(EstimateError, match="SLURM_PROCID"):
+        estimate_command(parse_train_command(["python", "train.py"]), [A100], num_gpus=4, cwd=str(tmp_path))

@@ -52,6 +52,7 @@ class TrainCommand:
     launcher_args: tuple[str, ...] = ()      # accelerate launch's own option words (accelerate_env.py)
     config_file: str | None = None           # accelerate's --config_file, as written
     program: str = ""          # the command's first word (python, a venv's python, torchrun, ./train.py): whose torch runs
+    srun: tuple[tuple[str, str], ...] | None = None   # srun's options where srun starts the command, else None
 
     @property
     def display(self) -> str:
@@ -125,8 +126,10 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         i += 1
     if i < len(words) and words[i] in ("exec", "time", "env"):
         i += 1
+    srun = None
     if i < len(words) and os.path.basename(words[i]) == "srun":
-        i, _ = _skip_options(words, i + 1, _named(_SRUN_FLAGS_WITH_VALUE))
+        i, seen = _skip_options(words, i + 1, _named(_SRUN_FLAGS_WITH_VALUE))
+        srun = tuple(seen.items())
     if i >= len(words):
         raise WorkloadError(f"no training command in {command!r}", "give e.g. `python train.py ...`")
     head = words[i]
@@ -139,7 +142,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
         launcher = "torchrun"
         if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
-            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head)
+            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head, srun=srun)
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
@@ -157,7 +160,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         if i < len(words) and words[i] == "-m":
             if i + 1 >= len(words):
                 raise WorkloadError(f"`{command}`: -m without a module", "give the module, e.g. python -m pkg.train")
-            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), 1, "python", tuple(env), program=head)
+            return TrainCommand(None, words[i + 1], tuple(words[i + 2:]), 1, "python", tuple(env), program=head,
+                                srun=srun)
         if i < len(words) and words[i] == "-c":
             raise WorkloadError("`python -c` code cannot be estimated", "put the training code in a file and run that")
     elif head.endswith(".py"):
@@ -168,7 +172,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
     return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
-                        config_file, program=head)
+                        config_file, program=head, srun=srun)
 
 
 def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:

@@ -163,11 +163,13 @@ def _rank_env(cmd: TrainCommand, world: int, accelerate_config: str | None = Non
     """The process-placement variables the job's launcher gives rank 0, and only those: torchrun
     (torch/distributed/elastic/agent/server/api.py: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT), and accelerate launch where it starts the script through torchrun
-    (multi_gpu_launcher: more than one process, or FSDP / Megatron-LM). A plain ``python train.py``
-    (also behind srun, which sets SLURM_PROCID and SLURM_NTASKS, not torch's variables) and
-    accelerate's simple launcher of one process set none: the script sees the user's own
+    (multi_gpu_launcher: more than one process, or FSDP / Megatron-LM); srun starting Python itself,
+    its first task's SLURM_PROCID, SLURM_NTASKS, ... (_srun_task_env). A plain ``python train.py``
+    and accelerate's simple launcher of one process set none: the script sees the user's own
     environment, as in the job. A script that reads RANK to choose its DDP branch (nanoGPT's
     ``int(os.environ.get('RANK', -1)) != -1``) then takes the branch it takes on the GPU node."""
+    if cmd.srun is not None and cmd.launcher == "python":
+        return _srun_task_env(cmd, world)
     if cmd.launcher == "accelerate":
         if world <= 1 and not _accelerate_uses_torchrun(cmd, accelerate_config):
             return {}
@@ -175,6 +177,37 @@ def _rank_env(cmd: TrainCommand, world: int, accelerate_config: str | None = Non
         return {}
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(_per_node(cmd, world)),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def _srun_task_env(cmd: TrainCommand, world: int) -> dict:
+    """What srun gives its first task (Slurm's srun(1), "OUTPUT ENVIRONMENT VARIABLES"), where srun
+    starts Python itself, one task per rank: the scripts written for Slurm read their rank and world
+    from these (``int(os.environ["SLURM_PROCID"])``, Lightning's SLURMEnvironment, submitit). Tasks:
+    srun's -n/--ntasks, else --ntasks-per-node x -N/--nodes, else one per GPU of the job (the usual
+    ``#SBATCH --ntasks-per-node=<GPUs per node>``); the node list is this host."""
+    import socket
+
+    opts = dict(cmd.srun or ())
+
+    def num(*names):
+        for n in names:
+            try:
+                return max(1, int(str(opts[n]).split("-")[0]))
+            except (KeyError, ValueError):
+                continue
+        return None
+
+    per_node_opt = num("--ntasks-per-node")
+    nodes = num("-N", "--nodes")
+    tasks = num("-n", "--ntasks") or (per_node_opt * nodes if per_node_opt and nodes else None) or max(1, world)
+    nodes = nodes or (-(-tasks // per_node_opt) if per_node_opt else -(-tasks // _per_node(cmd, world)))
+    per_node = per_node_opt or -(-tasks // nodes)
+    host = socket.gethostname() or "localhost"
+    return {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": str(tasks),
+            "SLURM_NPROCS": str(tasks), "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_NTASKS_PER_NODE": str(per_node),
+            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+            "SLURM_STEP_ID": "0", "SLURM_NODELIST": host, "SLURM_JOB_NODELIST": host, "SLURM_STEP_NODELIST": host,
+            "SLURMD_NODENAME": host}
 
 
 # accelerate launch's switches, and a config file's distributed_type values, for which
