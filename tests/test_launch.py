@@ -143,3 +143,21 @@ def test_an_environment_the_job_script_activates_is_the_commands_python(tmp_path
     # the command's own PATH= is the user's word
     cmd = find_train_command([f"source {tmp_path}/venv/bin/activate", "PATH=/x python train.py"], env)
     assert dict(cmd.env)["PATH"] == "/x"
+
+
+def test_what_the_job_script_exports_before_the_command_is_its_environment():
+    from vest_slurm.dynamic.launch import find_train_command
+
+    env = {"PATH": "/usr/bin", "HOME": "/home/u", "SCRATCH": "/scratch/u"}
+    lines = ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+             'export HF_HOME="$SCRATCH/hf" TOKENIZERS_PARALLELISM=false',
+             "export OUT='$SCRATCH/literal'",
+             "export CACHE=~/cache",
+             "export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",   # computed in the job
+             "export GONE=1", "unset GONE",
+             "export PATH=$HOME/.local/bin:$PATH",
+             "HF_HOME=/own python train.py"]
+    env_of = dict(find_train_command(lines, env).env)
+    assert env_of == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false",
+                      "OUT": "$SCRATCH/literal", "CACHE": "/home/u/cache", "PATH": "/home/u/.local/bin:/usr/bin",
+                      "HF_HOME": "/own"}   # the command's own prefix wins

@@ -176,29 +176,78 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
 
 
 def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:
-    """The first command line of a job script that runs Python training (None if there is none).
-    An environment the script activates before it (``source VENV/bin/activate``, ``conda activate
-    NAME``; activated_bin) goes first on the command's PATH, as in the job: its Python is the
-    job's (``env``: the variables to expand and find conda by, default this process's)."""
+    """The first command line of a job script that runs Python training (None if there is none),
+    with the environment the lines before it set up, as in the job: ``export NAME=VALUE`` (``$NAME``
+    expanded; a value computed by a command, ``$(...)``, is not known and left out), ``unset NAME``,
+    and an environment activated (``source VENV/bin/activate``, ``conda activate NAME``;
+    activated_bin) first on PATH, so that its Python is the job's. The command's own ``NAME=VALUE``
+    prefixes win. ``env``: the variables to expand and find conda by (default this process's)."""
     env = os.environ if env is None else env
-    active = None
+    exported: dict[str, str | None] = {}   # None: unset
+    before_activation: list[str | None] = []
+
+    def lookup(name: str) -> str:
+        v = exported[name] if name in exported else env.get(name)
+        return v or ""
+
     for line in command_lines:
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         if (found := activated_bin(text, env)) is not None:
-            active = found or None   # "" : deactivated
+            if found:
+                before_activation.append(lookup("PATH"))
+                exported["PATH"] = found + (os.pathsep + before_activation[-1] if before_activation[-1] else "")
+            elif before_activation:   # deactivate: PATH as it was
+                prev = before_activation.pop()
+                if prev == (env.get("PATH") or ""):
+                    exported.pop("PATH", None)
+                else:
+                    exported["PATH"] = prev or None
+            continue
+        if _exports(text, exported, lookup):
             continue
         try:
             cmd = parse_train_command(text)
         except WorkloadError:
             continue
         if cmd.module or (cmd.script and cmd.script.endswith(".py")):
-            if active and "PATH" not in dict(cmd.env):
-                path = active + (os.pathsep + env["PATH"] if env.get("PATH") else "")
-                cmd = TrainCommand(**{**cmd.__dict__, "env": cmd.env + (("PATH", path),)})
+            own = dict(cmd.env)
+            setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own)
+            if setup:
+                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env})
             return cmd
     return None
+
+
+def _exports(text: str, exported: dict, lookup) -> bool:
+    """Apply a job script's ``export NAME=VALUE ...`` or ``unset NAME ...`` line to ``exported``;
+    False for any other line."""
+    try:
+        words = shlex.split(text, comments=True, posix=False)
+    except ValueError:
+        return False
+    if not words or words[0] not in ("export", "unset"):
+        return False
+    for w in words[1:]:
+        if w.startswith("-"):
+            continue
+        if words[0] == "unset":
+            exported[w] = None
+            continue
+        name, eq, raw = w.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            continue
+        if "$(" in raw or "`" in raw:
+            continue   # computed when the job runs: not known here
+        quoted = raw[:1] == "'" and raw[-1:] == "'" and len(raw) >= 2
+        value = raw[1:-1] if quoted or (raw[:1] == '"' and raw[-1:] == '"' and len(raw) >= 2) else raw
+        if not quoted:
+            value = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: lookup(m.group(1)), value)
+            if value == "~" or value.startswith("~/"):
+                value = (lookup("HOME") or os.path.expanduser("~")) + value[1:]
+        exported[name] = value
+    return True
 
 
 def activated_bin(line: str, env) -> str | None:
