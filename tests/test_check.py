@@ -128,3 +128,25 @@ def test_check_notes_where_bf16_runs_emulated(tmp_path, capsys):
     assert rows["v100"]["fits"] and "emulated" in rows["v100"]["note"] and "amp-fp16" in rows["v100"]["note"]
     assert rows["a100"]["fits"] and rows["a100"]["note"] == ""
     assert doc["placement"]["partition"] == "a100"   # where it runs at full speed
+
+
+def test_check_of_a_script_says_in_which_python_it_ran(tmp_path, capsys, monkeypatch):
+    """A job script that loads modules vest does not load: the check says which Python the script ran
+    in instead (table and JSON); one that activates a venv: the script ran in the venv's Python."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch import nn\nm = nn.Linear(32, 32).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(4, 32, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    monkeypatch.chdir(tmp_path)
+    job = _script(tmp_path, "#SBATCH --gres=gpu:1\nmodule load cuda/12.4 pytorch\npython train.py")
+    assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
+    (note,) = json.loads(capsys.readouterr().out)["notes"]
+    assert note.startswith("the job script loads software vest does not load (module load cuda/12.4 pytorch)")
+    assert f"ran in {sys.executable}" in note
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(tmp_path / "venv")],
+                   check=True)
+    job = _script(tmp_path, "#SBATCH --gres=gpu:1\nsource venv/bin/activate\npython train.py", name="venv.sh")
+    assert run(["check", job, "--site-config", TESTBED]) == 0
+    assert f"note: the script ran in the job's Python (venv/bin/python" in capsys.readouterr().out

@@ -161,3 +161,12 @@ def test_what_the_job_script_exports_before_the_command_is_its_environment():
     assert env_of == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false",
                       "OUT": "$SCRATCH/literal", "CACHE": "/home/u/cache", "PATH": "/home/u/.local/bin:/usr/bin",
                       "HF_HOME": "/own"}   # the command's own prefix wins
+
+
+def test_software_loaded_by_modules_is_named_not_followed():
+    from vest_slurm.dynamic.launch import find_train_command
+
+    cmd = find_train_command(["module purge", "module load cuda/12.4 pytorch/2.4", "ml gcc", "module list",
+                              "spack load py-torch", "python train.py"], {"PATH": "/usr/bin"})
+    assert cmd.unresolved == ("module load cuda/12.4 pytorch/2.4", "ml gcc", "spack load py-torch")
+    assert find_train_command(["python train.py"], {}).unresolved == ()

@@ -53,6 +53,7 @@ class TrainCommand:
     config_file: str | None = None           # accelerate's --config_file, as written
     program: str = ""          # the command's first word (python, a venv's python, torchrun, ./train.py): whose torch runs
     srun: tuple[tuple[str, str], ...] | None = None   # srun's options where srun starts the command, else None
+    unresolved: tuple[str, ...] = ()   # job-script lines that set up an environment vest cannot follow (module load)
 
     @property
     def display(self) -> str:
@@ -185,6 +186,7 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
     env = os.environ if env is None else env
     exported: dict[str, str | None] = {}   # None: unset
     before_activation: list[str | None] = []
+    unresolved: list[str] = []
 
     def lookup(name: str) -> str:
         v = exported[name] if name in exported else env.get(name)
@@ -193,6 +195,9 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
     for line in command_lines:
         text = line.strip()
         if not text or text.startswith("#"):
+            continue
+        if _unresolvable_setup(text):
+            unresolved.append(text)
             continue
         if (found := activated_bin(text, env)) is not None:
             if found:
@@ -214,10 +219,26 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
         if cmd.module or (cmd.script and cmd.script.endswith(".py")):
             own = dict(cmd.env)
             setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own)
-            if setup:
-                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env})
+            if setup or unresolved:
+                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved)})
             return cmd
     return None
+
+
+def _unresolvable_setup(text: str) -> bool:
+    """A line that loads software into the job's environment by means vest does not run: Lmod and
+    Environment Modules (``module load``, ``ml``), Spack (``spack load``), and a conda environment
+    activated by a name it cannot find."""
+    words = text.split()
+    if not words:
+        return False
+    if words[0] == "module" and len(words) >= 3 and words[1] in ("load", "add", "swap", "switch", "restore"):
+        return True
+    if words[0] == "ml" and len(words) >= 2 and words[1] not in ("list", "avail", "spider", "-t"):
+        return True
+    if words[0] == "spack" and len(words) >= 3 and words[1] in ("load", "env"):
+        return True
+    return False
 
 
 def _exports(text: str, exported: dict, lookup) -> bool:

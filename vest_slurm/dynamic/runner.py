@@ -31,7 +31,7 @@ from .children import CONFINED_ENV
 from . import accelerate_env
 from .launch import TrainCommand
 from ..estimate.profiles import DeviceProfile
-from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, AllocEvent, AllocTrace
+from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE, AllocEvent, AllocTrace
 from ..units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -404,6 +404,11 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             flags += (f"{why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
                       "with its packages, not the job's, whose versions may take other memory; install vest-slurm "
                       "in the job's environment and run vest from there",)
+        elif cmd.unresolved and python == sys.executable:
+            trace = replace(trace, notes=trace.notes + (
+                f"{JOB_SETUP_NOTE} ({'; '.join(cmd.unresolved)}): the script ran in {sys.executable} (torch "
+                f"{_torch_version()}) with its packages; load the same before running vest, or name the job's "
+                "Python in the command, for the job's versions",))
         elif python != sys.executable:
             from ..estimate.cudnn_ws import probe
 

@@ -161,17 +161,25 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
     return json.dumps(doc, indent=2)
 
 
+def job_environment_notes(summaries) -> list[str]:
+    """Of trace_notes, those about the Python a script ran in (the job's own, or vest's while the
+    job script loads modules): vsbatch and `vest check` say them too."""
+    from .trace import JOB_PYTHON_NOTE, JOB_SETUP_NOTE
+
+    return [n for n in trace_notes(summaries) if n.startswith((JOB_PYTHON_NOTE, JOB_SETUP_NOTE))]
+
+
 def trace_notes(summaries) -> list[str]:
     """What the output says about how the traces were made: a stack of identical blocks traced at
     4 and 5 and scaled, or why it was traced whole (block_scaling.py); a script run in the job's own
     Python (runner.script_python)."""
     from .block_scaling import SCALED_NOTE, WHOLE_NOTE
-    from .trace import JOB_PYTHON_NOTE
+    from .trace import JOB_PYTHON_NOTE, JOB_SETUP_NOTE
 
     out: list[str] = []
     for s in summaries:
         trace = getattr(s, "trace", None)
         for n in (trace.notes if trace is not None else ()):
-            if n.startswith((SCALED_NOTE, WHOLE_NOTE, JOB_PYTHON_NOTE)) and n not in out:
+            if n.startswith((SCALED_NOTE, WHOLE_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE)) and n not in out:
                 out.append(n)
     return out

@@ -70,6 +70,7 @@ HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they
                     "set USE_HUB_KERNELS=0 in the job to run what was estimated")
 # A dynamic run in the job's own Python (runner.script_python), said with the estimate.
 JOB_PYTHON_NOTE = "the script ran in the job's Python"
+JOB_SETUP_NOTE = "the job script loads software vest does not load"
 
 
 @dataclass(frozen=True)

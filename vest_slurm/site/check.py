@@ -111,6 +111,7 @@ def cmd_check(ns) -> int:
         raise WorkloadError("--search-budget must be positive", "e.g. --search-budget 30, or --no-search")
     prober = Prober.for_site(site, cache=True)
     auto_text = None
+    script_notes: list[str] = []
     if getattr(ns, "num_gpus_auto", False) and isinstance(spec, WorkloadSpec):
         from ..slurm.jobscript import read_job_script
         from .autogpus import LaunchShape, choose, launch_shape
@@ -131,6 +132,9 @@ def cmd_check(ns) -> int:
                                               cwd=os.getcwd())   # where sbatch would run it
         prober.add_script_traces(spec, summaries)
         ns.no_search = True
+        from ..estimate.report import job_environment_notes
+
+        script_notes = job_environment_notes(summaries.values())
     estimates, failed = prober.estimates(spec)
     if not estimates:
         raise next(iter(failed.values()))
@@ -176,9 +180,9 @@ def cmd_check(ns) -> int:
     write_pictures(ns, spec, lambda p: prober.summary(spec, p), prober.profiles)
     progress.done()
     if ns.json:
-        print(_json(spec, site, source, rows, result, advice, seconds, prober, auto_text))
+        print(_json(spec, site, source, rows, result, advice, seconds, prober, auto_text, script_notes))
     else:
-        print(_table(spec, site, source, rows, result, advice, seconds, prober, auto_text), end="")
+        print(_table(spec, site, source, rows, result, advice, seconds, prober, auto_text, script_notes), end="")
     return EXIT_NO_FIT if isinstance(result, NoFit) else 0
 
 
@@ -186,7 +190,7 @@ def _m(b) -> str:
     return "-" if b is None else f"{b / MiB:,.0f}"
 
 
-def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=None) -> str:
+def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=None, script_notes=()) -> str:
     from .placement import NoFit
 
     gpus = f"  {spec.num_gpus} GPUs" if spec.num_gpus > 1 else ""
@@ -208,6 +212,7 @@ def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=
         colalign=("left", "left", "right", "right", "right", "right", "left", "right", "left"))
     notes = [f"FLAGGED: {f}" for f in spec.flags] + [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
     notes += [auto_text] if auto_text else []
+    notes += [f"note: {n}" for n in script_notes]
     if spec.parallelism in SHARDED:
         for r in rows:
             sm = r.get("smallest_gpus")
@@ -227,7 +232,7 @@ def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=
     return "\n\n".join([head, table] + (["\n".join(notes)] if notes else []) + [verdict] + tail) + "\n"
 
 
-def _json(spec, site, source, rows, result, advice, seconds, prober, auto_text=None) -> str:
+def _json(spec, site, source, rows, result, advice, seconds, prober, auto_text=None, script_notes=()) -> str:
     from .placement import NoFit
 
     mib = lambda b: None if b is None else round(b / MiB, 1)  # noqa: E731
@@ -248,5 +253,6 @@ def _json(spec, site, source, rows, result, advice, seconds, prober, auto_text=N
                      "warnings": list(result.warnings)}
     return json.dumps({"tool": "vest check", "version": __version__, "source": source, "site_config": site.path,
                        "workload": spec.to_dict(), "gpus": gpus, "placement": placement, "num_gpus_auto": auto_text,
+                       "notes": list(script_notes),
                        "advice": [a.to_dict() for a in advice], "traces": prober.traces_made, "traces_scaled": prober.traces_scaled,
                        "search_stopped": prober.stopped, "seconds": round(seconds, 3)}, indent=2)

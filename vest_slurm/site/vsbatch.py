@@ -552,6 +552,10 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     progress.step(f"running `{train.display}` with fake CUDA")
     spec, summaries, _run = trace_command(train, list(prober.profiles.values()), gpus, limits, cwd=workdir)
     prober.add_script_traces(spec, summaries)
+    from ..estimate.report import job_environment_notes
+
+    for note in job_environment_notes(summaries.values()):
+        out.say(f"note: {note}")
     prober.trace_seconds += sum(s.seconds for s in summaries.values() if not isinstance(s, VestError))
     return spec, request
 
