@@ -343,7 +343,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
     else:
         argv += ["--", cmd.script, *cmd.args]
     # bubblewrap where it can run (bwrap.py), else the audit hook alone, said once
-    reads = tuple(_model_caches(os.environ).values()) + ((_env_prefix(python),) if python != sys.executable else ())
+    # the job's Python: its environment and, for a venv, the installation its python links to
+    theirs = (_env_prefix(python), _env_prefix(os.path.realpath(python))) if python != sys.executable else ()
+    reads = tuple(_model_caches(os.environ).values()) + tuple(dict.fromkeys(theirs))
     argv, _confined = sandbox_argv(argv, tmpdir, where, reads)
     t0 = time.perf_counter()
     log_path = os.path.join(tmpdir, "output.log")
