@@ -518,3 +518,24 @@ def test_zero3_parameter_offload_is_flagged_not_silent():
     est = estimate(spec, [get_profile("a100-80gb")])
     assert json.loads(estimate_json(spec, est))["flags"] == [ZERO3_OFFLOAD_FLAG]
     assert "FLAGGED: " + ZERO3_OFFLOAD_FLAG in estimate_table(spec, est)
+
+
+def test_the_job_pythons_torch_decides_the_fsdp_schedule(monkeypatch, tmp_path):
+    """A job whose command runs another Python: its torch (asked of it) is the one FSDP is modelled
+    as ($VEST_JOB_TORCH set for that estimate, dropped for the next job that runs this Python); the
+    site's or the user's own setting is kept."""
+    import os
+    import sys
+
+    from vest_slurm.estimate import sharding
+
+    monkeypatch.delenv("VEST_JOB_TORCH", raising=False)
+    python = tmp_path / "env" / "bin" / "python"   # a Python that answers as a torch 2.4.1 build does
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho \'["2.4.1+cu124", "12.4", 90100, [3, 11]]\'\n')
+    python.chmod(0o755)
+    note = sharding.use_job_torch(str(python))
+    assert "2.4.1+cu124" in note and sharding.job_torch_version() == (2, 4)
+    assert sharding.use_job_torch(sys.executable) == "" and "VEST_JOB_TORCH" not in os.environ
+    monkeypatch.setenv("VEST_JOB_TORCH", "2.3")
+    assert sharding.use_job_torch(str(python)) == "" and sharding.job_torch_version() == (2, 3)

@@ -650,6 +650,9 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     # the cuDNN of the Python the job runs (a venv's, another torch), not this process's (item 2 of
     # issue 25): the trace runs here, the job's convolutions run on that cuDNN's engines
     cudnn_ws.use_job_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+    from ..estimate.sharding import use_job_torch   # and its torch, for the FSDP schedule it runs
+
+    use_job_torch(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first, gpu_class_of_first = {}, None, None

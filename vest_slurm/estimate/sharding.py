@@ -46,8 +46,9 @@ elements unless the workload gives its own, --reduce-bucket-size); ZeRO-3's work
 parameters under parameter offload is not sized (such a workload is flagged,
 workload.ZERO3_OFFLOAD_FLAG); activations are traced once and repeated. NCCL's NVLS buffers are
 added outside the allocator where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's
-behaviour is the installed torch's, or that of $VEST_JOB_TORCH where the job runs another (before 2.5 only the reduce-scatter
-input's stream differs); FSDP1's record_stream frees are placed two all-gathers later
+behaviour is the installed torch's, or that of $VEST_JOB_TORCH where the job runs another (before
+2.5 only the reduce-scatter input's stream differs; for a script, use_job_torch sets it from the
+job's own Python); FSDP1's record_stream frees are placed two all-gathers later
 (limit_all_gathers), not where the GPU would pass them.
 """
 
@@ -78,6 +79,34 @@ ZERO_ALIGN = 2   # stage_1_and_2.py nccl_start_alignment_factor: partitions padd
 # whose pool the compute stream cannot reuse (_fsdp_collectives.py foreach_reduce_scatter).
 RS_INPUT_ON_COMPUTE_SINCE = (2, 5)
 JOB_TORCH_ENV = "VEST_JOB_TORCH"   # the job's torch where it is not this one (e.g. 2.4.1): its FSDP2
+
+
+_TORCH_SET_HERE: str | None = None   # the $VEST_JOB_TORCH use_job_torch set (a later job may change it)
+
+
+def use_job_torch(program: str, env_path: str | None = None, cwd: str | None = None) -> str:
+    """Where a job's command runs another Python than this process (a venv's), set $VEST_JOB_TORCH
+    to that Python's torch for this estimate, so that FSDP's schedule is modelled as the job's torch
+    runs it (RS_INPUT_ON_COMPUTE_SINCE). Nothing where the site or the user set it, or where the
+    job's Python is this one or has no torch. Returns the note ("" where nothing changed)."""
+    import os
+    import re
+
+    from .cudnn_ws import other_python, probe
+
+    global _TORCH_SET_HERE
+    now = os.environ.get(JOB_TORCH_ENV)
+    if now is not None and now != _TORCH_SET_HERE:
+        return ""                  # the site's or the user's
+    if now is not None:            # an earlier job's answer in this process: not this job's
+        del os.environ[JOB_TORCH_ENV]
+        _TORCH_SET_HERE = None
+    interp = other_python(program, env_path, cwd)
+    torch_v = probe(interp)[0] if interp else None
+    if not torch_v or not re.match(r"\d+\.\d+", torch_v):
+        return ""
+    os.environ[JOB_TORCH_ENV] = _TORCH_SET_HERE = torch_v.split("+")[0]
+    return f"FSDP modelled as torch {torch_v} of the job's python {interp} runs it"
 
 
 def job_torch_version() -> tuple[int, int]:
