@@ -140,6 +140,12 @@ def test_an_environment_the_job_script_activates_is_the_commands_python(tmp_path
         cmd = find_train_command([*lines, "srun python train.py --lr 1"], env)
         assert cmd.script == "train.py" and cmd.args == ("--lr", "1")
         assert dict(cmd.env).get("PATH") == (f"{bin_dir}:/usr/bin" if bin_dir else None), lines
+    # an environment not found here is named with the lines vest cannot follow; $NAMEs the script
+    # exported expand in an activation
+    assert find_train_command(["conda activate no-such-env", "python train.py"], env).unresolved == \
+        ("conda activate no-such-env",)
+    cmd = find_train_command([f"export ENVS={tmp_path}", "source $ENVS/venv/bin/activate", "python train.py"], env)
+    assert dict(cmd.env)["PATH"] == f"{venv}:/usr/bin" and cmd.unresolved == ()
     # the command's own PATH= is the user's word
     cmd = find_train_command([f"source {tmp_path}/venv/bin/activate", "PATH=/x python train.py"], env)
     assert dict(cmd.env)["PATH"] == "/x"

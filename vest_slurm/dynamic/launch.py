@@ -199,7 +199,8 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
         if _unresolvable_setup(text):
             unresolved.append(text)
             continue
-        if (found := activated_bin(text, env)) is not None:
+        seen = {**env, **{k: v for k, v in exported.items() if v is not None}}   # what the line's $NAMEs expand to
+        if (found := activated_bin(text, seen)) is not None:
             if found:
                 before_activation.append(lookup("PATH"))
                 exported["PATH"] = found + (os.pathsep + before_activation[-1] if before_activation[-1] else "")
@@ -209,6 +210,9 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
                     exported.pop("PATH", None)
                 else:
                     exported["PATH"] = prev or None
+            continue
+        if _activation(text):   # an environment activated that is not found here
+            unresolved.append(text)
             continue
         if _exports(text, exported, lookup):
             continue
@@ -225,10 +229,17 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
     return None
 
 
+def _activation(text: str) -> bool:
+    """Whether a line activates an environment (activated_bin's forms), found here or not."""
+    words = text.split()
+    return len(words) >= 2 and ((words[0] in ("conda", "mamba", "micromamba") and words[1] == "activate")
+                                or (words[0] in (".", "source") and os.path.basename(words[1]) == "activate"))
+
+
 def _unresolvable_setup(text: str) -> bool:
     """A line that loads software into the job's environment by means vest does not run: Lmod and
-    Environment Modules (``module load``, ``ml``), Spack (``spack load``), and a conda environment
-    activated by a name it cannot find."""
+    Environment Modules (``module load``, ``ml``), Spack (``spack load``). (A conda environment
+    activated by a name not found here is recorded beside them, find_train_command.)"""
     words = text.split()
     if not words:
         return False
