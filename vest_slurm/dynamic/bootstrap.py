@@ -348,8 +348,9 @@ def missing_import(e: BaseException) -> dict | None:
     """What a script imports that this Python does not have, from the exception's chain: a module
     whose top-level package is not installed here ({"module"}), or a name its installed version
     does not define ({"module", "symbol", "package", "version"}: an ImportError "cannot import name
-    X from M", or a submodule it does not have, symbol None), else None. The job fails the same way in an environment like this one; in its own
-    (a venv, a conda env, `module load`, the versions the script pins) it may not."""
+    X from M", or a submodule it does not have, symbol None), else None. The job fails the same way
+    in an environment like this one; in its own (a venv, a conda env, `module load`, the versions
+    the script pins) it may not."""
     import importlib.util
     import re
     from importlib import metadata
@@ -382,8 +383,8 @@ def classify(e: BaseException) -> str:
     stand-in, on a fake tensor, or at a CUDA API with no stand-in: the same script would run on a
     GPU), ``data-dependent`` (a shape or branch needs the data), ``refused`` (network, processes,
     writes), ``memory``, ``missing-import`` (a package the script imports is not installed in the
-    Python that ran it, or not in the version the script was written for: the user's environment), or ``script-error`` (what the script would raise
-    on a GPU too)."""
+    Python that ran it, or not in the version the script was written for: the user's environment),
+    or ``script-error`` (what the script would raise on a GPU too)."""
     name = type(e).__name__
     text = str(e)
     if isinstance(e, Refused) or _needs_network(e):

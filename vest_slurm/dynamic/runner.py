@@ -111,11 +111,6 @@ def script_python(cmd: TrainCommand, cwd: str | None) -> tuple[str, str]:
     return sys.executable, f"the job's Python ({theirs}) {why}"
 
 
-def _env_prefix(python: str) -> str:
-    """The folder of a Python's environment (a venv's, or the installation's), which its child reads."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(python)))
-
-
 def _vest_only_path(tmpdir: str) -> str:
     """A folder that holds vest_slurm alone (a link to this package), for the job's Python's
     PYTHONPATH: the folder this package is installed in would also put vest's other packages (its
@@ -344,7 +339,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         argv += ["--", cmd.script, *cmd.args]
     # bubblewrap where it can run (bwrap.py), else the audit hook alone, said once
     # the job's Python: its environment and, for a venv, the installation its python links to
-    theirs = (_env_prefix(python), _env_prefix(os.path.realpath(python))) if python != sys.executable else ()
+    from ..estimate.cudnn_ws import environment_of
+
+    theirs = (environment_of(python), environment_of(os.path.realpath(python))) if python != sys.executable else ()
     reads = tuple(_model_caches(os.environ).values()) + tuple(dict.fromkeys(theirs))
     argv, _confined = sandbox_argv(argv, tmpdir, where, reads)
     t0 = time.perf_counter()

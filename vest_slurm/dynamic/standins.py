@@ -232,7 +232,7 @@ def _init_process_group(state: ScriptState):
     return init
 
 
-def _spawn(state: ScriptState):
+def _spawn():
     """torch.multiprocessing.spawn / start_processes(fn, args, nprocs, ...), the launcher of
     scripts that start one process per GPU themselves (pytorch/examples' imagenet, MoCo:
     ``mp.spawn(main_worker, nprocs=ngpus_per_node, args=...)``): rank 0 runs here, ``fn(0, *args)``,
@@ -599,7 +599,7 @@ def patched(state: ScriptState):
     import torch.multiprocessing as torch_mp
     import torch.nn.parallel as par
 
-    spawn, start_processes = _spawn(state)
+    spawn, start_processes = _spawn()
     patches = [
         (nn.Module, "_apply", _apply_overwrite(state)),
         (nn.Module, "cuda", _as_parameters(state, nn.Module.cuda, lambda *a, **k: True)),

@@ -291,12 +291,12 @@ def other_python(program: str, env_path: str | None = None, cwd: str | None = No
     import sys
 
     interp = _interpreter(program, env_path, cwd) if program else None
-    if interp is None or _prefix(interp) == _prefix(sys.executable):
+    if interp is None or environment_of(interp) == environment_of(sys.executable):
         return None
     return interp
 
 
-def _prefix(exe: str) -> str:
+def environment_of(exe: str) -> str:
     """The environment a Python runs in (its sys.prefix): a venv's folder where a pyvenv.cfg sits
     beside its bin/ (a venv's python is a link to the base interpreter, yet imports the venv's
     packages), else the installation the link resolves to (pyenv's shims, python -> python3.11)."""

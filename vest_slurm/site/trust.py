@@ -106,12 +106,12 @@ def check_train_command(train, cwd: str, job_path: str | None = None, site=None)
     (where it is not vest's) or (for ``python -m``) working directory belongs to another user, when
     the runner is privileged."""
     script = os.path.join(cwd, train.script) if train.script else None
-    from ..estimate.cudnn_ws import other_python
+    from ..estimate.cudnn_ws import environment_of, other_python
 
     # the job's own Python (a venv's, which the estimate runs the script in and asks for its cuDNN):
     # its environment's folder is its owner's code as much as the script is
     theirs = other_python(train.program, dict(train.env).get("PATH", os.environ.get("PATH")), cwd)
-    venv = os.path.dirname(os.path.dirname(os.path.abspath(theirs))) if theirs else None
+    venv = environment_of(theirs) if theirs else None
     foreign = foreign_job([job_path, script, None if train.script else cwd, venv], site)
     if foreign is not None:
         raise refuse_script(foreign[0], foreign[1], f"the training command `{train.display}`", site)
