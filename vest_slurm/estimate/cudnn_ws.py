@@ -241,7 +241,29 @@ def _parse_version(text: str) -> int | None:
 
 
 _JOB_SOURCE: dict[str, str] = {}    # {the $VEST_JOB_CUDNN value use_job_python set: where it comes from}
-_SET_HERE: str | None = None         # the value use_job_python set (a later job of this process may change it)
+class JobSetting:
+    """An environment variable set for one job's estimate from the job's own Python ($VEST_JOB_CUDNN
+    here, $VEST_JOB_TORCH in sharding.py): the site's or the user's own value is kept; the value an
+    earlier job of this process set is dropped before the next job's is asked."""
+
+    def __init__(self, name: str):
+        self.name, self.mine = name, None
+
+    def clear(self) -> bool:
+        """False where the site or the user set it (it stays); else drop this process's earlier value."""
+        now = os.environ.get(self.name)
+        if now is not None and now != self.mine:
+            return False
+        if now is not None:
+            del os.environ[self.name]
+            self.mine = None
+        return True
+
+    def set(self, value: str) -> None:
+        os.environ[self.name] = self.mine = value
+
+
+_JOB_CUDNN = JobSetting(JOB_CUDNN_ENV)
 
 
 def jobs_cudnn() -> tuple[int | None, str]:
@@ -337,13 +359,8 @@ def use_job_python(program: str, env_path: str | None = None, cwd: str | None = 
     import subprocess
     import sys
 
-    global _SET_HERE
-    now = os.environ.get(JOB_CUDNN_ENV)
-    if now is not None and now != _SET_HERE:
+    if not _JOB_CUDNN.clear():
         return ""                  # the site's or the user's
-    if now is not None:            # an earlier job's answer in this process: not this job's
-        del os.environ[JOB_CUDNN_ENV]
-        _SET_HERE = None
     interp = other_python(program, env_path, cwd)
     if interp is None:
         return ""
@@ -354,7 +371,7 @@ def use_job_python(program: str, env_path: str | None = None, cwd: str | None = 
         value = "unknown"
         what = (f"the job's python {interp} (torch {torch_v}, a CPU build)" if torch_v else
                 f"the job's python {interp} (no torch answered)")
-    os.environ[JOB_CUDNN_ENV] = _SET_HERE = value
+    _JOB_CUDNN.set(value)
     _JOB_SOURCE[value] = what
     return f"cuDNN: {what}"
 

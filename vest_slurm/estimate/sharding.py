@@ -81,7 +81,7 @@ RS_INPUT_ON_COMPUTE_SINCE = (2, 5)
 JOB_TORCH_ENV = "VEST_JOB_TORCH"   # the job's torch where it is not this one (e.g. 2.4.1): its FSDP2
 
 
-_TORCH_SET_HERE: str | None = None   # the $VEST_JOB_TORCH use_job_torch set (a later job may change it)
+_JOB_TORCH = None   # cudnn_ws.JobSetting of $VEST_JOB_TORCH, made when first used (cudnn_ws imported then)
 
 
 def use_job_torch(program: str, env_path: str | None = None, cwd: str | None = None) -> str:
@@ -89,23 +89,19 @@ def use_job_torch(program: str, env_path: str | None = None, cwd: str | None = N
     to that Python's torch for this estimate, so that FSDP's schedule is modelled as the job's torch
     runs it (RS_INPUT_ON_COMPUTE_SINCE). Nothing where the site or the user set it, or where the
     job's Python is this one or has no torch. Returns the note ("" where nothing changed)."""
-    import os
     import re
 
-    from .cudnn_ws import other_python, probe
+    from .cudnn_ws import JobSetting, other_python, probe
 
-    global _TORCH_SET_HERE
-    now = os.environ.get(JOB_TORCH_ENV)
-    if now is not None and now != _TORCH_SET_HERE:
+    global _JOB_TORCH
+    _JOB_TORCH = _JOB_TORCH or JobSetting(JOB_TORCH_ENV)
+    if not _JOB_TORCH.clear():
         return ""                  # the site's or the user's
-    if now is not None:            # an earlier job's answer in this process: not this job's
-        del os.environ[JOB_TORCH_ENV]
-        _TORCH_SET_HERE = None
     interp = other_python(program, env_path, cwd)
     torch_v = probe(interp)[0] if interp else None
     if not torch_v or not re.match(r"\d+\.\d+", torch_v):
         return ""
-    os.environ[JOB_TORCH_ENV] = _TORCH_SET_HERE = torch_v.split("+")[0]
+    _JOB_TORCH.set(torch_v.split("+")[0])
     return f"FSDP modelled as torch {torch_v} of the job's python {interp} runs it"
 
 
