@@ -56,6 +56,11 @@ class TrainCommand:
     unresolved: tuple[str, ...] = ()   # job-script lines that set up an environment vest cannot follow (module load)
 
     @property
+    def path(self) -> str | None:
+        """The PATH the command runs with: its own or its job script's (``env``), else this process's."""
+        return dict(self.env).get("PATH", os.environ.get("PATH"))
+
+    @property
     def display(self) -> str:
         target = self.script if self.script else f"-m {self.module}"
         return f"{self.launcher} {target} {' '.join(shlex.quote(a) for a in self.args)}".strip()

@@ -88,27 +88,27 @@ MIN_JOB_TORCH = (2, 4)
 MIN_JOB_PYTHON = (3, 10)
 
 
-def script_python(cmd: TrainCommand, cwd: str | None) -> tuple[str, str]:
-    """(the Python that runs the script with fake CUDA, why not the job's: "" where it is the job's).
-    The job's own where its command runs another Python than vest's (a venv, a conda env, a
-    module's) that has a torch vest can drive: the script imports what the job imports, at the
-    versions the job has (transformers, timm, torch itself: their memory is the job's). Else vest's,
-    and the reason, which the estimate flags."""
+def script_python(cmd: TrainCommand, cwd: str | None) -> tuple[str, str | None, str]:
+    """(the Python that runs the script with fake CUDA, the job's own where it is another than vest's
+    (else None), why the job's own does not run it: "" where it does or there is none). The job's own
+    where its command runs another Python than vest's (a venv, a conda env, a module's) that has a
+    torch vest can drive: the script imports what the job imports, at the versions the job has
+    (transformers, timm, torch itself: their memory is the job's). Else vest's, and the reason,
+    which the estimate flags."""
     from ..estimate import cudnn_ws
 
-    theirs = cudnn_ws.other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+    theirs = cudnn_ws.other_python(cmd.program, cmd.path, cwd)
     if theirs is None:
-        return sys.executable, ""
+        return sys.executable, None, ""
     torch_v, _, _, py = cudnn_ws.probe(theirs)
     m = re.match(r"(\d+)\.(\d+)", torch_v or "")
     if m is None:
-        why = "has no torch that imports"
-    elif (int(m.group(1)), int(m.group(2))) < MIN_JOB_TORCH or (py and tuple(py) < MIN_JOB_PYTHON):
-        why = (f"has torch {torch_v} on Python {'.'.join(map(str, py or ()))}; vest runs scripts with torch "
-               f">= {'.'.join(map(str, MIN_JOB_TORCH))} on Python >= {'.'.join(map(str, MIN_JOB_PYTHON))}")
-    else:
-        return theirs, ""
-    return sys.executable, f"the job's Python ({theirs}) {why}"
+        return sys.executable, theirs, "has no torch that imports"
+    if (int(m.group(1)), int(m.group(2))) < MIN_JOB_TORCH or (py and tuple(py) < MIN_JOB_PYTHON):
+        return sys.executable, theirs, (
+            f"has torch {torch_v} on Python {'.'.join(map(str, py or ()))}; vest runs scripts with torch "
+            f">= {'.'.join(map(str, MIN_JOB_TORCH))} on Python >= {'.'.join(map(str, MIN_JOB_PYTHON))}")
+    return theirs, theirs, ""
 
 
 def _vest_only_path(tmpdir: str) -> str:
@@ -291,21 +291,23 @@ def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits
     """Run ``cmd`` with fake CUDA for ``limits.steps`` optimizer steps; raise EstimateError on failure.
     In the job's own Python where it can (script_python); where vest's machinery does not run
     there (a failure of kind vest-unsupported), once more in vest's, flagged."""
-    python, why_not = script_python(cmd, cwd)
+    python, theirs, why_not = script_python(cmd, cwd)
     if python == sys.executable:
-        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, why_not)
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, why_not)
     try:
-        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, "")
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, "")
     except EstimateError as e:
         if e.kind != "vest-unsupported":
             raise
         first = e.what.splitlines()[0].removeprefix(f"{cmd.display}: ")
-        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, sys.executable,
-                            f"the job's Python ({python}) did not run vest's fake CUDA ({first})")
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, sys.executable, theirs,
+                            f"did not run vest's fake CUDA ({first})")
 
 
 def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits: Limits, cwd: str | None,
-                 python: str, why_not: str) -> DynamicRun:
+                 python: str, theirs: str | None, why_not: str) -> DynamicRun:
+    """One run in ``python``; ``theirs``, ``why_not``: script_python's (the job's own Python, why it
+    does not run the script), said in the flags and in a missing import's fix."""
     where = cwd or os.getcwd()
     if cmd.script and not os.path.isfile(os.path.join(where, cmd.script)):
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
@@ -341,8 +343,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
     # the job's Python: its environment and, for a venv, the installation its python links to
     from ..estimate.cudnn_ws import environment_of
 
-    theirs = (environment_of(python), environment_of(os.path.realpath(python))) if python != sys.executable else ()
-    reads = tuple(_model_caches(os.environ).values()) + tuple(dict.fromkeys(theirs))
+    job_env = (environment_of(python), environment_of(os.path.realpath(python))) if python != sys.executable else ()
+    reads = tuple(_model_caches(os.environ).values()) + tuple(dict.fromkeys(job_env))
     argv, _confined = sandbox_argv(argv, tmpdir, where, reads)
     t0 = time.perf_counter()
     log_path = os.path.join(tmpdir, "output.log")
@@ -391,7 +393,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
-            _raise_for_status(cmd, result, _keep_log(log_path), where, python)
+            _raise_for_status(cmd, result, _keep_log(log_path), where, python, theirs, why_not)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
@@ -400,7 +402,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         if why_not:   # the job runs other packages than those the script ran with here
-            flags += (f"{why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
+            flags += (f"the job's Python ({theirs}) {why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
                       "with its packages, not the job's, whose versions may take other memory; install vest-slurm "
                       "in the job's environment and run vest from there",)
         elif cmd.unresolved and python == sys.executable:
@@ -502,8 +504,6 @@ _WORKAROUND = ("describe the workload with a #VEST line instead (e.g. #VEST --mo
 def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[str, str] | None:
     """(file, requirement) where a requirements file beside the script or in the directory the
     command runs in names ``package`` (e.g. ("requirements.txt", "timm==0.3.2")), else None."""
-    import re
-
     want = re.sub(r"[-_.]+", "-", package).lower()
     where = cwd or os.getcwd()
     dirs = [where] + ([os.path.dirname(os.path.join(where, cmd.script))] if cmd.script else [])
@@ -523,7 +523,7 @@ def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[s
 
 
 def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None,
-                      python: str = sys.executable) -> None:
+                      python: str = sys.executable, theirs: str | None = None, why_not: str = "") -> None:
     status = result.get("status")
     if status == "ok":
         return
@@ -562,18 +562,12 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             "run the script directly: it fails by itself (arguments, missing files)",
                             kind="script-error", where=where)
     if status == "missing-import":
-        from ..estimate.cudnn_ws import other_python
-
         miss = result.get("missing") or {}
-        theirs = None
-        if python != sys.executable:   # the job's own Python: the job fails the same way
-            who = f"the job's Python ({python})"
-        else:
-            who = f"the Python that ran it ({python})"
-            theirs = other_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
-        if theirs:
-            why_not = script_python(cmd, cwd)[1].removeprefix(f"the job's Python ({theirs}) ")
-            env_fix = (f"the command runs another Python ({theirs}{', which ' + why_not if why_not else ''}): "
+        ran_theirs = python != sys.executable   # the job's own Python: the job fails the same way
+        who = f"the job's Python ({python})" if ran_theirs else f"the Python that ran it ({python})"
+        other = theirs if not ran_theirs else None   # the job's own, which did not run the script
+        if other:
+            env_fix = (f"the command runs another Python ({other}{', which ' + why_not if why_not else ''}): "
                        "install vest-slurm there and run vest from it, so that the estimate imports what the job imports")
         else:
             env_fix = ("install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
@@ -585,15 +579,14 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
             what = (f"the script imports {imported}{at}, which {pkg} {version or '(version unknown)'} in {who} does "
                     "not have" + (f"; {pin[0]} asks for {pin[1]}" if pin else ""))
             fix = (f"make the script work with {pkg} {version}, or " +
-                   (f"install the {pkg} it was written for into the job's environment" if python != sys.executable
+                   (f"install the {pkg} it was written for into the job's environment" if ran_theirs
                     else f"run the estimate with the {pkg} the job uses ({env_fix})") +
                    "; the job fails the same way in an environment like this one")
-        elif python != sys.executable:
-            what = f"the script imports {miss.get('module')!r}{at}, which {who} does not have"
-            fix = "install the package that provides it into the job's environment; the job fails the same way without it"
         else:
             what = f"the script imports {miss.get('module')!r}{at}, which {who} does not have"
-            fix = (f"{env_fix}, or install the package that provides it into {python}" if theirs else
+            fix = ("install the package that provides it into the job's environment; the job fails the same way "
+                   "without it" if ran_theirs else
+                   f"{env_fix}, or install the package that provides it into {python}" if other else
                    f"install the package that provides it into that Python (pip install ...), or {env_fix}; the job "
                    "fails the same way in an environment without it")
         raise EstimateError(f"{cmd.display}: {what}{line}{log}", fix, kind="script-error", where=where)
@@ -646,10 +639,10 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     gpus = num_gpus or (cmd.nproc if cmd.nproc > 0 else 1)
     # the cuDNN of the Python the job runs (a venv's, another torch), not this process's (item 2 of
     # issue 25): the trace runs here, the job's convolutions run on that cuDNN's engines
-    cudnn_ws.use_job_python(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+    cudnn_ws.use_job_python(cmd.program, cmd.path, cwd)
     from ..estimate.sharding import use_job_torch   # and its torch, for the FSDP schedule it runs
 
-    use_job_torch(cmd.program, dict(cmd.env).get("PATH", os.environ.get("PATH")), cwd)
+    use_job_torch(cmd.program, cmd.path, cwd)
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first, gpu_class_of_first = {}, None, None

@@ -241,6 +241,8 @@ def _parse_version(text: str) -> int | None:
 
 
 _JOB_SOURCE: dict[str, str] = {}    # {the $VEST_JOB_CUDNN value use_job_python set: where it comes from}
+
+
 class JobSetting:
     """An environment variable set for one job's estimate from the job's own Python ($VEST_JOB_CUDNN
     here, $VEST_JOB_TORCH in sharding.py): the site's or the user's own value is kept; the value an
@@ -355,10 +357,6 @@ def use_job_python(program: str, env_path: str | None = None, cwd: str | None = 
     no torch, or no answer), so that placement bounds the engines where it is not the cuDNN asked
     (heuristics_are_the_jobs). Nothing where $VEST_JOB_CUDNN is set already (the site's or the
     user's word) or the job's Python is this one. Returns the note ("" where nothing changed)."""
-    import json
-    import subprocess
-    import sys
-
     if not _JOB_CUDNN.clear():
         return ""                  # the site's or the user's
     interp = other_python(program, env_path, cwd)

@@ -68,7 +68,8 @@ HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they
                     "estimate runs offline): PyTorch's own layers were traced where the job may load fused ones "
                     "(RMSNorm, rotary embedding, activations), which keep as much or less for the backward pass; "
                     "set USE_HUB_KERNELS=0 in the job to run what was estimated")
-# A dynamic run in the job's own Python (runner.script_python), said with the estimate.
+# Which Python a dynamic run took (runner.script_python): the job's own, or vest's while the job
+# script loads software by means vest does not follow; said with the estimate.
 JOB_PYTHON_NOTE = "the script ran in the job's Python"
 JOB_SETUP_NOTE = "the job script loads software vest does not load"
 

@@ -110,7 +110,7 @@ def check_train_command(train, cwd: str, job_path: str | None = None, site=None)
 
     # the job's own Python (a venv's, which the estimate runs the script in and asks for its cuDNN):
     # its environment's folder is its owner's code as much as the script is
-    theirs = other_python(train.program, dict(train.env).get("PATH", os.environ.get("PATH")), cwd)
+    theirs = other_python(train.program, train.path, cwd)
     venv = environment_of(theirs) if theirs else None
     foreign = foreign_job([job_path, script, None if train.script else cwd, venv], site)
     if foreign is not None:
