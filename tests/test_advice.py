@@ -247,3 +247,39 @@ def test_advice_names_gpus_where_the_job_runs_slow_last(precision, where):
     assert isinstance(nofit, NoFit) and nofit.reason == "user-choice-too-small"
     (as_is,) = advise(spec, site, prober, nofit)
     assert as_is.kind == "as-is" and as_is.gpu_type == where
+
+
+@pytest.mark.slow
+def test_a_siblings_floor_is_below_every_variants_need_and_saves_its_trace():
+    """Prober.floor_needed: parameters, gradients and optimizer state of an estimated sibling bound
+    from below the need of another batch, optimizer, checkpointing, DDP count or FSDP shard count,
+    each checked against the variant's own estimate; a variant whose floor is over the GPU is
+    answered with no trace."""
+    site = parse_site_config(TINY_SITE)
+    big_mlp = 'mlp:[["Linear",4096,4096],["ReLU"],["Linear",4096,2048]]'   # 96 MiB of fp32 weights
+    spec = parse_workload_args(["--model", big_mlp, "--input", "4096", "--batch-size", "8", "--optimizer", "adamw"])
+    prober = Prober.for_site(site, budget_s=300)
+    estimates, failed = prober.estimates(spec)
+    assert not failed
+    parts = dict(estimates["small"].breakdown)
+    assert parts["gradients"] == parts["parameters"] and parts["optimizer_state"] == 2 * parts["parameters"]
+    variants = [spec.with_(batch_size=1), spec.with_(batch_size=256), spec.with_(optimizer="sgd"),
+                spec.with_(optimizer="sgd-momentum"), spec.with_(optimizer="adamw-8bit"),
+                spec.with_(optimizer="rmsprop", optimizer_impl="for-loop"), spec.with_(num_gpus=2),
+                spec.with_(parallelism="fsdp2", num_gpus=2), spec.with_(parallelism="fsdp2", num_gpus=4)]
+    big = Prober.for_site(parse_site_config(TINY_SITE.replace("memory_mib = 650", "memory_mib = 65000")), budget_s=300)
+    big.estimates(spec)
+    for v in variants:
+        floor = big.floor_needed(v, "small")
+        assert floor is not None, v
+        truth = big.needed(v, "small")   # over the floor: a real estimate
+        assert not big.is_floor(v, "small") and floor <= truth, (v, floor, truth)
+    # a DDP sibling is no floor for DeepSpeed's layouts or CPU offload
+    assert big.floor_needed(spec.with_(parallelism="zero3", num_gpus=2), "small") is None
+    assert big.floor_needed(spec.with_(parallelism="fsdp2", num_gpus=2, offload="optimizer"), "small") is None
+    # on the 650 MiB GPU the 8-bit state's floor (440 MiB of context, 2 x 96 + 48 MiB) is over: no trace
+    eight = spec.with_(optimizer="adamw-8bit", batch_size=4096)
+    floor = prober.floor_needed(eight, "small")
+    assert floor > prober.capacity("small")
+    before = prober.traces_made
+    assert prober.needed(eight, "small") == floor and prober.is_floor(eight, "small") and prober.traces_made == before

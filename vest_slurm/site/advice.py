@@ -25,8 +25,9 @@ memory is; where it meets the capacity is the answer, confirmed by a probe there
 resolution step above (does not fit). Where a confirmation disagrees, one more line through the
 two batches nearest the boundary, then ``bisection_search`` (the search before: exponential steps
 up, then interpolation with a bisection fallback) finishes from what is known. The first two probes are shared by every GPU type of a capability class; a floor
-(parameters and optimizer state, which no batch shrinks) above the capacity answers "none" with no
-probe at all.
+(parameters, gradients and optimizer state, which no batch shrinks; Prober.floor_needed) above the
+capacity answers "none" with no probe at all, and so does it for a variant whose floor is (another
+optimizer, checkpointing, more GPUs data parallel).
 
 ``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
 the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
@@ -60,7 +61,7 @@ from .placement import NoFit, estimate_need, needed_bytes
 from ..estimate.profiles import DeviceProfile, get_profile
 from .config import SiteConfig
 from ..units import MiB, fmt_mib
-from ..estimate.workload import SHARDED, WorkloadSpec
+from ..estimate.workload import OPTIMIZER_TABLE, SHARDED, WorkloadSpec
 
 SCRIPT_PREFIX = "script:"   # WorkloadSpec.model of a training script estimated by dynamic analysis
 MAX_BATCH = 1 << 16          # the search never proposes a larger per-GPU batch
@@ -93,10 +94,12 @@ def _trace_key(spec: WorkloadSpec) -> WorkloadSpec:
 
 
 def _floor_key(spec: WorkloadSpec) -> WorkloadSpec:
-    # What parameters and optimizer state do not depend on: the batch, the GPU count (data
-    # parallel), activation checkpointing, where zero_grad runs, the allocator settings.
+    # What parameters, gradients and optimizer state do not depend on: the batch, the GPU count
+    # (data parallel), activation checkpointing, where zero_grad runs, the allocator settings; and
+    # the optimizer, whose state a sibling's gradients bound (Prober.floor_needed).
     return replace(spec, batch_size=1, num_gpus=1, parallelism="ddp", alloc_conf="", gradient_checkpointing="off",
-                   zero_grad="after-step", grad_accum=1, pre_forward="none")
+                   zero_grad="after-step", grad_accum=1, pre_forward="none", optimizer="adam",
+                   optimizer_impl="auto", weight_decay=None)
 
 
 class Prober:
@@ -360,22 +363,42 @@ class Prober:
         return ok, failed
 
     def floor_needed(self, spec: WorkloadSpec, gres_type: str) -> int | None:
-        """A need no batch size, GPU count (data parallel) or activation checkpointing of ``spec``
-        goes below on ``gres_type``, with the site's headroom, from an estimate already made of a
-        sibling (the same model, optimizer and precision): what lives outside the allocator (CUDA
-        context, cuDNN) plus the parameters and optimizer state, which are all alive at the end of
-        every step and which none of those changes shrinks (DDP keeps a full copy per GPU). None
-        where no sibling was estimated, or where the job shards them (not DDP)."""
+        """A need no batch size, GPU count (data parallel), activation checkpointing or optimizer
+        of ``spec`` goes below on ``gres_type``, with the site's headroom, from an estimate already
+        made of a sibling (the same model and precision): what lives outside the allocator (CUDA
+        context, cuDNN) plus the parameters, gradients and optimizer state, which are all alive at
+        every optimizer step after the first (the step reads every gradient and updates every state
+        in place; DDP keeps a full copy of each per GPU) and which none of those changes shrinks.
+        With another optimizer, its state is bounded below from the sibling's gradients (one per
+        trainable element, in the parameter's dtype): ``states`` per element in that dtype
+        (workload.OPTIMIZER_TABLE; torch's optimizers keep ``zeros_like(param)``, bitsandbytes'
+        8-bit ones two uint8 per element, 0.5 of a float32 and more than that of a half dtype).
+        A job sharded by FSDP (fsdp2, fsdp, hsdp; nothing offloaded) keeps a shard of each on every
+        rank, at least their sum over the ranks that shard them (sharding.strategy_world; the
+        largest rank's padded shard is not smaller). None where no sibling was estimated, or where
+        the job shards otherwise (DeepSpeed's own layouts, CPU offload)."""
+        share = 1
         if spec.num_gpus > 1 and spec.parallelism not in ("ddp", "dp"):
-            return None
+            if spec.parallelism not in ("fsdp", "fsdp2", "hsdp") or spec.offload != "none":
+                return None
+            from ..estimate.sharding import strategy_world
+
+            share = strategy_world(spec)
         key = _floor_key(spec)
+        best = None
         for (s, t), est in self._estimates.items():
-            if t == gres_type and _floor_key(s) == key and (s.num_gpus == 1 or s.parallelism in ("ddp", "dp")):
-                parts = dict(est.breakdown)
-                floor = (parts.get("cuda_context", 0) + parts.get("cudnn", 0) + parts.get("parameters", 0)
-                         + parts.get("optimizer_state", 0))
-                return needed_bytes(floor, self.headroom_percent, self.headroom_bytes)
-        return None
+            if t != gres_type or _floor_key(s) != key or (s.num_gpus > 1 and s.parallelism not in ("ddp", "dp")):
+                continue
+            parts = dict(est.breakdown)
+            grads = parts.get("gradients", 0)
+            if s.optimizer == spec.optimizer:
+                state = parts.get("optimizer_state", 0)
+            else:
+                state = int(OPTIMIZER_TABLE[spec.optimizer][2] * grads)
+            floor = (parts.get("cuda_context", 0) + parts.get("cudnn", 0)
+                     + (parts.get("parameters", 0) + grads + state) // share)
+            best = floor if best is None else max(best, floor)
+        return None if best is None else needed_bytes(best, self.headroom_percent, self.headroom_bytes)
 
     def is_floor(self, spec: WorkloadSpec, gres_type: str) -> bool:
         return (spec, gres_type) in self.floored
@@ -765,7 +788,7 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
                           partition=big_part, needed_bytes=s.needed_bytes))
     elif s.complete and s.batch is None and s.method == "floor":
         n1 = prober.floor_needed(spec, big)
-        out.append(Advice("batch", f"no batch size fits {big}: the parameters and optimizer state alone need "
+        out.append(Advice("batch", f"no batch size fits {big}: the parameters, gradients and optimizer state alone need "
                                    f"{fmt_mib(n1)} of {fmt_mib(cap)} with headroom",
                           False, batch_size=None, gpu_type=big, needed_bytes=n1))
     elif s.complete and s.batch is None:
