@@ -100,12 +100,14 @@ class Sandbox:
         if isinstance(path, int) or path is None:
             return path
         try:
-            if self.inside(path):
-                return path
             target = self._target(path)
         except (TypeError, ValueError):
             return path
-        return target if os.path.lexists(target) else path
+        # one lstat for the common case (nothing written there); the realpath of ``inside``, an
+        # lstat per component, only where there is a copy (Python's imports stat thousands of paths)
+        if not os.path.lexists(target) or self.inside(path):
+            return path
+        return target
 
     def install(self) -> None:
         real_open = builtins.open
