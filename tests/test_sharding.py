@@ -175,6 +175,37 @@ def test_advice_names_the_smallest_sharded_configuration_that_fits():
     assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=fsdp2.num_gpus // 2), "big") > cap
 
 
+def test_advice_shards_with_checkpointing_where_activations_keep_plain_sharding_out():
+    """A decoder whose activations alone fill the GPU: sharding the states at any count does not
+    close the gap, nor does checkpointing alone (the states stay whole); FSDP2 with the model's own
+    checkpointing switch does, and advice names its smallest count (each answer an estimate)."""
+    from vest_slurm.site.advice import Prober, advise
+    from vest_slurm.site.config import parse_site_config
+    from vest_slurm.site.placement import NoFit, place
+    from vest_slurm.slurm.jobscript import GpuRequest
+
+    site = parse_site_config(SITE.replace("memory_mib = 1000", "memory_mib = 1900"))
+    prober = Prober.for_site(site, budget_s=600)
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--batch-size", "4", "--input", "seq1024",
+                                "--optimizer", "adam", "--model-arg", "hidden_size=1024", "--model-arg",
+                                "intermediate_size=2752", "--model-arg", "num_hidden_layers=8",
+                                "--model-arg", "vocab_size=512"])
+    estimates, _ = prober.estimates(spec)
+    nofit = place(estimates, GpuRequest(None, None, 1, 1), (), site)
+    assert isinstance(nofit, NoFit)
+    items = advise(spec, site, prober, nofit, 1)
+    assert not next(a for a in items if a.kind == "checkpointing").fits
+    (sharded,) = [a for a in items if a.kind == "sharded"]   # plain fsdp2 and zero3 would not close it
+    n = sharded.num_gpus
+    assert sharded.fits and sharded.text.startswith(f"fsdp2 with activation checkpointing over {n} x big")
+    assert "--parallelism fsdp2 --num-gpus" in sharded.change and "--gradient-checkpointing on" in sharded.change
+    cap = prober.capacity("big")
+    variant = spec.with_(parallelism="fsdp2", gradient_checkpointing="on")
+    assert prober.needed(variant.with_(num_gpus=n), "big") == sharded.needed_bytes <= cap
+    assert n == 2 or prober.needed(variant.with_(num_gpus=n // 2), "big") > cap
+    assert prober.needed(spec.with_(parallelism="fsdp2", num_gpus=8), "big") > cap
+
+
 def test_torchrun_fsdp2_script_agrees_with_its_declarative_spec(monkeypatch):
     """scripts/examples/train_fsdp2.py (its own model class, fully_shard per block and the root,
     MixedPrecisionPolicy bf16/fp32, AdamW) run unmodified as rank 0 of 4 (dynamic/fake_dist.py),

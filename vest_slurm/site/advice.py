@@ -32,7 +32,8 @@ optimizer, checkpointing, more GPUs data parallel).
 ``advise`` turns a placement refusal (``placement.NoFit``) into what would fit: the largest batch on
 the largest GPU; AMP (bf16 on sm80+, fp16 before); activation checkpointing (transformers and timm
 models, through their own switch); an 8-bit Adam/AdamW state (bitsandbytes, where it is installed);
-more GPUs (data parallel, the per-GPU batch divided so the global batch stays).
+more GPUs (data parallel, the per-GPU batch divided so the global batch stays); sharded (FSDP2, with
+checkpointing where the model has the switch, ZeRO-3 with the optimizer offloaded), per rank.
 
 Known limitations:
 - The search assumes the need does not shrink as the batch grows. The allocator's peak can: the
@@ -756,9 +757,11 @@ def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_
 
 
 def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | None = None,
-           gpus_per_node: int = 1) -> tuple[Advice, ...]:
+           gpus_per_node: int = 1, more: str = "run `vest check` on the script for a complete search"
+           ) -> tuple[Advice, ...]:
     """What would fit the refused job ``spec``: largest batch on the largest GPU, AMP, activation
-    checkpointing (models with a switch), an 8-bit Adam/AdamW (bitsandbytes installed), more GPUs.
+    checkpointing (models with a switch), an 8-bit Adam/AdamW (bitsandbytes installed), more GPUs,
+    sharded alternatives. ``more`` says how to get further where the search stopped at its budget.
     Only memory refusals get advice (``nofit.reason`` no-fit or user-choice-too-small)."""
     if nofit is not None and nofit.reason not in ("no-fit", "user-choice-too-small"):
         return ()
@@ -854,14 +857,17 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
     if spec.parallelism not in SHARDED and not spec.model.startswith(SCRIPT_PREFIX):
         out.extend(sharded_alternatives(spec, site, prober, slow))
     if prober.stopped:
-        out.append(Advice("note", f"(advice search stopped after {prober.traces_made} traces; "
-                                  "run `vest check` on the script for a complete search)", False))
+        out.append(Advice("note", f"(advice search stopped after {prober.traces_made} traces; {more})", False))
     return tuple(out)
 
 
 # The sharded variants advice tries, in order: FSDP2 (parameters, gradients and optimizer state
-# sharded; the job's own dtypes), then DeepSpeed ZeRO-3 with the optimizer offloaded to the CPU.
-SHARDED_VARIANTS = (("fsdp2", {}, "fsdp2"), ("zero3", {"offload": "optimizer"}, "zero3 with optimizer offload"))
+# sharded; the job's own dtypes); FSDP2 with activation checkpointing where the model has the switch
+# and the job does not use it (sharding divides the states only; the activations of a long sequence
+# stay whole on every rank); DeepSpeed ZeRO-3 with the optimizer offloaded to the CPU.
+SHARDED_VARIANTS = (("fsdp2", {}, "fsdp2"),
+                    ("fsdp2", {"gradient_checkpointing": "on"}, "fsdp2 with activation checkpointing"),
+                    ("zero3", {"offload": "optimizer"}, "zero3 with optimizer offload"))
 MAX_SHARDED_GPUS = 64   # the largest job size advice proposes
 
 
@@ -890,11 +896,15 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
         return out
     parts = dict(est.breakdown)
     states = sum(parts.get(k, 0) for k in ("parameters", "gradients", "optimizer_state"))
-    if states <= need - prober.capacity(big):
-        # sharding divides only the model's states; the activations and the rest stay per GPU, so
-        # where the states are smaller than the shortfall no GPU count closes it
-        return out
+    # sharding divides only the model's states; the activations and the rest stay per GPU, so
+    # where the states are smaller than the shortfall no GPU count closes it without checkpointing
+    closes = states > need - prober.capacity(big)
+    switch = spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm")
     for kind, extra, name in SHARDED_VARIANTS:
+        if "gradient_checkpointing" in extra and not switch:
+            continue
+        if not closes and "gradient_checkpointing" not in extra:
+            continue
         for n in sharded_counts(spec, site):
             variant = spec.with_(parallelism=kind, num_gpus=n, **extra)
             per_node = min(n, most)
@@ -904,7 +914,8 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
             nodes = -(-n // per_node)
             batch = "" if n == spec.num_gpus else \
                 f"; the global batch becomes {n} x {spec.batch_size} (was {spec.num_gpus} x {spec.batch_size})"
-            opts = f"--parallelism {kind} --num-gpus {n}" + "".join(f" --{k} {v}" for k, v in extra.items())
+            opts = f"--parallelism {kind} --num-gpus {n}" + "".join(f" --{k.replace('_', '-')} {v}"
+                                                                      for k, v in extra.items())
             out.append(Advice("sharded", f"{name} over {n} x {t} ({nodes} node{'s' if nodes > 1 else ''}, partition "
                                          f"{part}) fits: {fmt_mib(need)} per GPU with headroom{batch}", True,
                               f"#VEST {opts}; #SBATCH --nodes={nodes} --gres=gpu:{t}:{per_node}",

@@ -154,7 +154,8 @@ def cmd_check(ns) -> int:
         smallest = smallest_gpu_counts(spec, site, prober)
     slow = prober.slow_types(spec)
     result = place(estimates, request, partitions, site, slow=slow)
-    advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1)) if isinstance(result, NoFit) else ()
+    advice = advise(spec, site, prober, result, max(request.gpus_per_node, 1),
+                    more="--search-budget SECONDS gives it longer") if isinstance(result, NoFit) else ()
     rows = []
     for g in site.gpus:
         parts = [p.name for p in site.partitions_with(g.name)]
