@@ -144,6 +144,9 @@ def test_an_environment_the_job_script_activates_is_the_commands_python(tmp_path
     # exported expand in an activation
     assert find_train_command(["conda activate no-such-env", "python train.py"], env).unresolved == \
         ("conda activate no-such-env",)
+    # read with the same words as a found one (quotes and all)
+    assert find_train_command(['source "/no/such/venv/bin/activate"', "python train.py"], env).unresolved == \
+        ('source "/no/such/venv/bin/activate"',)
     cmd = find_train_command([f"export ENVS={tmp_path}", "source $ENVS/venv/bin/activate", "python train.py"], env)
     assert dict(cmd.env)["PATH"] == f"{venv}:/usr/bin" and cmd.unresolved == ()
     # the command's own PATH= is the user's word

@@ -186,7 +186,7 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
     with the environment the lines before it set up, as in the job: ``export NAME=VALUE`` (``$NAME``
     expanded; a value computed by a command, ``$(...)``, is not known and left out), ``unset NAME``,
     and an environment activated (``source VENV/bin/activate``, ``conda activate NAME``;
-    activated_bin) first on PATH, so that its Python is the job's. The command's own ``NAME=VALUE``
+    activation) first on PATH, so that its Python is the job's. The command's own ``NAME=VALUE``
     prefixes win. ``env``: the variables to expand and find conda by (default this process's)."""
     env = os.environ if env is None else env
     exported: dict[str, str | None] = {}   # None: unset
@@ -205,7 +205,11 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
             unresolved.append(text)
             continue
         seen = {**env, **{k: v for k, v in exported.items() if v is not None}}   # what the line's $NAMEs expand to
-        if (found := activated_bin(text, seen)) is not None:
+        activates, found = activation(text, seen)
+        if activates and found is None:   # an environment activated that is not found here
+            unresolved.append(text)
+            continue
+        if activates:
             if found:
                 before_activation.append(lookup("PATH"))
                 exported["PATH"] = found + (os.pathsep + before_activation[-1] if before_activation[-1] else "")
@@ -215,9 +219,6 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
                     exported.pop("PATH", None)
                 else:
                     exported["PATH"] = prev or None
-            continue
-        if _activation(text):   # an environment activated that is not found here
-            unresolved.append(text)
             continue
         if _exports(text, exported, lookup):
             continue
@@ -232,13 +233,6 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
                 cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved)})
             return cmd
     return None
-
-
-def _activation(text: str) -> bool:
-    """Whether a line activates an environment (activated_bin's forms), found here or not."""
-    words = text.split()
-    return len(words) >= 2 and ((words[0] in ("conda", "mamba", "micromamba") and words[1] == "activate")
-                                or (words[0] in (".", "source") and os.path.basename(words[1]) == "activate"))
 
 
 def _unresolvable_setup(text: str) -> bool:
@@ -287,19 +281,20 @@ def _exports(text: str, exported: dict, lookup) -> bool:
     return True
 
 
-def activated_bin(line: str, env) -> str | None:
-    """The bin folder a job script's line puts first on PATH by activating an environment: a
-    venv's (``source VENV/bin/activate``, ``. VENV/bin/activate``), a conda env's (``conda activate
-    NAME|PATH``, also mamba/micromamba, and the old ``source activate NAME``), found where conda keeps
-    environments ($CONDA_EXE's install, ~/.conda, the usual installers' folders); "" for
-    ``deactivate``; None for any other line, and for an environment not found (the command then runs
-    what PATH has: the estimate says whose Python that was)."""
+def activation(line: str, env) -> tuple[bool, str | None]:
+    """(whether a job script's line activates or deactivates an environment, the bin folder it puts
+    first on PATH). The forms: a venv's (``source VENV/bin/activate``, ``. VENV/bin/activate``), a
+    conda env's (``conda activate [NAME|PATH]``, also mamba/micromamba, and the old ``source
+    activate [NAME]``), found where conda keeps environments ($CONDA_EXE's install, ~/.conda, the
+    usual installers' folders); the folder is "" for ``deactivate``, None for an environment not
+    found here (the command then runs what PATH has: find_train_command names the line).
+    (False, None) for any other line."""
     try:
         words = shlex.split(line, comments=True)
     except ValueError:
-        return None
+        return False, None
     if not words:
-        return None
+        return False, None
     home = env.get("HOME") or os.path.expanduser("~")
 
     def expand(w: str) -> str:
@@ -307,19 +302,20 @@ def activated_bin(line: str, env) -> str | None:
         return home + w[1:] if w == "~" or w.startswith("~/") else w
 
     if words[0] in ("deactivate", "conda", "mamba", "micromamba") and words[-1] == "deactivate":
-        return ""
+        return True, ""
     if words[0] in (".", "source") and len(words) >= 2:
         target = expand(words[1])
-        if os.path.basename(target) == "activate" and os.path.basename(os.path.dirname(target)) == "bin" \
+        if os.path.basename(target) != "activate":
+            return False, None
+        if os.path.basename(os.path.dirname(target)) == "bin" \
                 and os.path.isfile(os.path.join(os.path.dirname(target), "python")):
-            return os.path.dirname(target)   # a venv's bin/activate
-        if os.path.basename(target) == "activate" and len(words) >= 3:   # conda's old `source activate NAME`
-            return _conda_bin(expand(words[2]), env, home)
-        return None
-    if words[0] in ("conda", "mamba", "micromamba") and len(words) >= 3 and words[1] == "activate":
+            return True, os.path.dirname(target)   # a venv's bin/activate
+        # conda's old `source activate NAME`
+        return True, (_conda_bin(expand(words[2]), env, home) if len(words) >= 3 else None)
+    if words[0] in ("conda", "mamba", "micromamba") and len(words) >= 2 and words[1] == "activate":
         names = [w for w in words[2:] if not w.startswith("-")]
-        return _conda_bin(expand(names[0]), env, home) if names else None
-    return None
+        return True, (_conda_bin(expand(names[0]), env, home) if names else None)
+    return False, None
 
 
 def _conda_bin(name: str, env, home: str) -> str | None:
