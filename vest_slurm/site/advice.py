@@ -751,6 +751,12 @@ def _variant_advice(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_p
                         f"({fmt_mib(prober.capacity(t))})", False, gpu_type=t, needed_bytes=n, **extra)
 
 
+def _checkpointing_not_used(spec: WorkloadSpec) -> bool:
+    """The model has its own activation checkpointing switch (transformers, timm) and the job does
+    not turn it on: advice may propose it."""
+    return spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm")
+
+
 def largest_gpu(prober: Prober, site: SiteConfig, gpus_per_node: int = 1, total_gpus: int = 1) -> str | None:
     usable = [t for t in site.gpu_names if _partitions_for(site, t, gpus_per_node, total_gpus)]
     return _by_size(prober, usable)[-1] if usable else None
@@ -810,7 +816,7 @@ def advise(spec: WorkloadSpec, site: SiteConfig, prober: Prober, nofit: NoFit | 
 
     # 3. Activation checkpointing, where the model has its own switch (transformers, timm) and the
     # job does not use it.
-    if spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm"):
+    if _checkpointing_not_used(spec):
         variant = spec.with_(gradient_checkpointing="on")
         out.append(_variant_advice(prober, site, spec, gpus_per_node, big, "checkpointing", lambda t: variant,
                                    lambda t: "activation checkpointing (--gradient-checkpointing on, the model's "
@@ -899,11 +905,9 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
     # sharding divides only the model's states; the activations and the rest stay per GPU, so
     # where the states are smaller than the shortfall no GPU count closes it without checkpointing
     closes = states > need - prober.capacity(big)
-    switch = spec.gradient_checkpointing == "off" and spec.model.split(":", 1)[0] in ("hf", "timm")
+    switch = _checkpointing_not_used(spec)
     for kind, extra, name in SHARDED_VARIANTS:
-        if "gradient_checkpointing" in extra and not switch:
-            continue
-        if not closes and "gradient_checkpointing" not in extra:
+        if not (switch if "gradient_checkpointing" in extra else closes):
             continue
         for n in sharded_counts(spec, site):
             variant = spec.with_(parallelism=kind, num_gpus=n, **extra)
