@@ -250,11 +250,33 @@ def _pets(workdir, dir, classes, per_class, size, hub, model, hf_hub_id):
     _hub_cache_timm(workdir, hub, model, hf_hub_id)
 
 
+def _torch_save(workdir, files):
+    """Files of tensors written with torch.save, as a preprocessing step or an earlier job leaves
+    them: ``files`` maps a path to {name: [shape, dtype, high]} (integers drawn below ``high``;
+    floats standard normal) or any other value, saved as it is."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for path, content in files.items():
+        obj = {}
+        for name, v in content.items():
+            if isinstance(v, list) and len(v) == 3 and isinstance(v[0], list):
+                shape, dtype, high = v
+                dt = getattr(torch, dtype)
+                obj[name] = (torch.randint(0, high, shape, dtype=dt, generator=g) if not dt.is_floating_point
+                             else torch.randn(shape, generator=g).to(dt))
+            else:
+                obj[name] = v
+        full = os.path.join(workdir, path)
+        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+        torch.save(obj, full)
+
+
 RECIPES = {
     "none": lambda workdir: None,
     "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "tokens-u16": _tokens_u16,
     "llmc-bin": _llmc_bin, "imagefolder": _imagefolder, "bsds300": _bsds300, "cora": _cora,
-    "hf-local": _hf_local, "pets": _pets,
+    "hf-local": _hf_local, "pets": _pets, "torch-save": _torch_save,
 }
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vest_slurm.dynamic.launch import parse_train_command
 from vest_slurm.dynamic.runner import estimate_command
@@ -286,3 +287,28 @@ def test_weights_moved_to_the_device_in_worker_threads():
     # the two tensors the workers moved, and the first batch (4 x 1024) copied before the first forward
     assert setup == [4 * 256, 4 * 4 * 1024, 4 * 256 * 1024]
     assert dict(est.breakdown)["gradients"] == weights
+
+
+def test_files_torch_saved_before_the_run_are_read_where_map_location_puts_them(tmp_path):
+    """A data set, metadata and pretrained weights another job saved with torch.save (a zip archive,
+    not a checkpoint of this run's fake tensors). Under the fake mode torch's own load read no
+    bytes and gave plain meta tensors: the host file had no values, and what it loaded onto the
+    GPU was no allocation at all (nor a fake tensor: T.Normalize's ``(std == 0).any()`` failed).
+    Now the host file is real, each storage mapped to the GPU is one allocation of its size
+    (shared by its views), and the labels loaded there keep their values."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 6, (500,), generator=g)
+    labels[3] = 6
+    torch.save({"images": torch.randint(0, 256, (500, 16, 16, 3), dtype=torch.uint8, generator=g),
+                "labels": labels}, tmp_path / "data.pt")
+    torch.save({"classes": 7, "mean": torch.tensor([0.25, 0.5, 0.75])}, tmp_path / "meta.pt")
+    embed = torch.randn(3 * 16 * 16, 256)
+    torch.save({"embed": embed, "head": embed}, tmp_path / "pretrained.pt")
+    shutil.copy(os.path.join(SCRIPTS, "saved_data_train.py"), tmp_path)
+    (est,), run = estimate_command(parse_train_command(["python", "saved_data_train.py"]), [A100], cwd=str(tmp_path))
+    assert run.steps == 3 and run.batch_hint == 50 and run.flags == (), run.flags   # the model's batch, not Normalize's
+    setup = [e.size_bytes for e in run.trace.events if e.action == "alloc" and e.phase == "setup"]
+    assert setup.count(500 * 16 * 16 * 3) == 1 and setup.count(500 * 8) == 1, setup   # the data set, once
+    loaded = [e for e in run.trace.events if e.action == "alloc" and e.size_bytes == 4 * 768 * 256 and e.category != "parameter"]
+    assert len(loaded) == 1, setup   # the tied weights: one storage, one allocation
+    assert dict(est.breakdown)["parameters"] == 2 * (768 * 256 + 256 + 256 * 7 + 7)   # 7 classes, real labels

@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import struct
+import threading
 
 import torch
 
@@ -140,10 +141,104 @@ def load(f, map_location=None, *args, **kwargs):
             return _Unpickler(fh, map_location).load()
         if start is not None:
             fh.seek(start)
-        return _ORIGINAL["load"](fh, map_location, *args, **kwargs)
+        if head[:4] != _ZIP or not hasattr(torch._utils, "_restore_device_fake_mode"):
+            return _ORIGINAL["load"](fh, map_location, *args, **kwargs)
+        return _foreign_load(fh, map_location, args, kwargs)
     finally:
         if own:
             fh.close()
+
+
+# ---- files torch wrote (a data set, pretrained weights, a checkpoint from an earlier job) -------
+
+_ZIP = b"PK\x03\x04"   # torch.save's format since 1.6 (a zip archive; the legacy format is torch's own load's)
+_LOADING = threading.local()
+
+
+class _ForeignFile:
+    """One torch.load of a file torch saved. Under a fake mode torch's own load reads no data: every
+    storage comes back as a meta storage that remembers where its bytes are (``_checkpoint_offset``)
+    and the device it was saved from, and each tensor passes through ``_restore_device_fake_mode``.
+    Plain meta tensors, though, are neither host data nor device allocations: a data set loaded to
+    the host had no values, and one loaded onto the GPU (a data set kept there, pretrained weights,
+    a resume) was no allocation at all. Here each storage goes where ``map_location`` maps it (as
+    torch reads it, a function included), once, the tensors that shared it sharing it again:
+    - to the host: its real bytes, mapped from the file (pages are read when touched);
+    - to a GPU: a fake storage of its size, an allocation the tracer records as the real load's
+      copy is; its values (a shadow) where _shadow keeps them for a tensor of that kind and size
+      (labels, indices, masks): the rest need no bytes read."""
+
+    def __init__(self, fh, map_location):
+        self.fh = fh
+        self.map_location = map_location
+        self.bases: dict[int, torch.Tensor] = {}
+        self.maps: list = []
+
+    def _bytes(self, offset: int, nbytes: int) -> torch.Tensor:
+        """A real uint8 tensor of the file's bytes [offset, offset + nbytes)."""
+        import mmap
+
+        with fc.real_host():
+            if nbytes == 0:
+                return torch.empty(0, dtype=torch.uint8)
+            try:
+                m = mmap.mmap(self.fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                pos = self.fh.tell()
+                try:
+                    self.fh.seek(offset)
+                    data = bytearray(self.fh.read(nbytes))
+                finally:
+                    self.fh.seek(pos)
+                return torch.frombuffer(data, dtype=torch.uint8)
+            self.maps.append(m)
+            return torch.frombuffer(m, dtype=torch.uint8, offset=offset, count=nbytes)
+
+    def rebuilt(self, t: torch.Tensor) -> torch.Tensor:
+        from ..estimate import _shadow
+
+        s = t.untyped_storage()
+        target = _mapped(self.map_location, str(getattr(s, "_fake_device", None) or "cpu"))
+        base = self.bases.get(s._cdata)
+        if base is None:
+            offset, nbytes = s._checkpoint_offset, s.nbytes()
+            if target.type == "cpu":
+                base = self._bytes(offset, nbytes)
+            elif _shadow.worthy(t):
+                base = self._bytes(offset, nbytes).to(target)   # a copy from the host: values kept
+            else:
+                base = fc.fake_empty(nbytes, target)
+            self.bases[s._cdata] = base
+        if target.type == "cpu":
+            with fc.real_host():
+                out = torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+        else:
+            flat = base if t.dtype == torch.uint8 else base.view(t.dtype)
+            out = flat.as_strided(t.shape, t.stride(), t.storage_offset())
+        if t.requires_grad and out.is_leaf:
+            out.requires_grad_(True)
+        return out
+
+
+def _restore_device(tensor):
+    """torch._utils._restore_device_fake_mode, as each loaded tensor passes it (_ForeignFile)."""
+    state = getattr(_LOADING, "file", None)
+    if state is None or not tensor.is_meta or getattr(tensor.untyped_storage(), "_checkpoint_offset", None) is None:
+        return _ORIGINAL["restore"](tensor)
+    return state.rebuilt(tensor)
+
+
+def _foreign_load(fh, map_location, args, kwargs):
+    kwargs = {k: v for k, v in kwargs.items() if k != "mmap"}   # the bytes are read here (mapped)
+    outer = getattr(_LOADING, "file", None)
+    _LOADING.file = _ForeignFile(fh, map_location)
+    try:
+        # torch's own load, which under the fake mode reads no storage: map_location is applied
+        # by _ForeignFile (torch's fake path refuses a function; a device or dict it would set only
+        # as a label on meta tensors)
+        return _ORIGINAL["load"](fh, None, *args, **kwargs)
+    finally:
+        _LOADING.file = outer
 
 
 # ---- safetensors -----------------------------------------------------------------------------
@@ -211,6 +306,9 @@ def patches() -> list:
     """(obj, attr, new) for torch.save / torch.load and, where it is installed, safetensors' save."""
     _ORIGINAL.update(save=torch.save, load=torch.load)
     out = [(torch, "save", save), (torch, "load", load)]
+    if hasattr(torch._utils, "_restore_device_fake_mode"):
+        _ORIGINAL["restore"] = torch._utils._restore_device_fake_mode
+        out.append((torch._utils, "_restore_device_fake_mode", _restore_device))
     try:
         from safetensors import torch as st
     except ImportError:

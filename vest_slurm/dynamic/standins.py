@@ -95,6 +95,10 @@ def _apply_overwrite(state: ScriptState):
         if top:
             memo_stack.append({})
             moved.clear()
+            # what a conversion allocates on the device is the model's weights and buffers, whichever
+            # method asked (.cuda(), .to(), .half(), .to(memory_format=...)); an RNN's flat buffer,
+            # made after its _apply, by the methods' own wrappers (_as_parameters)
+            prev, state.tracer.s.category = state.tracer.s.category, "parameter"
         memo = memo_stack[0]
         try:
             if recurse:
@@ -130,6 +134,7 @@ def _apply_overwrite(state: ScriptState):
             if top:
                 memo_stack.clear()
                 moved.clear()
+                state.tracer.s.category = prev
 
     return _apply
 
@@ -494,8 +499,11 @@ def patched(state: ScriptState):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
-        if state.depth == 0 and not _on_the_device(mod, args):
-            return   # host code: a transform (torchvision's and timm's are modules) on real data
+        if state.depth == 0 and (not _on_the_device(mod, args) or next(mod.parameters(), None) is None):
+            # host code: a transform (torchvision's and timm's are modules) on real data; or a
+            # module without weights on device data (normalisation, augmentation on the GPU): no
+            # model trained, its input no batch (its allocations are traced as any op's)
+            return
         if state.depth == 0:
             if state.manual_step_pending:
                 state.close_manual_step()
@@ -604,6 +612,8 @@ def patched(state: ScriptState):
         (nn.Module, "_apply", _apply_overwrite(state)),
         (nn.Module, "cuda", _as_parameters(state, nn.Module.cuda, lambda *a, **k: True)),
         (nn.Module, "to", _as_parameters(state, nn.Module.to, _to_cuda)),
+        *((nn.Module, name, _as_parameters(state, getattr(nn.Module, name), lambda *a, **k: True))
+          for name in ("half", "float", "double", "bfloat16")),
         (torch.autograd, "backward", backward),
         (torch.autograd, "grad", grad),
         (torch.optim.Optimizer, "zero_grad", zero_grad),
