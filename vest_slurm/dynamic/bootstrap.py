@@ -161,8 +161,10 @@ class Sandbox:
 
         def utime(path, *a, **k):
             target = sandbox.seen(path)
-            if target == path and not isinstance(path, int) and not sandbox.inside(path):
+            if target == path and not isinstance(path, int) and not sandbox.inside(path) and os.path.lexists(path):
                 return None   # a real file's times: left as they are (a write outside the temp dir)
+            # (no file there: the real call's FileNotFoundError, which pathlib's touch() takes as
+            # "create it", then creates it through os.open, redirected)
             return real["utime"](target, *a, **k)
 
         def make(name):
@@ -255,8 +257,18 @@ class Sandbox:
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")
 
 
-class _Entries(list):
-    """os.scandir's iterator over a merged listing (the overlay's entries, then the real ones)."""
+class _Entries:
+    """os.scandir's iterator over a merged listing (the overlay's entries, then the real ones): an
+    iterator (os.walk calls next() on it) and a context manager, as os.scandir's is."""
+
+    def __init__(self, entries):
+        self._it = iter(entries)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._it)
 
     def __enter__(self):
         return self
@@ -265,7 +277,7 @@ class _Entries(list):
         return False
 
     def close(self):
-        pass
+        self._it = iter(())
 
 
 # ---- the trace run -----------------------------------------------------------------------------

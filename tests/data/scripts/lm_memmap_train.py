@@ -1,9 +1,11 @@
 """A minimal LM trainer in the style of the small GPT trainers: a token file written by the script
 and memory-mapped back, random offsets drawn with torch.randint on the host, pinned batches moved
 with non_blocking, an AverageMeter and f-string logging of 0-d device tensors, an atomic checkpoint
-(temp file, os.replace, os.utime, shutil.move) that the script then checks for."""
+(temp file, os.replace, os.utime, shutil.move), a marker touched with pathlib and a directory walked,
+that the script then checks for."""
 import argparse
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -84,3 +86,8 @@ for it in range(1000):
         f.write(f"{it} {loss.item():.4f}\n")
     with open(os.path.join(args.out_dir, "log.txt")) as f:
         assert f.read().count("\n") >= 1
+    marker = pathlib.Path(args.out_dir, "trusted_list")   # pathlib's touch: os.utime first, os.open if none
+    marker.touch()
+    assert marker.read_text() == ""
+    _, _, files = next(os.walk(args.out_dir))             # os.walk calls next() on os.scandir's iterator
+    assert "last.pt" in files and "trusted_list" in files, files
