@@ -102,7 +102,7 @@ def test_data_dependent_work_names_file_and_line():
     with pytest.raises(EstimateError) as e:
         estimate_script("data_dependent.py")
     msg = str(e.value)
-    assert "data-dependent" in msg and "data_dependent.py:6" in msg and "#VEST --model" in msg
+    assert "data-dependent" in msg and "data_dependent.py:7" in msg and "#VEST --model" in msg
     assert e.value.kind == "data-dependent"
 
 

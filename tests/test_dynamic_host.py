@@ -76,12 +76,14 @@ def test_forward_passes_under_grad_stop_too():
 
 
 def test_model_input_shaped_by_a_stand_in_is_refused():
-    """lengths.max().item() on the device is a stand-in: the padded input it shapes is not the
-    real run's; the estimate is refused, naming the line the value was read at."""
+    """lengths.max().item() on the device, lengths the model's predictions decide, is a stand-in:
+    the padded input it shapes is not the real run's; the estimate is refused, naming the line the
+    value was read at. (A length drawn with torch.randint on the device is a sampled draw instead:
+    test_shapes_drawn_from_the_devices_random_generator_are_sampled_and_flagged.)"""
     with pytest.raises(EstimateError) as e:
         estimate_script("standin_shape.py")
-    assert e.value.kind == "data-dependent" and "standin_shape.py:10" in e.value.what
-    assert e.value.where.endswith("standin_shape.py:10")
+    assert e.value.kind == "data-dependent" and "standin_shape.py:13" in e.value.what
+    assert e.value.where.endswith("standin_shape.py:13")
 
 
 def test_zero_size_model_input_is_refused():
@@ -312,3 +314,31 @@ def test_files_torch_saved_before_the_run_are_read_where_map_location_puts_them(
     loaded = [e for e in run.trace.events if e.action == "alloc" and e.size_bytes == 4 * 768 * 256 and e.category != "parameter"]
     assert len(loaded) == 1, setup   # the tied weights: one storage, one allocation
     assert dict(est.breakdown)["parameters"] == 2 * (768 * 256 + 256 + 256 * 7 + 7)   # 7 classes, real labels
+
+
+def test_shapes_drawn_from_the_devices_random_generator_are_sampled_and_flagged():
+    """A random mask drawn on the GPU (torch.rand(..., device="cuda") < 0.15) selects the scored
+    positions, a torch.randint on the device the kept samples: the shapes follow the draw. Such a
+    draw gets a sampled shadow drawn on the host (the script checks it is of the right
+    distribution, and that its own host random stream is untouched): the estimate is made, with the
+    scored logits' shape a draw, and flagged as such. Before, the boolean indexing refused it."""
+    (est,), run = estimate_script("device_random_mask_train.py")
+    assert run.steps == 3 and run.batch_hint == 8
+    assert len(run.flags) == 1 and "sampled on the host" in run.flags[0], run.flags
+    assert "rand at device_random_mask_train.py:15" in run.flags[0] and "nonzero at device_random_mask_train.py:21" in run.flags[0], run.flags
+    scored = [e.size_bytes for e in run.trace.events if e.action == "alloc" and e.size_bytes % (4 * 500) == 0
+              and 0.05 * 8 * 128 < e.size_bytes / (4 * 500) < 0.3 * 8 * 128]
+    assert scored, "the (n, V) logits of the positions drawn"
+
+
+def test_fused_optimizer_steps_without_a_meta_kernel_run_on_fake_tensors():
+    """torch gives ``_fused_sgd_``, ``_fused_adagrad_`` and Adam's tensor-lr fused step no Meta
+    kernel, so a fake tensor fell back to the real CUDA kernel ("Found no NVIDIA driver"). They
+    update in place and allocate nothing; their state is the optimizers' own: momentum 1x,
+    Adagrad's sum 1x, Adam's moments 2x the parameters (and the steps' scalars)."""
+    (est,), run = estimate_script("fused_optimizers_train.py")
+    assert run.steps == 3
+    p = 4 * (256 * 256 + 256)
+    b = dict(est.breakdown)
+    assert b["parameters"] == 3 * p
+    assert 4 * p <= b["optimizer_state"] <= 4 * p + 4096, b["optimizer_state"]

@@ -2,7 +2,7 @@
 
 Real torch ops on the fake GPU of dynamic analysis (host code real): a host-built index or mask
 moved to the device answers data-dependent ops with the real shape and ``.item()`` with the real
-value, while the tensors the model computes (and device random draws) stay without values, and
+value (a device random draw a sampled one, marked), while the tensors the model computes stay without values, and
 the allocations recorded are the fake tensors' as before.
 """
 
@@ -90,9 +90,27 @@ def test_the_bound_floats_only_small_ones_and_never_activations(monkeypatch):
         assert _shadow.of(torch.arange(128).cuda()) is not None   # a's bytes came back with it
 
 
-def test_device_random_and_uninitialised_memory_have_none():
+def test_device_random_draws_are_sampled_and_marked_uninitialised_memory_has_none():
+    """A draw of the device's generator (offsets, a mask) gets a sampled shadow, drawn on the host
+    with the host's own random stream left as it was, and marked with where it was drawn; what
+    follows from it carries the mark, and a value read from it is listed (the estimate's flag).
+    In-place fills (weights' initialisation, dropout's masks) and uninitialised memory get none."""
     with fake_gpu():
-        assert _shadow.of(torch.randint(0, 5, (100,), device="cuda")) is None
+        state = torch.get_rng_state()
+        r = torch.randint(0, 5, (100,), device="cuda")
+        assert torch.equal(torch.get_rng_state(), state)
+        real, shadows = _shadow.of(r), r.fake_mode.shadows
+        assert real is not None and int(real.min()) >= 0 and int(real.max()) < 5 and len(set(real.tolist())) > 1
+        assert shadows.origin(r).startswith("randint at test_shadow.py:")
+        m = r == 3
+        assert shadows.origin(m) == shadows.origin(r) and shadows.sampled_reads == []
+        assert int(m.sum()) == int((real == 3).sum())             # the draw's value, read and listed
+        assert shadows.sampled_reads == [[shadows.sampled_reads[0][0], shadows.origin(r)]]
+        assert r[m].shape == (int((real == 3).sum()),)            # a shape taken from the draw
+        assert shadows.origin(torch.arange(10).cuda()) is None
+        w = torch.empty(64, 128, device="cuda")
+        nn.init.normal_(w)                                        # an in-place fill: weights' initialisation
+        assert _shadow.of(w) is None and _shadow.of(nn.functional.dropout(torch.ones(64, 128).cuda(), 0.5)) is None
         assert _shadow.of(torch.empty(100, dtype=torch.long, device="cuda")) is None
         assert _shadow.of(torch.arange(10, device="cuda")) is not None   # a factory of known values
         x = torch.arange(10).cuda()

@@ -502,6 +502,7 @@ def run(ns) -> dict:
     result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()
+    result["sampled"] = list(mode.shadows.sampled_reads) if mode.shadows is not None else []
     result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None
     result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint}

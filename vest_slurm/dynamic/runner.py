@@ -399,6 +399,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
         batch, flags = batch_and_flags(cmd, result)
+        if result.get("sampled"):
+            flags += (sampled_note(result["sampled"]),)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         if why_not:   # the job runs other packages than those the script ran with here
@@ -456,6 +458,16 @@ def stated_batch(args) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def sampled_note(sampled: list) -> str:
+    """The flag of a run in which draws of the GPU's random generator decided shapes or values the
+    script used (estimate/_shadow.py: sampled shadows); ``sampled``: [use, origin] pairs."""
+    origins = list(dict.fromkeys(o for _, o in sampled))
+    uses = list(dict.fromkeys(u for u, _ in sampled))
+    more = f" and {len(uses) - 4} more" if len(uses) > 4 else ""
+    return (f"the GPU's random draws ({'; '.join(origins)}) decided shapes or values ({', '.join(uses[:4])}{more}): "
+            "sampled on the host here, so the estimate is one draw; the real run's shapes vary by chance from step to step")
 
 
 def batch_and_flags(cmd: TrainCommand, result: dict) -> tuple[int | None, tuple[str, ...]]:

@@ -278,7 +278,7 @@ def _stand_in_scalar(t):
 def _item(orig, ledger):
     def item(self):
         if isinstance(self, fc.FakeTensor):
-            real = _shadow.of(self)
+            real = _shadow.read_of(self)
             if real is not None:
                 return real.item()   # copied from the host: the real value, no stand-in
             return ledger.read("item", _stand_in_scalar(self))
@@ -290,7 +290,7 @@ def _item(orig, ledger):
 def _tolist(orig, ledger):
     def tolist(self):
         if isinstance(self, fc.FakeTensor):
-            real = _shadow.of(self)
+            real = _shadow.read_of(self)
             if real is not None:
                 return real.tolist()
             v = _stand_in_scalar(self)
@@ -332,7 +332,7 @@ def _numpy(orig):
         if isinstance(self, fc.FakeTensor):
             import numpy as np
 
-            real = _shadow.of(self)
+            real = _shadow.read_of(self)
             if real is not None:
                 return real.numpy(*a, **k).copy()
             return np.zeros(tuple(self.shape), dtype=_np_dtype(self.dtype))

@@ -441,7 +441,34 @@ def _register_kernels() -> None:
         lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradCUDA")
         lib.impl("softmax.int", _softmax_kernel(aten._softmax), "AutogradCUDA")
         lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax), "AutogradCUDA")
+        for full in _fused_optimizer_ops_without_meta():
+            lib.impl(full, _writes_in_place, "Meta")
     _LIBS.append(lib)
+
+
+def _fused_optimizer_ops_without_meta() -> list[str]:
+    """The fused optimizer steps (``torch.optim.SGD(fused=True)``, Adagrad's, Adam's with a tensor
+    lr: ``aten._fused_*_``) that torch gives no Meta kernel: fake tensors cannot run them (FakeTensor
+    falls back to the real CUDA kernel, which needs the driver). Each updates its tensor lists in
+    place in one kernel that allocates nothing (ATen's fused optimizer kernels take every buffer,
+    momentum and state included, as arguments), and returns nothing."""
+    out = []
+    names = {n.split("::", 1)[1].split(".", 1)[0] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("aten::_fused_")}   # (dir(aten) lists only the ops looked up so far)
+    for name in sorted(names):
+        if not name.endswith("_"):
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if op._schema.returns or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+                continue
+            out.append(name + ("" if overload == "default" else "." + overload))
+    return out
+
+
+def _writes_in_place(*args, **kwargs):
+    return None
 
 
 # ---- recording -------------------------------------------------------------------------------------
@@ -641,7 +668,7 @@ class FakeCudaMode(FakeTensorMode):
         if self.watch is not None and self._depth == 0:
             self.watch(func, args, kwargs)
         if func is aten._local_scalar_dense.default:
-            real = self.shadows.get(args[0]) if self.shadows is not None else None
+            real = self.shadows.read(args[0]) if self.shadows is not None else None
             if real is not None:
                 return real.item()   # a value copied from the host: the real one (_shadow.py)
             known = self.fill_of(args[0])

@@ -24,7 +24,17 @@ everything computed from them (activations, logits, losses) never have a shadow,
 of each such op has none. All live shadows together stay under ``MAX_TOTAL_BYTES``: the estimate's
 process must stay within the issue's 2 GiB of RSS, of which the traced scripts use 0.7 to 1.4 GiB.
 
-What keeps a shadow exact (never a silent wrong value):
+Values the device's random generator draws (``torch.randint(..., device="cuda")``, ``rand``,
+``randperm``, ``bernoulli`` of probabilities) are no host data, but they are a draw from a known
+distribution: a random factory's result of at most ``MAX_TENSOR_BYTES`` (offsets, crop shifts, the
+source of a random mask) gets a *sampled* shadow, drawn with the same op on the host from this
+module's own seeds (the script's host random stream is left as it was). In-place fills
+(``uniform_``, ``normal_``, ``bernoulli_``: weights' initialisation, dropout's masks) get none. The shapes and values that follow from it are a draw as the real run's are,
+not the real run's own: every shape a data-dependent op takes from a sampled shadow, and every
+value read from one, is listed (``sampled_reads``: where the draw was made) and the estimate is
+flagged with it. Before, such a mask's boolean indexing refused the whole estimate.
+
+What keeps a shadow exact (never a silent wrong value, sampled ones flagged):
 - ops whose result the device's random generator decides (``nondeterministic_seeded``: dropout,
   ``randint``/``randn`` on the device, ``bernoulli``) and uninitialised memory (``empty``) make
   no shadow; nor do ops whose result on the GPU may differ from the CPU kernel's beyond rounding:
@@ -66,16 +76,41 @@ _RACY_WRITES = frozenset({"scatter", "scatter_", "index_put", "index_put_", "_in
                           "index_copy_", "put", "put_"})
 
 
+# random draws that may get a sampled shadow: factories (the device's generator decides every
+# value, floats included: ``torch.rand(B, T, device="cuda") < 0.15`` is a mask) and draws from
+# shadowed inputs
+_SAMPLED_FACTORIES = frozenset({"randint", "rand", "randn", "randperm", "randint_like", "rand_like", "randn_like"})
+_SAMPLED_DRAWS = frozenset({"bernoulli", "multinomial", "normal", "poisson", "binomial"})
+MAX_SAMPLED_READS = 20
+
+
+def _script_place() -> str:
+    """file:line of the innermost frame of the script's own code (not torch, not vest, not the
+    standard library) on the current stack; "" where there is none."""
+    import os
+    import sys
+
+    libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith("<") and not any(part in name for part in libs):
+            return f"{os.path.basename(name)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
 def _host_values(t: torch.Tensor) -> bool:
     """Whether a tensor that is not fake holds real values here (a host tensor, not a meta one)."""
     return t.device.type == "cpu" and t.layout == torch.strided
 
 
-def worthy(t: torch.Tensor) -> bool:
-    """Whether a tensor of this kind and size gets a shadow (the bound in the module docstring)."""
+def worthy(t: torch.Tensor, sampled: bool = False) -> bool:
+    """Whether a tensor of this kind and size gets a shadow (the bound in the module docstring);
+    ``sampled``: a random factory's draw, whose floats are as worthy as integers (a mask's source)."""
     if t.layout != torch.strided:
         return False
-    if t.dtype.is_floating_point or t.dtype.is_complex:
+    if (t.dtype.is_floating_point or t.dtype.is_complex) and not sampled:
         return t.numel() <= MAX_FLOAT_NUMEL
     return t.numel() * t.element_size() <= MAX_TENSOR_BYTES
 
@@ -114,6 +149,11 @@ class Shadows:
         self._counted: dict[int, int] = {}     # id(real storage) -> its bytes, while it lives
         self.bytes = 0
         self._next = itertools.count(1)
+        # sampled shadows: data_ptr of the real storage -> where the draw was made ("randint at
+        # train.py:100"), while it lives; and the shapes and values taken from them
+        self._origins: dict[int, str] = {}
+        self.sampled_reads: list[list[str]] = []   # [use, origin]
+        self._seeds = itertools.count(20261205)
 
     def __len__(self) -> int:
         return len(self._of)
@@ -133,9 +173,9 @@ class Shadows:
             return None
         return real
 
-    def set(self, t: FakeTensor, real: torch.Tensor) -> bool:
+    def set(self, t: FakeTensor, real: torch.Tensor, sampled: bool = False) -> bool:
         """Give ``t`` the shadow ``real`` (a CPU tensor of its shape and dtype), within the bound."""
-        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor) and worthy(t)
+        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor) and worthy(t, sampled)
                 and real.layout == torch.strided and real.shape == t.shape and real.dtype == t.dtype):
             return False
         real = real.detach()
@@ -224,6 +264,8 @@ class Shadows:
         """Mirror one op on the shadows (the fake mode calls it after the op, outermost only):
         ``written`` are the fake tensors the op wrote to."""
         first = args[0] if args else None
+        if torch.Tag.nondeterministic_seeded in func.tags and self._sample(func, args, kwargs, out, written):
+            return
         if isinstance(first, FakeTensor) and func is not aten.copy_.default and self.get(first) is None:
             for w in written:   # the common case, an op on the model's tensors: one look-up
                 self.forget(w)
@@ -255,6 +297,8 @@ class Shadows:
                 self.forget(w)
             return
         self._pair(args, kwargs, out, real_out)
+        if self._origins:
+            self._carry_origin(args, kwargs, out)
 
     def _copy_into(self, dst: FakeTensor, src) -> None:
         """``dst.copy_(src)`` overwrites every element of ``dst`` with ``src``'s (broadcast, cast)."""
@@ -267,7 +311,10 @@ class Shadows:
                 real = torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype).copy_(real_src)
         except Exception:   # no CPU kernel for this copy: no shadow
             return
-        self.set(dst, real)
+        if self.set(dst, real) and self._origins:
+            origin = self.origin(src) if isinstance(src, FakeTensor) else None
+            if origin is not None:
+                self._mark(real, origin)
 
     def _pair(self, args, kwargs, out, real_out) -> None:
         fakes, reals = pytree.tree_leaves(out), pytree.tree_leaves(real_out)
@@ -300,6 +347,9 @@ class Shadows:
         if reals is None:
             return None
         rargs, rkwargs = reals
+        origin = self._origin_among(args, kwargs) if self._origins else None
+        if origin is not None:
+            self.note(f"{func.overloadpacket.__name__} at {_script_place() or '?'}", origin)
         if func is aten._unique2.default:
             rargs = (rargs[0], True) + tuple(rargs[2:])   # CUDA's unique always sorts
             rkwargs = {k: v for k, v in rkwargs.items() if k != "sorted"}
@@ -309,7 +359,8 @@ class Shadows:
         def make(r):
             if isinstance(r, torch.Tensor) and not isinstance(r, FakeTensor):
                 f = fake_like(r, device)
-                self.set(f, r)
+                if self.set(f, r) and origin is not None:
+                    self._mark(r, origin)
                 return f
             return r
 
@@ -322,6 +373,7 @@ class Shadows:
         real = self.get(t)
         if real is None or (t.requires_grad and torch.is_grad_enabled()):
             return None
+        self.read(t)
         try:
             with unset_fake_temporarily():
                 out = call(real)
@@ -331,8 +383,108 @@ class Shadows:
             out = out.clone()   # the GPU's .cpu() is always a copy
         return out
 
+    # ---- sampled shadows: draws of the device's random generator ----
+
+    def _sample(self, func, args, kwargs, out, written) -> bool:
+        """A draw of the device's generator (``nondeterministic_seeded``): a sampled shadow for its
+        result where it is a factory's (``randint``, ``rand``, ``randperm``, ``*_like``: every value
+        drawn) of at most MAX_TENSOR_BYTES, or a draw from inputs that all have shadows (``bernoulli``
+        of probabilities, ``multinomial``) worthy of one; drawn on the host from this module's own
+        seeds. In-place fills (``uniform_``, ``normal_``: the initialisation of weights, dropout's
+        masks) get none. True where a shadow was made."""
+        name = func.overloadpacket.__name__
+        factory = name in _SAMPLED_FACTORIES
+        if written or not (factory or name in _SAMPLED_DRAWS):
+            return False
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, FakeTensor)]
+        if len(outs) != 1 or not (worthy(outs[0], sampled=True) if factory else worthy(outs[0])):
+            return False
+        like = name.endswith("_like")
+
+        def real(a):
+            if like and a is args[0]:   # only its layout is used: any tensor of that layout
+                with unset_fake_temporarily():
+                    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
+            if isinstance(a, FakeTensor):
+                r = self.get(a)
+                if r is None:
+                    raise LookupError
+                return r
+            if isinstance(a, torch.Tensor) and not _host_values(a):
+                raise LookupError
+            if isinstance(a, torch.device) and a.type == "cuda":
+                return torch.device("cpu")
+            if isinstance(a, torch.Generator):
+                return None   # the device's generator: the draw is made from this module's seeds
+            return a
+
+        try:
+            rargs, rkwargs = pytree.tree_map(real, (args, kwargs))
+        except LookupError:
+            return False
+        rkwargs.pop("pin_memory", None)
+        try:
+            # the host's default generator, reseeded for the draw and restored after it: the
+            # script's own host draws stay what they would be
+            with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(next(self._seeds))
+                real_out = func(*rargs, **rkwargs)
+        except Exception:   # no CPU kernel for it: no shadow
+            return False
+        if not self.set(outs[0], real_out, sampled=factory):
+            return False
+        self._mark(real_out, f"{name} at {_script_place() or '?'}")
+        return True
+
+    def _mark(self, real: torch.Tensor, origin: str) -> None:
+        s = real.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr not in self._origins:
+            weakref.finalize(s, self._origins.pop, ptr, None)
+        self._origins[ptr] = origin
+
+    def origin(self, t) -> str | None:
+        """Where the draw was made that ``t``'s shadow follows from; None for host data."""
+        if not self._origins:
+            return None
+        real = self.get(t)
+        return self._origins.get(real.untyped_storage().data_ptr()) if real is not None else None
+
+    def _origin_among(self, args, kwargs) -> str | None:
+        return next((o for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)
+                     and (o := self.origin(a)) is not None), None)
+
+    def _carry_origin(self, args, kwargs, out) -> None:
+        origin = self._origin_among(args, kwargs)
+        if origin is None:
+            return
+        for o in pytree.tree_leaves(out):
+            if isinstance(o, FakeTensor) and (r := self.get(o)) is not None:
+                self._mark(r, origin)
+
+    def note(self, use: str, origin: str) -> None:
+        """A shape or value taken (``use``, "nonzero at train.py:21") from a draw (``origin``)."""
+        if len(self.sampled_reads) < MAX_SAMPLED_READS and [use, origin] not in self.sampled_reads:
+            self.sampled_reads.append([use, origin])
+
+    def read(self, t) -> torch.Tensor | None:
+        """The shadow of ``t`` for a value the script reads (``.item()``, ``bool()``, ``.tolist()``,
+        ``.cpu()``): listed where it is a draw of the device's generator."""
+        real = self.get(t)
+        if real is not None and self._origins:
+            origin = self.origin(t)
+            if origin is not None:
+                self.note(f"a value read at {_script_place() or '?'}", origin)
+        return real
+
 
 def of(t) -> torch.Tensor | None:
     """The shadow of ``t`` under its fake mode, or None."""
     shadows = getattr(getattr(t, "fake_mode", None), "shadows", None)
     return shadows.get(t) if shadows is not None else None
+
+
+def read_of(t) -> torch.Tensor | None:
+    """``of(t)`` for a value the script reads (Shadows.read: a sampled one is listed)."""
+    shadows = getattr(getattr(t, "fake_mode", None), "shadows", None)
+    return shadows.read(t) if shadows is not None else None
