@@ -291,6 +291,18 @@ def test_weights_moved_to_the_device_in_worker_threads():
     assert dict(est.breakdown)["gradients"] == weights
 
 
+def _saved_files(folder):
+    """What saved_data_train.py reads: a data set, its metadata, weights with a tied pair."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 6, (500,), generator=g)
+    labels[3] = 6
+    torch.save({"images": torch.randint(0, 256, (500, 16, 16, 3), dtype=torch.uint8, generator=g),
+                "labels": labels}, os.path.join(folder, "data.pt"))
+    torch.save({"classes": 7, "mean": torch.tensor([0.25, 0.5, 0.75])}, os.path.join(folder, "meta.pt"))
+    embed = torch.randn(3 * 16 * 16, 256)
+    torch.save({"embed": embed, "head": embed}, os.path.join(folder, "pretrained.pt"))
+
+
 def test_files_torch_saved_before_the_run_are_read_where_map_location_puts_them(tmp_path):
     """A data set, metadata and pretrained weights another job saved with torch.save (a zip archive,
     not a checkpoint of this run's fake tensors). Under the fake mode torch's own load read no
@@ -298,14 +310,7 @@ def test_files_torch_saved_before_the_run_are_read_where_map_location_puts_them(
     GPU was no allocation at all (nor a fake tensor: T.Normalize's ``(std == 0).any()`` failed).
     Now the host file is real, each storage mapped to the GPU is one allocation of its size
     (shared by its views), and the labels loaded there keep their values."""
-    g = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 6, (500,), generator=g)
-    labels[3] = 6
-    torch.save({"images": torch.randint(0, 256, (500, 16, 16, 3), dtype=torch.uint8, generator=g),
-                "labels": labels}, tmp_path / "data.pt")
-    torch.save({"classes": 7, "mean": torch.tensor([0.25, 0.5, 0.75])}, tmp_path / "meta.pt")
-    embed = torch.randn(3 * 16 * 16, 256)
-    torch.save({"embed": embed, "head": embed}, tmp_path / "pretrained.pt")
+    _saved_files(tmp_path)
     shutil.copy(os.path.join(SCRIPTS, "saved_data_train.py"), tmp_path)
     (est,), run = estimate_command(parse_train_command(["python", "saved_data_train.py"]), [A100], cwd=str(tmp_path))
     assert run.steps == 3 and run.batch_hint == 50 and run.flags == (), run.flags   # the model's batch, not Normalize's

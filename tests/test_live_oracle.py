@@ -137,3 +137,17 @@ def test_other_ops_and_mixed_dtypes_run_as_they_are():
     a = torch.randn(4, 4)
     assert _half_in_fp32(torch.ops.aten.mm.default, (a, a), {}) is _ABSENT
     assert _half_in_fp32(torch.ops.aten.mm.default, (a.half(), a.bfloat16()), {}) is _ABSENT
+
+
+def test_files_torch_saved_count_where_map_location_puts_them(scripts):
+    """A data set and weights saved before the run, loaded onto the GPU (saved_data_train.py): the
+    oracle's real torch.load reads them to the host and counts each storage mapped to a GPU as
+    device memory (before, the CUDA restore asked for the driver); it agrees with the estimate."""
+    from test_dynamic_host import _saved_files
+
+    _saved_files(scripts)
+    res = run_command("python saved_data_train.py", scripts, 3)
+    assert res["status"] == "ok", res
+    (_est,), run = estimate_command(parse_train_command("python saved_data_train.py"), [get_profile("a100-40gb")], cwd=scripts)
+    vest, oracle = run.trace.live_peak_bytes(), res["live_peak_bytes"]
+    assert oracle >= 500 * 16 * 16 * 3 + 500 * 8 and abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)

@@ -138,14 +138,17 @@ class Census:
         if not isinstance(t, torch.Tensor) or self.frozen or t.device.type != "cpu":
             return
         for s in _storages(t):
-            key = id(s)
-            if key in self.live:
-                continue
-            n = s.nbytes()
-            self.live[key] = n
-            weakref.finalize(s, self._freed, key)
-            self.live_bytes += n
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.mark_storage(s)
+
+    def mark_storage(self, s) -> None:
+        key = id(s)
+        if key in self.live or self.frozen:
+            return
+        n = s.nbytes()
+        self.live[key] = n
+        weakref.finalize(s, self._freed, key)
+        self.live_bytes += n
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def mark_all(self, out) -> None:
         for t in tree_flatten(out)[0]:
@@ -406,8 +409,23 @@ def _patched(census: Census, steps: int, state: dict):
         with _ToCpu(census):
             return real_custom_backward(self, *args)
 
+    real_load = torch.load
+
+    def load(f, map_location=None, *a, **k):
+        # a file torch saved, its storages mapped to a GPU: read to the host, each storage counted
+        # as device memory from here (the GPU run's load copies it there)
+        from .checkpoints import _mapped
+
+        def restore(storage, location):
+            if _is_cuda(_mapped(map_location, location)):
+                census.mark_storage(storage)
+            return storage
+
+        return real_load(f, restore, *a, **k)
+
     real_device = torch._C.TensorBase.device
     patches = [
+        (torch, "load", load),
         (BackwardCFunction, "apply", custom_backward),
         (threading.Thread, "run", thread_run),
         (torch.Tensor, "device", _device_property(census, real_device)),
