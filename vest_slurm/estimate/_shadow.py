@@ -85,19 +85,16 @@ MAX_SAMPLED_READS = 20
 
 
 def _script_place() -> str:
-    """file:line of the innermost frame of the script's own code (not torch, not vest, not the
-    standard library) on the current stack; "" where there is none."""
+    """file:line (the file's name) of the innermost frame of the script's own code on the stack."""
     import os
-    import sys
 
-    libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(part in name for part in libs):
-            return f"{os.path.basename(name)}:{f.f_lineno}"
-        f = f.f_back
-    return ""
+    from ..dynamic.tracked import script_frame
+
+    where = script_frame()
+    if where == "?":
+        return "?"
+    path, line = where.rsplit(":", 1)
+    return f"{os.path.basename(path)}:{line}"
 
 
 def _host_values(t: torch.Tensor) -> bool:
@@ -349,7 +346,7 @@ class Shadows:
         rargs, rkwargs = reals
         origin = self._origin_among(args, kwargs) if self._origins else None
         if origin is not None:
-            self.note(f"{func.overloadpacket.__name__} at {_script_place() or '?'}", origin)
+            self.note(f"{func.overloadpacket.__name__} at {_script_place()}", origin)
         if func is aten._unique2.default:
             rargs = (rargs[0], True) + tuple(rargs[2:])   # CUDA's unique always sorts
             rkwargs = {k: v for k, v in rkwargs.items() if k != "sorted"}
@@ -433,7 +430,7 @@ class Shadows:
             return False
         if not self.set(outs[0], real_out, sampled=factory):
             return False
-        self._mark(real_out, f"{name} at {_script_place() or '?'}")
+        self._mark(real_out, f"{name} at {_script_place()}")
         return True
 
     def _mark(self, real: torch.Tensor, origin: str) -> None:
@@ -474,7 +471,7 @@ class Shadows:
         if real is not None and self._origins:
             origin = self.origin(t)
             if origin is not None:
-                self.note(f"a value read at {_script_place() or '?'}", origin)
+                self.note(f"a value read at {_script_place()}", origin)
         return real
 
 
