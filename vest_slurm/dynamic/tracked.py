@@ -16,13 +16,13 @@ reads are listed, not followed.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
+
+from ..estimate._shadow import script_frame
 
 
 class StandInInt(int):
@@ -62,19 +62,6 @@ for _cls, _base in ((StandInInt, int), (StandInFloat, float)):
                   "__neg__", "__pos__", "__abs__", "__divmod__"):
         if hasattr(_base, _name):
             setattr(_cls, _name, _keep_mark(_name, _base))
-
-
-def script_frame(skip_dirs: tuple[str, ...] | None = None) -> str:
-    """file:line of the innermost frame of the user's code (not torch, not vest, not the stdlib)."""
-    libs = skip_dirs or (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep,
-                         os.sep + "vest_slurm" + os.sep)
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(part in name for part in libs):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back
-    return "?"
 
 
 @dataclass

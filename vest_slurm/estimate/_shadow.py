@@ -84,11 +84,25 @@ _SAMPLED_DRAWS = frozenset({"bernoulli", "multinomial", "normal", "poisson", "bi
 MAX_SAMPLED_READS = 20
 
 
-def _script_place() -> str:
-    """file:line (the file's name) of the innermost frame of the script's own code on the stack."""
+def script_frame(skip_dirs: tuple[str, ...] | None = None) -> str:
+    """file:line of the innermost frame of the user's code (not torch, not vest, not the stdlib)."""
     import os
+    import sys
 
-    from ..dynamic.tracked import script_frame
+    libs = skip_dirs or (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep,
+                         os.sep + "vest_slurm" + os.sep)
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith("<") and not any(part in name for part in libs):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+def _script_place() -> str:
+    """script_frame with the file's name only."""
+    import os
 
     where = script_frame()
     if where == "?":
