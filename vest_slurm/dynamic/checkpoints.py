@@ -141,7 +141,7 @@ def load(f, map_location=None, *args, **kwargs):
             return _Unpickler(fh, map_location).load()
         if start is not None:
             fh.seek(start)
-        if head[:4] != _ZIP or not hasattr(torch._utils, "_restore_device_fake_mode"):
+        if head[:4] != _ZIP or "restore" not in _ORIGINAL:   # (patches(): torch has the hook)
             return _ORIGINAL["load"](fh, map_location, *args, **kwargs)
         return _foreign_load(fh, map_location, args, kwargs)
     finally:
@@ -172,7 +172,7 @@ class _ForeignFile:
         self.fh = fh
         self.map_location = map_location
         self.bases: dict[int, torch.Tensor] = {}
-        self.maps: list = []
+        self._map = None   # the file mapped once (copy-on-write), or False where it cannot be
 
     def _bytes(self, offset: int, nbytes: int) -> torch.Tensor:
         """A real uint8 tensor of the file's bytes [offset, offset + nbytes)."""
@@ -181,18 +181,20 @@ class _ForeignFile:
         with fc.real_host():
             if nbytes == 0:
                 return torch.empty(0, dtype=torch.uint8)
-            try:
-                m = mmap.mmap(self.fh.fileno(), 0, access=mmap.ACCESS_COPY)
-            except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-                pos = self.fh.tell()
+            if self._map is None:
                 try:
-                    self.fh.seek(offset)
-                    data = bytearray(self.fh.read(nbytes))
-                finally:
-                    self.fh.seek(pos)
-                return torch.frombuffer(data, dtype=torch.uint8)
-            self.maps.append(m)
-            return torch.frombuffer(m, dtype=torch.uint8, offset=offset, count=nbytes)
+                    self._map = mmap.mmap(self.fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                    self._map = False   # a file object without a descriptor (BytesIO): read
+            if self._map:
+                return torch.frombuffer(self._map, dtype=torch.uint8, offset=offset, count=nbytes)
+            pos = self.fh.tell()
+            try:
+                self.fh.seek(offset)
+                data = bytearray(self.fh.read(nbytes))
+            finally:
+                self.fh.seek(pos)
+            return torch.frombuffer(data, dtype=torch.uint8)
 
     def rebuilt(self, t: torch.Tensor) -> torch.Tensor:
         from ..estimate import _shadow

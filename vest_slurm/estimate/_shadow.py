@@ -29,15 +29,16 @@ Values the device's random generator draws (``torch.randint(..., device="cuda")`
 distribution: a random factory's result of at most ``MAX_TENSOR_BYTES`` (offsets, crop shifts, the
 source of a random mask) gets a *sampled* shadow, drawn with the same op on the host from this
 module's own seeds (the script's host random stream is left as it was). In-place fills
-(``uniform_``, ``normal_``, ``bernoulli_``: weights' initialisation, dropout's masks) get none. The shapes and values that follow from it are a draw as the real run's are,
-not the real run's own: every shape a data-dependent op takes from a sampled shadow, and every
-value read from one, is listed (``sampled_reads``: where the draw was made) and the estimate is
-flagged with it. Before, such a mask's boolean indexing refused the whole estimate.
+(``uniform_``, ``normal_``, ``bernoulli_``: weights' initialisation, dropout's masks) get none.
+The shapes and values that follow from a sampled shadow are a draw as the real run's are, not the
+real run's own: every shape a data-dependent op takes from one, and every value read from one, is
+listed (``sampled_reads``: where the draw was made) and the estimate is flagged with it. Before,
+such a mask's boolean indexing refused the whole estimate.
 
 What keeps a shadow exact (never a silent wrong value, sampled ones flagged):
 - ops whose result the device's random generator decides (``nondeterministic_seeded``: dropout,
   ``randint``/``randn`` on the device, ``bernoulli``) and uninitialised memory (``empty``) make
-  no shadow; nor do ops whose result on the GPU may differ from the CPU kernel's beyond rounding:
+  no exact shadow (a random factory's draw a sampled one, above); nor do ops whose result on the GPU may differ from the CPU kernel's beyond rounding:
   the order of ties (``topk``, ``sort`` unless stable, ``kthvalue``, ``mode``, ``median`` with
   indices) and writes where duplicate indices race (``scatter``/``index_put``/``index_copy``/
   ``put`` of several values without accumulation). ``unique`` is sorted on CUDA whatever
@@ -408,32 +409,17 @@ class Shadows:
         if written or not (factory or name in _SAMPLED_DRAWS):
             return False
         outs = [o for o in pytree.tree_leaves(out) if isinstance(o, FakeTensor)]
-        if len(outs) != 1 or not (worthy(outs[0], sampled=True) if factory else worthy(outs[0])):
+        if len(outs) != 1 or not worthy(outs[0], sampled=factory):
             return False
-        like = name.endswith("_like")
-
-        def real(a):
-            if like and a is args[0]:   # only its layout is used: any tensor of that layout
-                with unset_fake_temporarily():
-                    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
-            if isinstance(a, FakeTensor):
-                r = self.get(a)
-                if r is None:
-                    raise LookupError
-                return r
-            if isinstance(a, torch.Tensor) and not _host_values(a):
-                raise LookupError
-            if isinstance(a, torch.device) and a.type == "cuda":
-                return torch.device("cpu")
-            if isinstance(a, torch.Generator):
-                return None   # the device's generator: the draw is made from this module's seeds
-            return a
-
-        try:
-            rargs, rkwargs = pytree.tree_map(real, (args, kwargs))
-        except LookupError:
+        if name.endswith("_like"):   # only the template's layout is used: any tensor of that layout
+            with unset_fake_temporarily():
+                args = (torch.empty_strided(args[0].shape, args[0].stride(), dtype=args[0].dtype),) + tuple(args[1:])
+        if kwargs.get("generator") is not None:   # (keyword-only in ATen's schemas)
+            kwargs = dict(kwargs, generator=None)   # the device's: the draw is made from this module's seeds
+        reals = self._reals(args, kwargs)
+        if reals is None:
             return False
-        rkwargs.pop("pin_memory", None)
+        rargs, rkwargs = reals
         try:
             # the host's default generator, reseeded for the draw and restored after it: the
             # script's own host draws stay what they would be
