@@ -347,3 +347,48 @@ def test_fused_optimizer_steps_without_a_meta_kernel_run_on_fake_tensors():
     b = dict(est.breakdown)
     assert b["parameters"] == 3 * p
     assert 4 * p <= b["optimizer_state"] <= 4 * p + 4096, b["optimizer_state"]
+
+
+@pytest.mark.parametrize("style", [[], ["--manual"]], ids=["optimizer", "hand-written"])
+def test_a_model_kept_on_the_host_is_refused_as_using_no_gpu(style):
+    """A model never moved to the GPU (pytorch/examples' regression, a forgotten .to(device)):
+    its backward runs on the host (autograd's zeros stay host tensors), its steps are counted by
+    either stop, no CUDA library workspace is taken for its host matmuls, and the answer is that
+    the job would hold an idle GPU, the script's to act on, not an estimate of the bare context."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("host_only_train.py", *style)
+    assert e.value.kind == "no-gpu", e.value
+    assert "does not use the GPU" in e.value.what and "the model (Sequential) ran 3 training steps" in e.value.what
+    assert ("parameter updates" in e.value.what) == bool(style)
+    assert "without --gres" in e.value.fix
+
+
+def test_a_model_on_the_host_beside_a_tensor_on_the_gpu_is_flagged():
+    (est,), run = estimate_script("host_only_train.py", "--gpu-metric")
+    assert run.steps == 3
+    assert any(f.startswith("the model trains on the host") for f in run.flags), run.flags
+    b = dict(est.breakdown)
+    assert b["parameters"] == 0 and b["live_tensor_peak"] < 1024, b
+
+
+@pytest.mark.parametrize("device", ["--cuda", "--cpu"])
+def test_processes_given_the_model_are_vests_gap_not_the_scripts(device):
+    """model.share_memory() is a no-op for CUDA tensors (it reached the host's shared-memory call
+    and failed); processes started with the model (Hogwild) would share it and each hold its own
+    context and step memory, which one trace is not: vest's gap, naming the API."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("hogwild_train.py", device)
+    assert e.value.kind == "vest-unsupported", e.value
+    assert "multiprocessing.Process.start" in e.value.what and e.value.where.endswith("hogwild_train.py:27")
+    assert ("CUDA IPC" in e.value.what) == (device == "--cuda")
+
+
+def test_a_frozen_network_run_under_grad_does_not_end_the_run_before_the_backward():
+    """A perceptual loss's frozen network runs under grad four times before the first backward;
+    its passes are not the steps of a forward-only run (they stopped the run with no backward:
+    gradients and Adam's states 0, the backward's activations missing, silently)."""
+    (est,), run = estimate_script("perceptual_loss_train.py")
+    assert run.steps == 3 and run.stopped_by == "optimizer steps", run.stopped_by
+    trained = 4 * (3 * 16 * 9 + 16 + 16 * 3 * 9 + 3)
+    b = dict(est.breakdown)
+    assert b["gradients"] == trained and b["optimizer_state"] == 2 * trained, b

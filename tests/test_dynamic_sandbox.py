@@ -176,3 +176,29 @@ def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_childs_matplotlib_starts_with_the_users_font_list(tmp_path, monkeypatch):
+    """The child's MPLCONFIGDIR is new each run; matplotlib would scan every font of the machine
+    again. The user's font list is copied in; without one, the list the child built is kept in
+    vest's cache and seeds the next run."""
+    from vest_slurm.dynamic.runner import _keep_font_list, _seed_font_list
+
+    monkeypatch.setenv("VEST_CACHE_DIR", str(tmp_path / "vest"))
+    users = tmp_path / "users-mpl"
+    users.mkdir()
+    (users / "fontlist-v390.json").write_text('{"fonts": 1}')
+    child = tmp_path / "run1" / "mpl"
+    _seed_font_list({"MPLCONFIGDIR": str(users)}, str(child))
+    assert (child / "fontlist-v390.json").read_text() == '{"fonts": 1}'
+    # a user with no matplotlib cache: nothing to seed; what the child builds is kept
+    nobody = {"XDG_CACHE_HOME": str(tmp_path / "empty")}
+    child2 = tmp_path / "run2" / "mpl"
+    _seed_font_list(nobody, str(child2))
+    assert not child2.exists()
+    child2.mkdir(parents=True)
+    (child2 / "fontlist-v390.json").write_text('{"fonts": 2}')
+    _keep_font_list(nobody, str(child2))
+    child3 = tmp_path / "run3" / "mpl"
+    _seed_font_list(nobody, str(child3))
+    assert (child3 / "fontlist-v390.json").read_text() == '{"fonts": 2}'

@@ -23,7 +23,8 @@ class VestError(Exception):
         self.what = what
         self.fix = fix
         # who must act, for --json (dynamic analysis: vest-unsupported, script-error, limit,
-        # data-dependent) and the script's file:line it happened at; None where not known
+        # data-dependent, no-gpu: the script trains on the host) and the script's file:line it
+        # happened at; None where not known
         self.kind = kind
         self.where = where
 

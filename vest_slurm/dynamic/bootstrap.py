@@ -507,6 +507,9 @@ def run(ns) -> dict:
     result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint}
     result["step_ends"] = list(tracer.s.step_ends)
+    # the models trained: on the device, or kept on the host (weights never moved to the GPU)
+    result["device_models"] = state.device_model_calls
+    result["host_models"] = list(state.host_model_names)[:1]   # the outermost, called first
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
     result["processes"] = sandbox.started[:20]

@@ -154,6 +154,54 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
     return env
 
 
+def _font_lists(user_env: dict) -> list[str]:
+    """Where matplotlib's font list may already be: the user's matplotlib cache (MPLCONFIGDIR, else
+    $XDG_CACHE_HOME/matplotlib, else ~/.cache/matplotlib: matplotlib's get_cachedir), then vest's."""
+    from ..estimate.tracecache import cache_dir
+
+    xdg = user_env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    mine = cache_dir()
+    return [user_env.get("MPLCONFIGDIR") or os.path.join(xdg, "matplotlib")] + ([str(mine / "matplotlib")] if mine else [])
+
+
+def _seed_font_list(user_env: dict, mpl_dir: str) -> None:
+    """The child's matplotlib starts with a font list. On its first import in an empty MPLCONFIGDIR
+    matplotlib scans and parses every font file of the machine and writes fontlist-vNNN.json (about
+    1 s, every run: the child's MPLCONFIGDIR is new each time); the list depends only on the fonts
+    installed and matplotlib's version (in the name), so the user's, or one an earlier run left in
+    vest's cache, is the one the child would build."""
+    for src in _font_lists(user_env):
+        try:
+            names = [n for n in os.listdir(src) if n.startswith("fontlist-") and n.endswith(".json")]
+        except OSError:
+            continue
+        if names:
+            os.makedirs(mpl_dir, exist_ok=True)
+            for n in names:
+                shutil.copyfile(os.path.join(src, n), os.path.join(mpl_dir, n))
+            return
+
+
+def _keep_font_list(user_env: dict, mpl_dir: str) -> None:
+    """A font list the child built (none was there to seed it): kept in vest's cache for the next run."""
+    dest = _font_lists(user_env)[1:]
+    try:
+        names = [n for n in os.listdir(mpl_dir) if n.startswith("fontlist-") and n.endswith(".json")]
+    except OSError:
+        return
+    if not dest or not names:
+        return
+    try:
+        os.makedirs(dest[0], exist_ok=True)
+        for n in names:
+            if not os.path.exists(os.path.join(dest[0], n)):
+                tmp = os.path.join(dest[0], f".{n}.{os.getpid()}")
+                shutil.copyfile(os.path.join(mpl_dir, n), tmp)
+                os.replace(tmp, os.path.join(dest[0], n))
+    except OSError:
+        pass   # a cache only
+
+
 def _rank_env(cmd: TrainCommand, world: int, accelerate_config: str | None = None) -> dict:
     """The process-placement variables the job's launcher gives rank 0, and only those: torchrun
     (torch/distributed/elastic/agent/server/api.py: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
@@ -354,6 +402,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             env = _child_env(cmd, tmpdir, world, config, vest_path=_vest_only_path(tmpdir) if python != sys.executable
                              else None)
             env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
+            _seed_font_list(os.environ, env["MPLCONFIGDIR"])
             if cmd.launcher == "accelerate":
                 env[accelerate_env.ENV] = json.dumps(launcher_args)
             proc = subprocess.Popen(argv, cwd=where, env=env, stdin=subprocess.DEVNULL,
@@ -378,6 +427,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                 time.sleep(_POLL_S)
             _kill_group(proc)   # the child's session: anything it left running goes too
         seconds = time.perf_counter() - t0
+        _keep_font_list(os.environ, env["MPLCONFIGDIR"])
         if limit_hit:
             raise EstimateError(f"{cmd.display}: {limit_hit}",
                                 "make the script reach its optimizer step sooner (smaller data set, fewer setup steps), "
@@ -396,9 +446,19 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             _raise_for_status(cmd, result, _keep_log(log_path), where, python, theirs, why_not)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
+        on_host = _host_training(cmd, result, events)
+        if on_host and not any(e.action == "alloc" for e in events):
+            raise EstimateError(f"{cmd.display}: the script does not use the GPU: {on_host}, and nothing was "
+                                "allocated on the GPU; a GPU given to this job would sit idle",
+                                "if it should train on the GPU, move the model and each batch there "
+                                "(model.to('cuda'), x.to('cuda')); else submit it without --gres/--gpus, to a CPU "
+                                "partition", kind="no-gpu")
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
         batch, flags = batch_and_flags(cmd, result)
+        if on_host:   # the GPU holds something (a metric, a buffer), but the model trains on the host
+            flags += (f"the model trains on the host, not the GPU: {on_host}; the estimate is only what the "
+                      "script put on the GPU besides",)
         if result.get("sampled"):
             flags += (sampled_note(result["sampled"]),)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
@@ -532,6 +592,16 @@ def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[s
                 if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == want:
                     return os.path.relpath(os.path.join(d, name), where), req
     return None
+
+
+def _host_training(cmd: TrainCommand, result: dict, events) -> str:
+    """What says the run trained a model kept on the host ("" where the model was on the device,
+    or no model was seen): ``result``'s device_models / host_models (bootstrap.py)."""
+    if result.get("device_models") or not result.get("host_models") and any(e.action == "alloc" for e in events):
+        return ""
+    name = f"the model ({', '.join(result['host_models'])})" if result.get("host_models") else "the model"
+    return (f"{name} ran {result.get('steps', 0)} training steps ({result.get('stopped_by', 'optimizer steps')}) "
+            "with its weights on the host")
 
 
 def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None,

@@ -7,6 +7,8 @@ when ``patched()`` exits. Private torch APIs stay in _fakecuda.py; this module p
 from __future__ import annotations
 
 import contextlib
+import itertools
+import multiprocessing.process
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -52,7 +54,13 @@ class ScriptState:
     stopped_by: str = "optimizer steps"
     param_storages: set = field(default_factory=set)   # storages of the trained models' parameters
     models: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # modules called as the model
-    forward_marks: list = field(default_factory=list)   # len(events) at forward starts, no backward yet
+    # modules with weights called on the host at the top level: a model kept on the host (a
+    # CPU-only script, a forgotten .to(device)), or a transform with weights
+    host_models: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    host_model_names: dict = field(default_factory=dict)   # their class names, outermost first
+    device_model_calls: int = 0   # top-level calls of a model on the device
+    # per trained model (id): len(events) at its forward passes under grad, while no backward yet
+    forward_marks: dict = field(default_factory=dict)
 
     def finish(self) -> None:
         if self.manual_step_pending:
@@ -265,6 +273,43 @@ def _spawn():
     return spawn, start_processes
 
 
+def _process_start(original):
+    """multiprocessing's Process.start() given the model (pytorch/examples' mnist_hogwild:
+    ``model.share_memory()``, then N processes train it, over CUDA IPC on the GPU or shared memory
+    on the host): each process holds its own CUDA context, gradients and activations, and the trace
+    is of one process; a fake tensor cannot be sent where a real one would. Said as vest's gap,
+    naming the API, not as the script's failure. A process given no model is the sandbox's."""
+    def start(self):
+        device = _fake_tensor_device((getattr(self, "_args", ()), getattr(self, "_kwargs", {})))
+        if device is not None:
+            raise cuda_surface.NotSupportedHere(
+                "multiprocessing.Process.start with the model's tensors",
+                "the processes would share the model's tensors (" +
+                ("CUDA IPC) and each take its own CUDA context and step memory on the same GPU"
+                 if device == "cuda" else "host shared memory) and train it in processes of their own") +
+                "; the dynamic estimate traces one process")
+        return original(self)
+
+    return start
+
+
+def _fake_tensor_device(obj, depth: int = 0) -> str | None:
+    """The device of a fake tensor in ``obj`` (a tensor, a module's weights, a container's items):
+    "cuda" where there is one, else "cpu", else None."""
+    if isinstance(obj, fc.FakeTensor):
+        return obj.fake_device.type
+    if isinstance(obj, nn.Module):
+        items, depth = list(itertools.chain(obj.parameters(), obj.buffers())), 2
+    elif depth < 3 and isinstance(obj, (list, tuple, set)):
+        items = obj
+    elif depth < 3 and isinstance(obj, dict):
+        items = obj.values()
+    else:
+        return None
+    found = {_fake_tensor_device(x, depth + 1) for x in items} - {None}
+    return "cuda" if "cuda" in found else found.pop() if found else None
+
+
 # ---- scalars and host copies ---------------------------------------------------------------------------
 
 def _stand_in_scalar(t):
@@ -402,12 +447,20 @@ def _compile(model=None, *args, **kwargs):
 
 def _on_the_device(mod, args) -> bool:
     """Whether a module call is device work: a fake tensor among its positional inputs, or fake
-    CUDA parameters (a model called with keyword arguments only)."""
-    for a in args or ():
-        if isinstance(a, fc.FakeTensor) or (isinstance(a, (list, tuple)) and any(isinstance(x, fc.FakeTensor) for x in a)):
-            return True
+    CUDA parameters (a model called with keyword arguments only). Not a model kept on the host:
+    fake host weights (built in a constructor) on host inputs only."""
     p = next(mod.parameters(), None)
-    return p is not None and isinstance(p, fc.FakeTensor) and p.fake_device.type == "cuda"
+    if p is not None and isinstance(p, fc.FakeTensor):
+        if p.fake_device.type == "cuda":
+            return True
+        host_weights = True
+    else:
+        host_weights = False
+    for a in args or ():
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(x, fc.FakeTensor) and not (host_weights and x.fake_device.type == "cpu"):
+                return True
+    return False
 
 
 def _top_level_forward(state: ScriptState, mod) -> None:
@@ -423,15 +476,22 @@ def _top_level_forward(state: ScriptState, mod) -> None:
                 p = next((p for p in mod.parameters() if p.is_floating_point()), None)
                 state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p, "dtype", None), "fp32")
     state.cudnn_benchmark = state.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
-    # Neither an optimizer step nor a backward pass so far: each forward pass under grad may be the
-    # step. Its start is kept aside (a summary's forward before training would shift the real
-    # steps' boundaries); after N + 1 of them and still no backward, they are the run's N steps.
-    if state.optimizer_steps == 0 and state.backwards == 0 and torch.is_grad_enabled() and state.forwards_under_grad > 1:
+    # Neither an optimizer step nor a backward pass so far: each forward pass under grad of a model
+    # with weights to train may be the step. Its start is kept aside (a summary's forward before
+    # training would shift the real steps' boundaries). Counted per model, and only models that
+    # train: a frozen network under grad (a perceptual loss's VGG, a teacher) runs several times
+    # in one step before its backward (fast_neural_style: VGG on the style image, then on the
+    # output and on the input). One model may also run more than once before a backward (two
+    # views, a siamese pair), so it takes 2N + 1 of its passes, still no backward, to be sure
+    # there is none; the first N are the run's N steps.
+    trains = torch.is_grad_enabled() and any(p.requires_grad for p in mod.parameters())
+    if state.optimizer_steps == 0 and state.backwards == 0 and trains:
         tr = state.tracer
-        state.forward_marks.append(len(tr.s.events))
-        if len(state.forward_marks) >= state.max_steps:
+        marks = state.forward_marks.setdefault(id(mod), [])
+        marks.append(len(tr.s.events))
+        if len(marks) > 2 * state.max_steps:
             state.stopped_by = "forward passes of the model under grad (no backward, no optimizer step)"
-            tr.s.step_ends[:] = state.forward_marks[:state.max_steps]
+            tr.s.step_ends[:] = marks[1:state.max_steps + 1]
             state.steps = state.max_steps
             tr.freeze()
             raise state.stop()
@@ -441,7 +501,7 @@ def _parameter_storages(state: ScriptState) -> set:
     """The storages of the parameters that take gradients in the models the script called (the
     models trained), as the first backward pass starts: an in-place write to one outside an
     optimizer step is a hand-written update."""
-    return {p.untyped_storage()._cdata for m in list(state.models) for p in m.parameters()
+    return {p.untyped_storage()._cdata for m in list(state.models) + list(state.host_models) for p in m.parameters()
             if isinstance(p, fc.FakeTensor) and p.requires_grad}
 
 
@@ -502,13 +562,19 @@ def patched(state: ScriptState):
         if state.depth == 0 and (not _on_the_device(mod, args) or next(mod.parameters(), None) is None):
             # host code: a transform (torchvision's and timm's are modules) on real data; or a
             # module without weights on device data (normalisation, augmentation on the GPU): no
-            # model trained, its input no batch (its allocations are traced as any op's)
+            # model trained, its input no batch (its allocations are traced as any op's). A host
+            # module with weights that take gradients may be the model, kept on the host: its
+            # hand-written updates end steps too, and the result says it (no_gpu_use)
+            if any(p.requires_grad for p in mod.parameters()) and not _on_the_device(mod, args):
+                state.host_models.add(mod)
+                state.host_model_names.setdefault(type(mod).__name__, None)
             return
         if state.depth == 0:
             if state.manual_step_pending:
                 state.close_manual_step()
             _top_level_forward(state, mod)
             state.models.add(mod)
+            state.device_model_calls += 1
             tr.s.phase = "forward"
             problem = tracked.input_problem(state.ledger, args)
             if problem and state.input_problem is None:
@@ -635,6 +701,7 @@ def patched(state: ScriptState):
         (dist, "init_process_group", _init_process_group(state)),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
+        (multiprocessing.process.BaseProcess, "start", _process_start(multiprocessing.process.BaseProcess.start)),
         (par, "DataParallel", _data_parallel(par.DataParallel)),
         (nn, "DataParallel", _data_parallel(par.DataParallel)),
         (par, "DistributedDataParallel", FakeDDP),

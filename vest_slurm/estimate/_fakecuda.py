@@ -520,6 +520,24 @@ def _is_real_host(t) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.device.type == "cpu"
 
 
+def _backward_on_the_host(limit: int = 64) -> bool:
+    """Whether the backward node running now computes a model kept on the host (a CPU-only script,
+    a model never moved to the GPU): the weights nearest to it in the graph (its own, else its
+    inputs') are fake host tensors. C++ reads every fake tensor's device as the host's, so the
+    node's own metadata cannot say; a node that reaches no weight within ``limit`` nodes counts
+    as the GPU's."""
+    node = torch._C._current_autograd_node()
+    todo, seen = [node] if node is not None else [], 0
+    while todo and seen < limit:
+        n = todo.pop(0)
+        seen += 1
+        var = getattr(n, "variable", None)   # AccumulateGrad: a leaf that takes a gradient
+        if isinstance(var, FakeTensor):
+            return var.fake_device.type == "cpu"
+        todo.extend(f for f, _ in getattr(n, "next_functions", ()) if f is not None)
+    return False
+
+
 def _names_cuda(a) -> bool:
     if isinstance(a, torch.device):
         return a.type == "cuda"
@@ -684,7 +702,8 @@ class FakeCudaMode(FakeTensorMode):
             in_backward = torch._C._current_autograd_node() is not None
             from_cuda = args and _is_fake_cuda(args[0])
             factory = not any(isinstance(a, torch.Tensor) for a in args)
-            if (from_cuda and (not HOST_COPY[0] or in_backward)) or (factory and in_backward and not HOST_COPY[0]):
+            if (from_cuda and (not HOST_COPY[0] or in_backward)) or \
+                    (factory and in_backward and not HOST_COPY[0] and not _backward_on_the_host()):
                 # a device taken from a fake CUDA tensor's options() in C++ (see the module's
                 # docstring; in backward also the zeros autograd makes for an output's
                 # undefined gradient, from the output's metadata): on the GPU it is CUDA
@@ -862,6 +881,10 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             return out
         if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
             return _deepcopy_fake(*args)
+        if func is torch.Tensor.share_memory_ and isinstance(args[0], FakeTensor):
+            # a no-op for CUDA tensors (shared across processes by CUDA IPC instead; _tensor.py);
+            # a fake host tensor has no data to move (nn.Module.share_memory, Hogwild scripts)
+            return args[0]
         dev = kwargs.get("device")
         if dev is not None:
             pinned = _pin(dev)

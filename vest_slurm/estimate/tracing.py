@@ -188,6 +188,8 @@ class Tracer:
             s.bf16 = True
         if func is _ADD or func in _ZEROS_FILLED_IN_PLACE:
             self._maybe_in_place(func, args, out)
+        if not _on_the_gpu(args, out):
+            return   # a model kept on the host: no CUDA library runs it
         if func in fc.BLAS_OPS:
             # First cuBLAS call of a thread on the stream: the thread's handle gets a workspace from
             # the caching allocator, kept for the life of the process (CublasHandlePool.cpp
@@ -330,6 +332,12 @@ class Tracer:
         if info.phase == "setup":
             return "other"
         return "temporary"
+
+
+def _on_the_gpu(args, out) -> bool:
+    """Whether an op ran on the fake GPU: a fake CUDA tensor among its outputs or arguments."""
+    leaves = (out,) if isinstance(out, torch.Tensor) else torch.utils._pytree.tree_leaves(out)
+    return any(fc._is_fake_cuda(t) for t in leaves) or any(fc._is_fake_cuda(t) for t in torch.utils._pytree.tree_leaves(args))
 
 
 def _op_name(node) -> str:
