@@ -392,3 +392,16 @@ def test_a_frozen_network_run_under_grad_does_not_end_the_run_before_the_backwar
     trained = 4 * (3 * 16 * 9 + 16 + 16 * 3 * 9 + 3)
     b = dict(est.breakdown)
     assert b["gradients"] == trained and b["optimizer_state"] == 2 * trained, b
+
+
+def test_in_place_random_fills_and_masked_select_of_unshadowed_data_are_sampled():
+    """Crop centres drawn in place (``empty(...).random_()``) get a sampled shadow as factories'
+    draws do; masked_select of the image data (no shadow: floats) by a mask that has one takes
+    its output shape from the mask. The estimate is flagged with both places. The batch is the
+    training forward's (16), not the no_grad setup pass's (128)."""
+    (est,), run = estimate_script("random_crop_train.py")
+    assert run.steps == 3 and run.batch_hint == 16, run.batch_hint
+    assert len(run.flags) == 1 and "random_ at random_crop_train.py:15" in run.flags[0], run.flags
+    assert "masked_select at random_crop_train.py:20" in run.flags[0], run.flags
+    cropped = 256 * 3 * 32 * 32 * 2   # the masked_select's output, fp16
+    assert any(e.action == "alloc" and e.size_bytes == cropped for e in run.trace.events)

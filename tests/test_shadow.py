@@ -94,7 +94,9 @@ def test_device_random_draws_are_sampled_and_marked_uninitialised_memory_has_non
     """A draw of the device's generator (offsets, a mask) gets a sampled shadow, drawn on the host
     with the host's own random stream left as it was, and marked with where it was drawn; what
     follows from it carries the mark, and a value read from it is listed (the estimate's flag).
-    In-place fills (weights' initialisation, dropout's masks) and uninitialised memory get none."""
+    An in-place fill that draws a whole tensor of indices, or a short float vector (per-sample
+    probabilities), is sampled too; a weight's initialisation (a parameter, or a float tensor of a
+    weight's size), dropout's masks and uninitialised memory get none."""
     with fake_gpu():
         state = torch.get_rng_state()
         r = torch.randint(0, 5, (100,), device="cuda")
@@ -110,7 +112,15 @@ def test_device_random_draws_are_sampled_and_marked_uninitialised_memory_has_non
         assert shadows.origin(torch.arange(10).cuda()) is None
         w = torch.empty(64, 128, device="cuda")
         nn.init.normal_(w)                                        # an in-place fill: weights' initialisation
-        assert _shadow.of(w) is None and _shadow.of(nn.functional.dropout(torch.ones(64, 128).cuda(), 0.5)) is None
+        p = nn.Parameter(torch.empty(16, device="cuda"))
+        nn.init.uniform_(p)                                       # a parameter's, however small
+        assert _shadow.of(w) is None and _shadow.of(p) is None
+        assert _shadow.of(nn.functional.dropout(torch.ones(64, 128).cuda(), 0.5)) is None
+        centres = torch.empty(100, dtype=torch.long, device="cuda").random_(2, 30)   # a fill drawing indices
+        assert int(_shadow.of(centres).min()) >= 2 and int(_shadow.of(centres).max()) < 30
+        assert shadows.origin(centres).startswith("random_ at test_shadow.py:")
+        keep = torch.empty(16, device="cuda").uniform_() < 0.5     # per-sample probabilities
+        assert shadows.origin(keep).startswith("uniform_ at test_shadow.py:")
         assert _shadow.of(torch.empty(100, dtype=torch.long, device="cuda")) is None
         assert _shadow.of(torch.arange(10, device="cuda")) is not None   # a factory of known values
         x = torch.arange(10).cuda()

@@ -34,6 +34,7 @@ class ScriptState:
     depth: int = 0
     batch_hint: int | None = None
     batch_hint_depth: int = 1 << 30   # module nesting at which batch_hint was read
+    batch_hint_no_grad: bool = False   # read in a forward under no_grad: setup, until one under grad
     first_forward_done: bool = False
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
@@ -572,6 +573,14 @@ def patched(state: ScriptState):
         if state.depth == 0:
             if state.manual_step_pending:
                 state.close_manual_step()
+            if state.batch_hint_no_grad and torch.is_grad_enabled():
+                # the batch read so far was a setup pass under no_grad (hlb-CIFAR10 initialises its
+                # whitening layer on 50,000 images; a summary's dummy input): the model's training
+                # forward, under grad, says the batch
+                state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
+                state.first_forward_done = state.batch_hint_no_grad = False
+            elif not state.first_forward_done:
+                state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
             state.models.add(mod)
             state.device_model_calls += 1

@@ -28,8 +28,10 @@ Values the device's random generator draws (``torch.randint(..., device="cuda")`
 ``randperm``, ``bernoulli`` of probabilities) are no host data, but they are a draw from a known
 distribution: a random factory's result of at most ``MAX_TENSOR_BYTES`` (offsets, crop shifts, the
 source of a random mask) gets a *sampled* shadow, drawn with the same op on the host from this
-module's own seeds (the script's host random stream is left as it was). In-place fills
-(``uniform_``, ``normal_``, ``bernoulli_``: weights' initialisation, dropout's masks) get none.
+module's own seeds (the script's host random stream is left as it was); so does an in-place
+fill that draws a whole tensor of integers or a short float vector, not a weight
+(``torch.empty(B, dtype=torch.long, device="cuda").random_(lo, hi)``). A weight's initialisation
+(``nn.init``) gets none.
 The shapes and values that follow from a sampled shadow are a draw as the real run's are, not the
 real run's own: every shape a data-dependent op takes from one, and every value read from one, is
 listed (``sampled_reads``: where the draw was made) and the estimate is flagged with it. Before,
@@ -82,6 +84,9 @@ _RACY_WRITES = frozenset({"scatter", "scatter_", "index_put", "index_put_", "_in
 # shadowed inputs
 _SAMPLED_FACTORIES = frozenset({"randint", "rand", "randn", "randperm", "randint_like", "rand_like", "randn_like"})
 _SAMPLED_DRAWS = frozenset({"bernoulli", "multinomial", "normal", "poisson", "binomial"})
+# in-place fills that draw every element of their target
+_SAMPLED_FILLS = frozenset({"random_", "uniform_", "normal_", "bernoulli_", "exponential_", "geometric_",
+                            "cauchy_", "log_normal_"})
 MAX_SAMPLED_READS = 20
 
 
@@ -357,7 +362,7 @@ class Shadows:
             return None
         reals = self._reals(args, kwargs)
         if reals is None:
-            return None
+            return self._shape_only(func, args, kwargs, fake_like, device)
         rargs, rkwargs = reals
         origin = self._origin_among(args, kwargs) if self._origins else None
         if origin is not None:
@@ -377,6 +382,46 @@ class Shadows:
             return r
 
         return pytree.tree_map(make, real_out)
+
+    def _shape_only(self, func, args, kwargs, fake_like, device):
+        """A selection whose output shape follows its mask alone (``masked_select(x, mask)``,
+        ``x[mask]``), where the mask has a shadow and the data has none (a batch of images): the
+        output of the real shape, without values (no shadow). hlb-CIFAR10 crops its batch with
+        masked_select and random square masks. None for other ops, or a mask without a shadow."""
+        if func is aten.masked_select.default:
+            x, mask = args[0], args[1]
+            real_mask = self.get(mask) if isinstance(mask, FakeTensor) else mask if _host_values(mask) else None
+            if real_mask is None:
+                return None
+            shape = torch.broadcast_shapes(x.shape, mask.shape)
+            with unset_fake_temporarily():
+                n = int(real_mask.broadcast_to(shape).count_nonzero())
+            out = torch.empty((n,), dtype=x.dtype, device="meta")
+            used = (mask,)
+        elif func is aten.index.Tensor:
+            x, indices = args[0], args[1]
+            meta = []
+            for i in indices:
+                if i is None:
+                    meta.append(None)
+                elif i.dtype in (torch.bool, torch.uint8):
+                    real = self.get(i) if isinstance(i, FakeTensor) else i if _host_values(i) else None
+                    if real is None:
+                        return None
+                    with unset_fake_temporarily():
+                        k = int(real.count_nonzero())
+                    # a boolean index is its nonzero positions, one long index per dimension it covers
+                    meta.extend(torch.empty((k,), dtype=torch.long, device="meta") for _ in range(i.dim()))
+                else:
+                    meta.append(torch.empty(i.shape, dtype=i.dtype, device="meta"))
+            out = aten.index.Tensor(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta"), meta)
+            used = tuple(i for i in indices if i is not None)
+        else:
+            return None
+        origin = self._origin_among(used, {}) if self._origins else None
+        if origin is not None:
+            self.note(f"{func.overloadpacket.__name__} at {_script_place()}", origin)
+        return fake_like(out, device)
 
     def host_copy(self, t, call):
         """``t.cpu()`` / ``t.to("cpu", ...)`` of a shadowed tensor: a new real host tensor of its
@@ -405,6 +450,8 @@ class Shadows:
         seeds. In-place fills (``uniform_``, ``normal_``: the initialisation of weights, dropout's
         masks) get none. True where a shadow was made."""
         name = func.overloadpacket.__name__
+        if name in _SAMPLED_FILLS:
+            return self._sample_fill(func, args, kwargs, name)
         factory = name in _SAMPLED_FACTORIES
         if written or not (factory or name in _SAMPLED_DRAWS):
             return False
@@ -431,6 +478,37 @@ class Shadows:
         if not self.set(outs[0], real_out, sampled=factory):
             return False
         self._mark(real_out, f"{name} at {_script_place()}")
+        return True
+
+    def _sample_fill(self, func, args, kwargs, name: str) -> bool:
+        """An in-place fill that draws every element of a tensor that is not a weight (hlb-CIFAR10's
+        crop centres: ``torch.empty(B, dtype=torch.long, device="cuda").random_(lo, hi)``;
+        ``empty(B).uniform_() < p``): a sampled shadow as a factory's draw gets, where the target
+        is a whole storage (no view of a tensor with other values) of integers up to
+        MAX_TENSOR_BYTES or of at most MAX_FLOAT_NUMEL floats. A weight's initialisation
+        (``nn.init`` on a parameter, or on a float tensor of a weight's size) gets none, nor does a
+        fill inside another op's decomposition (after_op sees the outermost op only)."""
+        t = args[0] if args else None
+        if not isinstance(t, FakeTensor) or t.requires_grad or not worthy(t, sampled=not t.is_floating_point()):
+            return False   # floats: short vectors only (per-sample draws), no tensor of a weight's size
+        if t.storage_offset() != 0 or not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            return False
+        if kwargs.get("generator") is not None:
+            kwargs = dict(kwargs, generator=None)
+        reals = self._reals(tuple(args[1:]), kwargs)
+        if reals is None:
+            return False
+        rargs, rkwargs = reals
+        try:
+            with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(next(self._seeds))
+                real = func(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype), *rargs, **rkwargs)
+        except Exception:   # no CPU kernel for it: no shadow
+            return False
+        self.forget(t)
+        if not self.set(t, real, sampled=True):
+            return False
+        self._mark(real, f"{name} at {_script_place()}")
         return True
 
     def _mark(self, real: torch.Tensor, origin: str) -> None:
