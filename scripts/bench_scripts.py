@@ -94,12 +94,16 @@ def _words(n, vocab, seed=0):
     return [f"w{rng.randrange(vocab)}" for _ in range(n)]
 
 
-def _wikitext(workdir, dir, words=20000, vocab=2000):
+def _wikitext(workdir, dir, words=20000, vocab=2000, **name):
+    """WikiText-2's train/valid/test.txt of synthetic words; ``as``: the training text under that
+    one name instead (Lightning's demo WikiText2 reads data/wikitext-2.txt)."""
     d = os.path.join(workdir, dir)
     os.makedirs(d, exist_ok=True)
     for i, split in enumerate(("train", "valid", "test")):
+        if name.get("as") and split != "train":
+            continue
         w = _words(words if split == "train" else words // 10, vocab, i)
-        with open(os.path.join(d, f"{split}.txt"), "w") as f:
+        with open(os.path.join(d, name.get("as") or f"{split}.txt"), "w") as f:
             f.writelines(" ".join(w[j:j + 20]) + "\n" for j in range(0, len(w), 20))
 
 
@@ -150,6 +154,23 @@ def _imagefolder(workdir, dir, splits, classes, per_class, size):
     for s, split in enumerate(splits):
         for c in range(classes):
             _images(os.path.join(workdir, dir, split, f"class{c:03d}"), per_class, size, s * 1000 + c)
+
+
+def _torch_hub(workdir, dir, weights):
+    """torchvision weights in a torch.hub cache (``dir``: the user's TORCH_HOME), as after the one
+    download: each of ``weights`` (``VGG16_Weights.IMAGENET1K_V1``) as the state dict of its model
+    with random values, under the file name of its URL. torch.hub's load_state_dict_from_url reads
+    a file that is there and checks its hash only when it downloads."""
+    import torch
+    import torchvision
+
+    out = os.path.join(workdir, dir, "hub", "checkpoints")
+    os.makedirs(out, exist_ok=True)
+    for name in weights:
+        enum, member = name.split(".")
+        w = getattr(torchvision.models, enum)[member]
+        model = torchvision.models.get_model(enum.removesuffix("_Weights").lower(), weights=None)
+        torch.save(model.state_dict(), os.path.join(out, os.path.basename(w.url)))
 
 
 def _bsds300(workdir, dir, train, test, size):
@@ -250,14 +271,18 @@ def _pets(workdir, dir, classes, per_class, size, hub, model, hf_hub_id):
     _hub_cache_timm(workdir, hub, model, hf_hub_id)
 
 
-def _torch_save(workdir, files):
+def _torch_save(workdir, files, location=None):
     """Files of tensors written with torch.save, as a preprocessing step or an earlier job leaves
     them: ``files`` maps a path to {name: [shape, dtype, high]} (integers drawn below ``high``;
-    floats standard normal) or any other value, saved as it is."""
+    floats standard normal), a nested {name: ...} of the same, or any other value, saved as it is.
+    ``location`` ("cuda:0"): the storages are recorded as a GPU job saves its GPU tensors, so that
+    torch.load puts them back on the GPU (the tensors here are host tensors; only the tag differs)."""
     import torch
+    import torch.serialization as ser
 
     g = torch.Generator().manual_seed(0)
-    for path, content in files.items():
+
+    def build(content):
         obj = {}
         for name, v in content.items():
             if isinstance(v, list) and len(v) == 3 and isinstance(v[0], list):
@@ -265,18 +290,30 @@ def _torch_save(workdir, files):
                 dt = getattr(torch, dtype)
                 obj[name] = (torch.randint(0, high, shape, dtype=dt, generator=g) if not dt.is_floating_point
                              else torch.randn(shape, generator=g).to(dt))
+            elif isinstance(v, dict):
+                obj[name] = build(v)
             else:
                 obj[name] = v
-        full = os.path.join(workdir, path)
-        os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
-        torch.save(obj, full)
+        return obj
+
+    tag = ser.location_tag
+    try:
+        if location:
+            ser.location_tag = lambda storage: location
+        for path, content in files.items():
+            full = os.path.join(workdir, path)
+            os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+            torch.save(build(content), full)
+    finally:
+        ser.location_tag = tag
 
 
 RECIPES = {
     "none": lambda workdir: None,
     "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "tokens-u16": _tokens_u16,
     "llmc-bin": _llmc_bin, "imagefolder": _imagefolder, "bsds300": _bsds300, "cora": _cora,
-    "hf-local": _hf_local, "pets": _pets, "torch-save": _torch_save,
+    "hf-local": _hf_local, "pets": _pets, "torch-save": _torch_save, "torch-hub": _torch_hub,
+    "imagefolder+torch-hub": lambda workdir, hub, **folder: (_imagefolder(workdir, **folder), _torch_hub(workdir, **hub)),
 }
 
 
@@ -373,7 +410,7 @@ def _kind(message: str, doc) -> str:
     return "vest-unsupported"
 
 
-_REFUSALS = ("data-dependent", "refused-io", "limit")   # vest declined for a stated reason
+_REFUSALS = ("data-dependent", "refused-io", "limit", "no-gpu")   # vest declined for a stated reason
 
 
 def run_one(entry: dict, mirror: str, work: str, gpu: str, oracles: bool = True) -> dict:
@@ -541,7 +578,11 @@ def _report(rows: list[dict], seconds: float) -> None:
     ref = sum(r["outcome"] == "refused" for r in rows)
     bad = sum(r["oracle"] == "DISAGREE" for r in rows)
     checked = sum(r["oracle"] in ("agree", "DISAGREE") for r in rows)
+    runnable = [r for r in rows if r["expected"] == "estimated"]   # offline, on a GPU (the rest: expect_why)
+    est_runnable = sum(r["outcome"] == "estimated" for r in runnable)
     print(f"\n{n} scripts: {est} estimated ({100 * est / max(n, 1):.0f}%), {ref} refused, {n - est - ref} failed; "
+          f"of the {len(runnable)} a GPU job could run offline, {est_runnable} estimated "
+          f"({100 * est_runnable / max(len(runnable), 1):.0f}%); "
           f"oracle: {checked} checked, {bad} disagree (> {100 * AGREE:.0f}%); "
           f"peak RSS max {max((r['peak_rss_mib'] for r in rows), default=0)} MiB; {seconds:.0f} s in all")
 
