@@ -564,9 +564,10 @@ def patched(state: ScriptState):
             # host code: a transform (torchvision's and timm's are modules) on real data; or a
             # module without weights on device data (normalisation, augmentation on the GPU): no
             # model trained, its input no batch (its allocations are traced as any op's). A host
-            # module with weights that take gradients may be the model, kept on the host: its
-            # hand-written updates end steps too, and the result says it (no_gpu_use)
-            if any(p.requires_grad for p in mod.parameters()) and not _on_the_device(mod, args):
+            # module with weights that take gradients (here only where it was not on the device)
+            # may be the model, kept on the host: its hand-written updates end steps too, and the
+            # result names it (host_models)
+            if any(p.requires_grad for p in mod.parameters()):
                 state.host_models.add(mod)
                 state.host_model_names.setdefault(type(mod).__name__, None)
             return
