@@ -4,6 +4,7 @@ os.posix_spawn). And the fallback where bubblewrap cannot run: the audit hook al
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -202,3 +203,29 @@ def test_the_childs_matplotlib_starts_with_the_users_font_list(tmp_path, monkeyp
     child3 = tmp_path / "run3" / "mpl"
     _seed_font_list(nobody, str(child3))
     assert (child3 / "fontlist-v390.json").read_text() == '{"fonts": 2}'
+
+
+def test_the_child_dies_with_a_killed_runner_without_bubblewrap(tmp_path):
+    """A runner killed from outside (a timeout around vest) leaves no child training on alone,
+    also where bubblewrap does not run (the audit hook alone: PR_SET_PDEATHSIG)."""
+    script = tmp_path / "forever.py"
+    script.write_text("import torch\nw = torch.zeros(4, device='cuda')\nwhile True:\n    w += 1\n")
+    marker = f"vest-orphan-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--",
+                               "python", "forever.py", marker], cwd=tmp_path, env=dict(os.environ, VEST_BWRAP="none"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not procs_with(marker) or procs_with(marker) == [str(runner.pid)]:
+        assert time.time() < deadline, "the child never started"
+        time.sleep(0.2)
+    runner.kill()
+    runner.wait()
+    deadline = time.time() + 10
+    try:
+        while procs_with(marker):
+            assert time.time() < deadline, f"left running: {procs_with(marker)}"
+            time.sleep(0.2)
+    finally:
+        for pid in procs_with(marker):   # (on failure: not left to eat a core)
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), 9)

@@ -544,7 +544,26 @@ def hub_kernels_note() -> list[str]:
         return []
 
 
+def _die_with_parent() -> None:
+    """The runner keeps the child to its limits by polling it. If the runner is killed (a timeout
+    around vest, a closed terminal), the child must not run on alone: under bubblewrap its
+    --die-with-parent sees to it; under the audit hook alone, Linux's PR_SET_PDEATHSIG sends it
+    SIGKILL when its parent exits. Set before the audit hook, which refuses ctypes to the script."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:   # the parent was gone before the signal was asked for
+        os._exit(1)
+
+
 def main(argv=None) -> int:
+    _die_with_parent()
     p = argparse.ArgumentParser(prog="vest_slurm.dynamic.bootstrap")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
