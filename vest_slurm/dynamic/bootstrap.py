@@ -558,8 +558,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:   # the parent was gone before the signal was asked for
-        os._exit(1)
+    if os.getppid() == 1 and os.environ.get(children.CONFINED_ENV) != "bubblewrap":
+        os._exit(1)   # the parent was gone before the signal was asked for (under bubblewrap's own
+        # PID namespace the parent is its init, PID 1)
 
 
 def main(argv=None) -> int:
