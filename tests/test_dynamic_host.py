@@ -405,3 +405,15 @@ def test_in_place_random_fills_and_masked_select_of_unshadowed_data_are_sampled(
     assert "masked_select at random_crop_train.py:20" in run.flags[0], run.flags
     cropped = 256 * 3 * 32 * 32 * 2   # the masked_select's output, fp16
     assert any(e.action == "alloc" and e.size_bytes == cropped for e in run.trace.events)
+
+
+def test_weights_made_on_the_device_count_as_parameters():
+    """Weights created on the GPU (device="cuda", a torch.device context, set_default_device; a
+    device_map), never moved by .to(): on the fake GPU (under a torch.device context they were
+    fake host weights, copied to the GPU at each use, their Adam states on the host: missing from
+    the estimate), and counted as parameters in the breakdown (they were "other": parameters 0 for
+    every Hugging Face model loaded with a device_map, trl's sft among them)."""
+    (est,), run = estimate_script("device_built_train.py")
+    b = dict(est.breakdown)
+    params = 4 * (256 * 512 + 512 + 512 * 10 + 10 + 10 * 10 + 10)
+    assert b["parameters"] == params and b["optimizer_state"] == 2 * params, b

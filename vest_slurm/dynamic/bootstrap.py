@@ -459,6 +459,13 @@ def run(ns) -> dict:
     repeats = Repeats(state, mode)   # identical no-grad calls of the model replayed, not rerun
     # torch's modes are per thread: the script's threads run under the same ones (threads_carry)
     modes = (mode, fc.CudaFactoryMode(host_real=True), sp.UpdateWatch(state), tracked.TaintMode(state.ledger))
+    # torch.device("cuda") contexts and set_default_device name the device for the functions in
+    # this cached set (torch/utils/_device.py), compared by identity: filled now, with torch's own
+    # functions, before cuda_surface wraps the factories (filled after, it held the wrappers, and
+    # a model built under `with torch.device("cuda"):` got host weights)
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),

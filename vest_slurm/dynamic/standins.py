@@ -583,6 +583,10 @@ def patched(state: ScriptState):
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
+            if mod not in state.models:
+                # weights made on the device (from_pretrained with a device_map, device="cuda",
+                # a torch.device context) were never moved by .to()/.cuda(), which marks the others
+                tr.mark([p for p in mod.parameters() if fc._is_fake_cuda(p)], "parameter", unset_only=True)
             state.models.add(mod)
             state.device_model_calls += 1
             tr.s.phase = "forward"

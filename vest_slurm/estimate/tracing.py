@@ -305,10 +305,11 @@ class Tracer:
             return None
         return self.recorder.live_block(t)
 
-    def mark(self, tensors, category: str) -> None:
+    def mark(self, tensors, category: str, unset_only: bool = False) -> None:
+        """Give the blocks of ``tensors`` a category; ``unset_only``: only those without one."""
         for t in tensors:
             b = self.block_of(t)
-            if b is not None and b in self.s.blocks:
+            if b is not None and b in self.s.blocks and not (unset_only and self.s.blocks[b].category):
                 self.s.blocks[b].category = category
 
     def finish(self, iterations: int, notes=(), gpu_asked: tuple | None = None) -> AllocTrace:
@@ -491,7 +492,7 @@ class LoopHooks:
     def step_end(self) -> None:
         pass
 
-    def mark(self, tensors, category: str) -> None:
+    def mark(self, tensors, category: str, unset_only: bool = False) -> None:
         pass
 
 
