@@ -461,24 +461,29 @@ class Shadows:
         if name.endswith("_like"):   # only the template's layout is used: any tensor of that layout
             with unset_fake_temporarily():
                 args = (torch.empty_strided(args[0].shape, args[0].stride(), dtype=args[0].dtype),) + tuple(args[1:])
+        real_out = self._draw(func, args, kwargs)
+        if real_out is None or not self.set(outs[0], real_out, sampled=factory):
+            return False
+        self._mark(real_out, f"{name} at {_script_place()}")
+        return True
+
+    def _draw(self, func, args, kwargs, target=None):
+        """``func`` on the shadows of its inputs (``target()``'s new host tensor first, for an
+        in-place fill) with the host's default generator reseeded from this module's seeds and
+        restored after it: the script's own host draws stay what they would be. None where an input
+        has no shadow or the CPU has no kernel for it."""
         if kwargs.get("generator") is not None:   # (keyword-only in ATen's schemas)
             kwargs = dict(kwargs, generator=None)   # the device's: the draw is made from this module's seeds
         reals = self._reals(args, kwargs)
         if reals is None:
-            return False
+            return None
         rargs, rkwargs = reals
         try:
-            # the host's default generator, reseeded for the draw and restored after it: the
-            # script's own host draws stay what they would be
             with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
                 torch.default_generator.manual_seed(next(self._seeds))
-                real_out = func(*rargs, **rkwargs)
+                return func(*((target(),) if target else ()), *rargs, **rkwargs)
         except Exception:   # no CPU kernel for it: no shadow
-            return False
-        if not self.set(outs[0], real_out, sampled=factory):
-            return False
-        self._mark(real_out, f"{name} at {_script_place()}")
-        return True
+            return None
 
     def _sample_fill(self, func, args, kwargs, name: str) -> bool:
         """An in-place fill that draws every element of a tensor that is not a weight (hlb-CIFAR10's
@@ -493,17 +498,8 @@ class Shadows:
             return False   # floats: short vectors only (per-sample draws), no tensor of a weight's size
         if t.storage_offset() != 0 or not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
             return False
-        if kwargs.get("generator") is not None:
-            kwargs = dict(kwargs, generator=None)
-        reals = self._reals(tuple(args[1:]), kwargs)
-        if reals is None:
-            return False
-        rargs, rkwargs = reals
-        try:
-            with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(next(self._seeds))
-                real = func(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype), *rargs, **rkwargs)
-        except Exception:   # no CPU kernel for it: no shadow
+        real = self._draw(func, tuple(args[1:]), kwargs, lambda: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
+        if real is None:
             return False
         self.forget(t)
         if not self.set(t, real, sampled=True):
