@@ -164,6 +164,14 @@ def _font_lists(user_env: dict) -> list[str]:
     return [user_env.get("MPLCONFIGDIR") or os.path.join(xdg, "matplotlib")] + ([str(mine / "matplotlib")] if mine else [])
 
 
+def _font_list_names(folder: str) -> list[str]:
+    """matplotlib's font lists in ``folder`` (fontlist-vNNN.json); none where it cannot be read."""
+    try:
+        return [n for n in os.listdir(folder) if n.startswith("fontlist-") and n.endswith(".json")]
+    except OSError:
+        return []
+
+
 def _seed_font_list(user_env: dict, mpl_dir: str) -> None:
     """The child's matplotlib starts with a font list. On its first import in an empty MPLCONFIGDIR
     matplotlib scans and parses every font file of the machine and writes fontlist-vNNN.json (about
@@ -171,10 +179,7 @@ def _seed_font_list(user_env: dict, mpl_dir: str) -> None:
     installed and matplotlib's version (in the name), so the user's, or one an earlier run left in
     vest's cache, is the one the child would build."""
     for src in _font_lists(user_env):
-        try:
-            names = [n for n in os.listdir(src) if n.startswith("fontlist-") and n.endswith(".json")]
-        except OSError:
-            continue
+        names = _font_list_names(src)
         if names:
             os.makedirs(mpl_dir, exist_ok=True)
             for n in names:
@@ -185,10 +190,7 @@ def _seed_font_list(user_env: dict, mpl_dir: str) -> None:
 def _keep_font_list(user_env: dict, mpl_dir: str) -> None:
     """A font list the child built (none was there to seed it): kept in vest's cache for the next run."""
     dest = _font_lists(user_env)[1:]
-    try:
-        names = [n for n in os.listdir(mpl_dir) if n.startswith("fontlist-") and n.endswith(".json")]
-    except OSError:
-        return
+    names = _font_list_names(mpl_dir)
     if not dest or not names:
         return
     try:
@@ -446,8 +448,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             _raise_for_status(cmd, result, _keep_log(log_path), where, python, theirs, why_not)
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
-        on_host = _host_training(cmd, result, events)
-        if on_host and not any(e.action == "alloc" for e in events):
+        allocates = any(e.action == "alloc" for e in events)
+        on_host = _host_training(result, allocates)
+        if on_host and not allocates:
             raise EstimateError(f"{cmd.display}: the script does not use the GPU: {on_host}, and nothing was "
                                 "allocated on the GPU; a GPU given to this job would sit idle",
                                 "if it should train on the GPU, move the model and each batch there "
@@ -594,10 +597,11 @@ def requirement_pin(package: str, cmd: TrainCommand, cwd: str | None) -> tuple[s
     return None
 
 
-def _host_training(cmd: TrainCommand, result: dict, events) -> str:
-    """What says the run trained a model kept on the host ("" where the model was on the device,
-    or no model was seen): ``result``'s device_models / host_models (bootstrap.py)."""
-    if result.get("device_models") or not result.get("host_models") and any(e.action == "alloc" for e in events):
+def _host_training(result: dict, allocates: bool) -> str:
+    """What says the run trained a model kept on the host: "" where a model ran on the device, or
+    where none was seen on the host and the GPU was used (``result``'s device_models / host_models,
+    bootstrap.py; ``allocates``: anything was allocated on the GPU)."""
+    if result.get("device_models") or (not result.get("host_models") and allocates):
         return ""
     name = f"the model ({', '.join(result['host_models'])})" if result.get("host_models") else "the model"
     return (f"{name} ran {result.get('steps', 0)} training steps ({result.get('stopped_by', 'optimizer steps')}) "
