@@ -412,6 +412,8 @@ def classify(e: BaseException) -> str:
     if name in ("NotSupportedHere", "UnsupportedOperatorException") or "FakeTensor" in text or "fake tensor" in text.lower() \
             or any(m in text for m in _REAL_GPU_REACHED):
         return "vest-unsupported"
+    if name == "FailsOnAGpu":
+        return "script-error"   # a stand-in's check of what fails on a GPU too
     frames = traceback.extract_tb(e.__traceback__)
     if frames and any(part in frames[-1].filename for part in _FAKE_MACHINERY):
         return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
@@ -530,7 +532,13 @@ def run(ns) -> dict:
     from . import fake_dist
 
     result["fsdp"] = fake_dist.result(state)   # what fully_shard was asked (None: no FSDP2)
-    result["notes"] = list(trace.notes) + hub_kernels_note()
+    from . import fake_tp
+
+    tp = fake_tp.result(state)   # what parallelize_module was asked (None: no tensor parallelism)
+    result["tp"] = tp
+    if tp and result["fsdp"] and "units" in result["fsdp"]:   # FSDP over the data-parallel mesh beside it
+        result["fsdp"]["tp"] = tp["tp"]
+    result["notes"] = list(trace.notes) + hub_kernels_note() + ([tp["note"]] if tp else [])
     return result
 
 

@@ -51,6 +51,11 @@ class NotSupportedHere(RuntimeError):
         self.api = api
 
 
+class FailsOnAGpu(RuntimeError):
+    """Raised by a stand-in where the real API fails the same way on a GPU (its own check, with its
+    own words): the script must act, not vest."""
+
+
 @dataclass(frozen=True)
 class Decision:
     kind: str

@@ -90,19 +90,29 @@ class _FakeMesh:
         self.mesh_dim_names = tuple(names) if names else None
         self.ndim = len(self.shape)
 
-    def size(self, dim=None):
-        if dim is None:
+    def size(self, mesh_dim=None):
+        if mesh_dim is None:
             n = 1
             for s in self.shape:
                 n *= s
             return n
-        return self.shape[dim]
+        return self.shape[mesh_dim]
 
-    def get_local_rank(self, dim=None):
+    def get_local_rank(self, mesh_dim=None):
         return 0
 
     def get_rank(self):
         return 0
+
+    def get_coordinate(self):
+        return [0] * self.ndim
+
+    def get_group(self, mesh_dim=None):
+        # the fake process group of the launch (standins._init_process_group): collectives on it
+        # return at once; None (the default group) where the script has not initialised one
+        import torch.distributed as dist
+
+        return dist.group.WORLD if dist.is_initialized() else None
 
     def __getitem__(self, names):
         names = (names,) if isinstance(names, str) else tuple(names)
@@ -573,7 +583,9 @@ def per_rank(info: dict, events: tuple[AllocEvent, ...], step_ends: tuple[int, .
         parallelism, sharding = ("hsdp" if len(shape) == 2 and shape[0] > 1 else "fsdp2"), "full-shard"
         group = shape[-1] if parallelism == "hsdp" else 0
     name, impl, wd = _optimizer_name(info["optimizer"])
-    spec = base_spec.with_(parallelism=parallelism, num_gpus=world, shard_group_size=group, sharding=sharding,
+    tp = int(info.get("tp") or 1)   # FSDP over the data-parallel dimension of a 2-D mesh beside tensor parallelism
+    spec = base_spec.with_(parallelism=parallelism, num_gpus=world * tp, tensor_parallel=tp,
+                           shard_group_size=group, sharding=sharding,
                            offload="params" if info["offload"] else "none",
                            param_dtype=info["param_dtype"], reduce_dtype=info["reduce_dtype"],
                            reshard_after_forward="on" if info["reshard_after_forward"] else "off",

@@ -494,8 +494,12 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
             # (made for this profile: no gpu_asked, so it holds on its own class only)
             trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
-        return DynamicRun(trace, result["steps"], batch, seconds, peak_rss,
-                          tuple(result.get("redirected_writes", ())), spec, **mine)
+        run = DynamicRun(trace, result["steps"], batch, seconds, peak_rss,
+                         tuple(result.get("redirected_writes", ())), spec, **mine)
+        tp = (result.get("tp") or {}).get("tp", 1)
+        if spec is None and tp > 1:   # tensor parallelism alone: the trace is one rank's, over its group
+            run = replace(run, spec=script_spec(cmd, run, world, "").with_(tensor_parallel=tp))
+        return run
     finally:
         if not os.environ.get("VEST_KEEP_TMP"):
             shutil.rmtree(tmpdir, ignore_errors=True)

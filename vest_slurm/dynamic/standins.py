@@ -729,6 +729,9 @@ def patched(state: ScriptState):
     from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)
 
     patches += fake_dist.patches(state)
+    from . import fake_tp   # parallelize_module (tensor parallelism): one rank's shards
+
+    patches += fake_tp.patches(state)
     patches += _aliases(patches)
     saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
     hooks = [

@@ -26,7 +26,7 @@ from .allocator import replay
 from .allocator_config import parse_alloc_conf
 from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
-from .sharding import strategy_world
+from .sharding import data_world, strategy_world
 from .profiles import DeviceProfile, eager_loading
 from .trace import BF16_NOTE, AllocEvent, AllocTrace, with_size
 from ..units import MiB
@@ -130,7 +130,10 @@ def _events_for(events: Sequence[AllocEvent], profile: DeviceProfile, spec: Work
     PyTorch runs on a GPU with room for it (cudnn_ws.py, cuDNN's own heuristics)."""
     from . import cudnn_ws
 
-    ddp = spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
+    # a script's trace holds DDP's buckets where it wrapped its model in DDP (the stand-in allocates
+    # them); one that did not (tensor parallelism, gradients all-reduced by hand) has none to add
+    ddp = (spec.num_gpus > 1 and spec.parallelism == "ddp" and not summary.has_ddp_buckets
+           and not spec.model.startswith("script:"))
     last_param = max((i for i, e in enumerate(events) if e.category == "parameter"), default=-1) if ddp else -1
     out: list[AllocEvent] = []
     for i, e in enumerate(events):
@@ -271,7 +274,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     elif spec.num_gpus > 1 and spec.parallelism in SHARDED:
         # one communicator for the all-gathers and reduce-scatters (FSDP's and DeepSpeed's data
         # parallel group); HSDP adds the replicate group's (its all-reduce across shard groups)
-        comms = 2 if spec.parallelism in ("hsdp", "fsdp") and strategy_world(spec) < spec.num_gpus else 1
+        comms = 2 if spec.parallelism in ("hsdp", "fsdp") and strategy_world(spec) < data_world(spec) else 1
+        comms += 1 if spec.tensor_parallel > 1 else 0   # beside a 2-D mesh's tensor-parallel group
         parts.append(("nccl", comms * NCCL_BYTES))
     parts += _nvls_parts(spec, profile)
     fixed = sum(v for _, v in parts)

@@ -176,12 +176,19 @@ class RankLayout:
     optimizer_dtype: str        # their dtype
 
 
+def data_world(spec: WorkloadSpec) -> int:
+    """The data-parallel ranks: all of them, or, beside tensor parallelism (a script's FSDP over a 2-D
+    mesh), the GPUs over the tensor-parallel size."""
+    return max(1, spec.num_gpus // max(1, spec.tensor_parallel))
+
+
 def strategy_world(spec: WorkloadSpec) -> int:
     """Ranks over which parameters are sharded (hsdp: the shard group)."""
+    dp = data_world(spec)
     if spec.parallelism == "hsdp" or (spec.parallelism == "fsdp" and spec.sharding.startswith("hybrid")):
-        g = spec.shard_group_size or spec.gpus_per_node or spec.num_gpus
-        return max(1, min(g, spec.num_gpus))
-    return spec.num_gpus
+        g = spec.shard_group_size or spec.gpus_per_node or dp
+        return max(1, min(g, dp))
+    return dp
 
 
 def dtypes(spec: WorkloadSpec) -> tuple[str, str, str]:
@@ -571,7 +578,9 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
         step_ends.append(len(b.events))
     b.copy(ut.tail, prev_map)
     del zero2_bucket
-    notes = ut.notes + (f"{kind} over {spec.num_gpus} GPUs, per rank"
+    tp = (f", {data_world(spec)} data-parallel x {spec.tensor_parallel} tensor-parallel"
+          if spec.tensor_parallel > 1 else "")
+    notes = ut.notes + (f"{kind} over {spec.num_gpus} GPUs{tp}, per rank"
                         + (f" (shard group {w})" if kind == "hsdp" else ""),)
     if kind.startswith("zero"):
         notes += ("DeepSpeed modelled from its default configuration, not traced",)

@@ -155,6 +155,8 @@ class WorkloadSpec:
     offload: str = "none"              # CPU offload: none, optimizer (states and masters), params
     reshard_after_forward: str = "on"  # FSDP2 reshard_after_forward / FSDP1 FULL_SHARD vs SHARD_GRAD_OP
     reduce_bucket_size: int = 0        # DeepSpeed ZeRO-2/3 reduce_bucket_size, elements (0: DeepSpeed's default)
+    tensor_parallel: int = 1           # dynamic analysis: the ranks of a script's parallelize_module group, each
+                                       # holding its shards of the layers named (its trace is one rank's)
     flags: tuple[str, ...] = ()   # dynamic analysis: why the estimate may not be the real run's (shown with it)
 
     @property
