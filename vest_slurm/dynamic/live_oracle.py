@@ -315,6 +315,21 @@ def _autocast_on_cpu():
     return [(autocast_mode.autocast, "__init__", init)]
 
 
+def _dtensor_unsupported() -> list[tuple]:
+    """DTensors (tensor parallelism, distribute_tensor) are not counted: their local tensors are made
+    under DTensor's own dispatch, where this census does not see them (a TP script's gradients and
+    optimizer states went uncounted), so such a run is refused rather than undercounted."""
+    import torch.distributed.tensor as dtensor
+    import torch.distributed.tensor.parallel as tp
+
+    def refuse(*_a, **_k):
+        raise Unsupported("DTensor (parallelize_module, distribute_tensor): the census does not see a DTensor's "
+                          "local tensors")
+
+    return [(tp, "parallelize_module", refuse), (dtensor, "distribute_tensor", refuse),
+            (dtensor, "distribute_module", refuse), (dtensor.DTensor, "from_local", staticmethod(refuse))]
+
+
 @contextlib.contextmanager
 def _patched(census: Census, steps: int, state: dict):
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -351,6 +366,7 @@ def _patched(census: Census, steps: int, state: dict):
         return orig_dl_init(self, *a, **k)
 
     import torch.distributed as dist
+    import torch.distributed.device_mesh  # noqa: F401
     import torch.nn.parallel as par
 
     real_init = dist.init_process_group
@@ -437,9 +453,12 @@ def _patched(census: Census, steps: int, state: dict):
         (torch, "_cudnn_rnn_flatten_weight", fc.cudnn_rnn_flatten_weight),
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", init_process_group),
+        # DeviceMesh's set-up binds its own name for it (a mesh made before any process group)
+        (dist.device_mesh, "init_process_group", init_process_group),
         (par, "DistributedDataParallel", DistributedDataParallel),
         (torch.nn.parallel.distributed, "DistributedDataParallel", DistributedDataParallel),
         (par, "DataParallel", DataParallel), (torch.nn, "DataParallel", DataParallel),
+        *_dtensor_unsupported(),
         *_autocast_on_cpu(), *_gpu_kernels(census), *triton_patches(census.is_device, lambda t: None),
         *cuda_surface.patches(cuda_surface.Answers(lambda: census.live_bytes, lambda: census.peak_bytes)),
     ]
@@ -577,14 +596,15 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, us
         seconds = time.perf_counter() - t0
         if limit:
             return limit
-        results = []
+        results, died = [], None
         for rank, (p, out, log) in enumerate(procs):
             log.seek(0)
             text = log.read()
             log.close()
             if not os.path.exists(out):
                 tail = " | ".join(text.strip().splitlines()[-3:])
-                return {"status": "died", "message": f"rank {rank}: exit {p.returncode}: {tail}", "seconds": seconds}
+                died = died or {"status": "died", "message": f"rank {rank}: exit {p.returncode}: {tail}", "seconds": seconds}
+                continue
             with open(out) as f:
                 res = json.load(f)
             if res["status"] != "ok":
@@ -592,9 +612,13 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, us
                     + " | ".join(text.strip().splitlines()[-2:])
             results.append(res)
     bad = next((r for r in results if r["status"] != "ok"), None)
+    if bad is None and died is not None:   # the ranks killed because another failed say less than it
+        return died
+    if not results:
+        return died
     result = dict(bad or results[0])
     if bad is not None:
-        result["live_peak_bytes"] = results[0]["live_peak_bytes"]
+        result["live_peak_bytes"] = results[0].get("live_peak_bytes")
     result["seconds"] = seconds
     return result
 
