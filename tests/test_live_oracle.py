@@ -45,6 +45,14 @@ def test_refuses_a_launch_over_several_nodes(scripts):
     assert res["status"] == "unsupported" and "2 node(s)" in res["message"]
 
 
+def test_refuses_dtensors_rather_than_undercount_them(scripts):
+    """A tensor-parallel run: DTensor's local tensors are made under its own dispatch, out of the
+    census's sight (its gradients and optimizer states went uncounted); the rank that refused is
+    the one reported, not the rank killed after it. DeviceMesh's set-up gets the gloo group."""
+    res = run_command("torchrun --nproc_per_node 2 tp_mesh_alias.py", scripts, 3)
+    assert res["status"] == "unsupported" and "DTensor" in res["message"], res
+
+
 def test_counts_what_worker_threads_move_to_the_device(scripts):
     """Torch's modes are per thread: weights moved in a ThreadPoolExecutor are device storage too."""
     res = run_command("python thread_to_cuda.py", scripts, 3)
