@@ -111,6 +111,22 @@ def test_cuda_api_without_stand_in_blames_vest_and_json_failure_object():
     os.unlink(kept)
 
 
+def test_torch_func_transforms_are_vests_gap_not_the_scripts(tmp_path):
+    """torch.func.grad carries the fake tensors' CUDA device into the autograd engine's C++, which asks
+    for a CUDA context: the error says so on a GPU-less machine only, so vest must act (it was
+    reported as the script's failure)."""
+    (tmp_path / "t.py").write_text(
+        "import torch\nfrom torch.func import functional_call, grad\n"
+        "m = torch.nn.Linear(64, 1).cuda()\np = {k: v.detach() for k, v in m.named_parameters()}\n"
+        "for _ in range(3):\n"
+        "    x = torch.randn(32, 64, device='cuda')\n"
+        "    g = grad(lambda p: functional_call(m, p, (x,)).square().mean())(p)\n"
+        "    p = {k: p[k] - 0.1 * g[k] for k in p}\n")
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command("python t.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert e.value.kind == "vest-unsupported" and "t.py:7" in str(e.value), str(e.value)
+
+
 def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     """The command states --batch-size 64, the model sees 8 (a script that splits its batch): the
     estimate is for 8, flagged in the table and in the JSON's workload block."""

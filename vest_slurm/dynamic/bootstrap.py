@@ -297,7 +297,10 @@ _FAKE_MACHINERY = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep + "
                    os.sep + "torch" + os.sep + "_decomp" + os.sep, os.sep + "torch" + os.sep + "_refs" + os.sep)
 # what torch says when a call reached for a real GPU (torch/cuda/__init__.py _lazy_init, c10 CUDA)
 _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA GPUs are available",
-                     "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator")
+                     "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator",
+                     # the autograd engine asked about a CUDA context: under torch.func's transforms
+                     # (grad, vjp, vmap of grad) its wrappers carry the fake tensors' CUDA device to C++
+                     "hasPrimaryContext")
 
 
 def _api_called(tb) -> str | None:
