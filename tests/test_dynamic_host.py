@@ -127,6 +127,26 @@ def test_torch_func_transforms_are_vests_gap_not_the_scripts(tmp_path):
     assert e.value.kind == "vest-unsupported" and "t.py:7" in str(e.value), str(e.value)
 
 
+def test_a_script_that_sizes_its_batch_to_the_gpu_runs_out_where_the_gpu_would():
+    """A batch-size finder (accelerate's find_executable_batch_size style: retry with half the batch on
+    CUDA out-of-memory): the fake GPU raises out-of-memory past each type's room for tensors, so on an
+    A100-40GB the loop halves its batch and fits, flagged, while an H100-80GB runs the starting batch
+    (a run per room). The same loop that catches nothing is estimated at its batch: it does not fit."""
+    a100, h100 = get_profile("a100-40gb"), get_profile("h100-80gb")
+    est, run = estimate_command(parse_train_command("python batch_finder_train.py"), [h100, a100], cwd=SCRIPTS)
+    by = {e.gpu: e for e in est}
+    assert by["a100-40gb"].fits and by["a100-40gb"].peak_bytes <= a100.usable_bytes
+    assert by["h100-80gb"].fits and by["h100-80gb"].peak_bytes > a100.usable_bytes   # the starting batch
+    assert any("caught CUDA out-of-memory" in f for f in run.flags)
+    est, run = estimate_command(parse_train_command("python batch_finder_train.py --no-finder"), [h100, a100],
+                                cwd=SCRIPTS)
+    by = {e.gpu: e for e in est}
+    # the starting batch on both (their context floors and cuBLAS workspaces aside)
+    assert not by["a100-40gb"].fits and abs(by["a100-40gb"].peak_bytes - by["h100-80gb"].peak_bytes) < 0.01 * \
+        by["h100-80gb"].peak_bytes
+    assert not any("out-of-memory" in f for f in run.flags)
+
+
 def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     """The command states --batch-size 64, the model sees 8 (a script that splits its batch): the
     estimate is for 8, flagged in the table and in the JSON's workload block."""

@@ -452,6 +452,7 @@ def run(ns) -> dict:
     from .repeats import Repeats
 
     tracer = Tracer(tuple(ns.capability))
+    tracer.s.oom_at = ns.oom_at
     sandbox = Sandbox(ns.tmpdir)
     state = sp.ScriptState(tracer=tracer, max_steps=ns.steps, stop=StopTracing, tmpdir=ns.tmpdir,
                            world_size=ns.world_size)
@@ -511,6 +512,8 @@ def run(ns) -> dict:
         result.update(status="data-dependent", message=state.input_problem, where=place or (
             state.ledger.reads[-1][1] if state.ledger.reads else None), line=None)
     result["steps"] = state.steps
+    # the first allocation refused for want of the GPU's memory: (allocated then, asked, module)
+    result["oom"] = list(tracer.s.oom) if tracer.s.oom else None
     result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()
@@ -592,6 +595,8 @@ def main(argv=None) -> int:
     p.add_argument("--capability", type=int, nargs=2, default=(8, 0))
     p.add_argument("--device-count", type=int, default=1)
     p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--oom-at", type=int, default=0, help="the GPU's room for tensors, in bytes: an allocation "
+                   "past it raises CUDA out-of-memory (0: none)")
     p.add_argument("--module", default=None)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)

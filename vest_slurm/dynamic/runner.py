@@ -72,6 +72,7 @@ class DynamicRun:
     reads: tuple[str, ...] = ()                     # "kind at file:line" of values read from device tensors
     stopped_by: str = "optimizer steps"
     repeats_replayed: int = 0   # identical no-grad calls of the model replayed from their trace (repeats.py)
+    sized_to_gpu: bool = False  # the script caught CUDA out-of-memory and went on: its run is this GPU's
 
 
 def _torch_version() -> str:
@@ -337,27 +338,53 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits: Limits = Limits(),
-                cwd: str | None = None) -> DynamicRun:
+                cwd: str | None = None, room: int = 0) -> DynamicRun:
     """Run ``cmd`` with fake CUDA for ``limits.steps`` optimizer steps; raise EstimateError on failure.
     In the job's own Python where it can (script_python); where vest's machinery does not run
-    there (a failure of kind vest-unsupported), once more in vest's, flagged."""
+    there (a failure of kind vest-unsupported), once more in vest's, flagged. ``room``: the fake
+    GPU's room for tensors, past which it raises CUDA out-of-memory (0: none; _run_dynamic)."""
     python, theirs, why_not = script_python(cmd, cwd)
     if python == sys.executable:
-        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, why_not)
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, why_not, room)
     try:
-        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, "")
+        return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, "", room)
     except EstimateError as e:
         if e.kind != "vest-unsupported":
             raise
         first = e.what.splitlines()[0].removeprefix(f"{cmd.display}: ")
         return _run_dynamic(cmd, profile, num_gpus, limits, cwd, sys.executable, theirs,
-                            f"did not run vest's fake CUDA ({first})")
+                            f"did not run vest's fake CUDA ({first})", room)
+
+
+# what a script that sizes itself to the GPU's memory says: it catches CUDA out-of-memory (its own
+# loop, accelerate's find_executable_batch_size, Lightning's batch-size finder, HF Trainer's
+# --auto_find_batch_size)
+_CATCHES_OOM = re.compile(r"OutOfMemoryError|out of memory|find_executable_batch_size|scale_batch_size|"
+                          r"BatchSizeFinder|auto_find_batch_size|auto_scale_batch_size", re.IGNORECASE)
+
+
+def catches_oom(cmd: TrainCommand, cwd: str | None) -> bool:
+    """Whether the command or its script names CUDA out-of-memory or a batch-size finder: then the
+    fake GPU raises out-of-memory where the GPU would (a run per room for tensors where it is caught)."""
+    if any(_CATCHES_OOM.search(a) for a in cmd.args):
+        return True
+    path = os.path.join(cwd or os.getcwd(), cmd.script) if cmd.script else None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return bool(_CATCHES_OOM.search(f.read()))
+    except (OSError, TypeError):
+        return False
 
 
 def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limits: Limits, cwd: str | None,
-                 python: str, theirs: str | None, why_not: str) -> DynamicRun:
+                 python: str, theirs: str | None, why_not: str, room: int = 0) -> DynamicRun:
     """One run in ``python``; ``theirs``, ``why_not``: script_python's (the job's own Python, why it
-    does not run the script), said in the flags and in a missing import's fix."""
+    does not run the script), said in the flags and in a missing import's fix.
+
+    ``room``: where non-zero, the fake GPU has this room for tensors (a GPU type's usable memory less
+    its CUDA context) and an allocation past it raises CUDA out-of-memory, as on the GPU: a script
+    that catches it (a batch-size finder) goes on as it would on that GPU type (flagged). One that
+    does not catch it is run again unbounded, for the estimate of what it would need."""
     where = cwd or os.getcwd()
     if cmd.script and not os.path.isfile(os.path.join(where, cmd.script)):
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
@@ -384,7 +411,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
     argv = [python, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
             "--tmpdir", tmpdir, "--gpu-name", profile.name, "--total-memory", str(profile.total_bytes),
             "--capability", str(profile.capability[0]), str(profile.capability[1]),
-            "--device-count", str(_per_node(cmd, world)), "--world-size", str(max(1, world))]
+            "--device-count", str(_per_node(cmd, world)), "--world-size", str(max(1, world)),
+            "--oom-at", str(room)]
     if cmd.module:
         argv += ["--module", cmd.module, "--", *cmd.args]
     else:
@@ -442,6 +470,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                                 "run the script directly to see whether it starts at all", kind="vest-unsupported")
         with open(out) as f:
             result = json.load(f)
+        if result.get("status") != "ok" and result.get("oom") and room:
+            # out of this GPU's memory, not caught: the run again without the bound says how much it needs
+            return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, why_not, 0)
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
@@ -464,6 +495,12 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       "script put on the GPU besides",)
         if result.get("sampled"):
             flags += (sampled_note(result["sampled"]),)
+        if result.get("oom"):
+            live, asked, module = result["oom"]
+            flags += (f"the script caught CUDA out-of-memory on this GPU type ({asked / MiB:,.0f} MiB asked with "
+                      f"{live / MiB:,.0f} MiB allocated{' in ' + module if module else ''}) and went on, as a batch-size "
+                      "finder does: it sizes itself to the GPU, so its peak follows each type's capacity; the fake GPU "
+                      "ran out at its allocated bytes, a real one (cached blocks, fragmentation) a little sooner",)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         if why_not:   # the job runs other packages than those the script ran with here
@@ -484,7 +521,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         observed["batch_seen"] = batch
         mine = dict(observed=tuple(sorted(observed.items())), flags=flags,
                     reads=tuple(f"{r['kind']} at {r['where']}" for r in result.get("reads", ())),
-                    stopped_by=result.get("stopped_by", "optimizer steps"),
+                    stopped_by=result.get("stopped_by", "optimizer steps"), sized_to_gpu=bool(result.get("oom")),
                     repeats_replayed=int(result.get("repeats_replayed", 0)))
         spec = None
         if result.get("fsdp"):   # fully_shard in the script: the per-rank trace of its run
@@ -736,25 +773,50 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first, gpu_class_of_first = {}, None, None
+    # a script that sizes itself to the GPU meets the smallest room of each class first: if it never
+    # runs out there, it does not on the others either, and one run holds for the class
+    sizes_itself = catches_oom(cmd, cwd)
     # newest GPU class first: a script that needs sm80+ is traced where it runs
     for p in sorted(profiles, key=lambda p: p.capability, reverse=True):
         cls = gpu_class(p)
         if cls in summaries:
             continue
-        if first is not None and holds_on(first.trace, p.capability):
+        same_class = [q for q in profiles if gpu_class(q) == cls]
+        if first is not None and holds_on(first.trace, p.capability) and not first.sized_to_gpu:
             summaries[cls] = summaries[gpu_class_of_first]
             continue
+        room = min(q.tensor_room_bytes for q in same_class) if sizes_itself else 0
         try:
-            run = run_dynamic(cmd, p, gpus, limits, cwd)
+            run = run_dynamic(cmd, p, gpus, limits, cwd, room)
         except EstimateError as e:
             summaries[cls] = e
             continue
         summaries[cls] = summarize(run.trace, run.seconds)
+        if run.sized_to_gpu:   # its run depends on the GPU's memory: one per room for tensors in this class
+            summaries[cls] = _sized_to_gpu(summaries[cls], room, same_class,
+                                           lambda q: run_dynamic(cmd, q, gpus, limits, cwd, q.tensor_room_bytes))
         if first is None:
             first, gpu_class_of_first = run, cls
     if first is None:
         raise next(iter(summaries.values()))
     return script_spec(cmd, first, gpus, conf), summaries, first
+
+
+def _sized_to_gpu(first, room: int, same_class, run):
+    """SizedToGpu of a script that caught CUDA out-of-memory with ``room`` for tensors: ``first``
+    (its summary) and a run on each other room of the GPU types of ``same_class``."""
+    from ..estimate.estimator import SizedToGpu, summarize
+
+    by_room = {room: first}
+    for q in same_class:
+        if q.tensor_room_bytes not in by_room:
+            try:
+                r = run(q)
+            except EstimateError:   # that type's estimate is the smallest room's run, which errs high there
+                continue
+            by_room[q.tensor_room_bytes] = summarize(r.trace, r.seconds)
+    fields = {f: getattr(first, f) for f in first.__dataclass_fields__}
+    return SizedToGpu(**fields, by_room=tuple(by_room.items()))
 
 
 def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),

@@ -93,6 +93,17 @@ class TraceSummary:
         return BF16_NOTE in self.trace.notes
 
 
+@dataclass(frozen=True)
+class SizedToGpu(TraceSummary):
+    """A script that caught CUDA out-of-memory and went on (a batch-size finder) made a run per room
+    for tensors (DeviceProfile.tensor_room_bytes) of the GPU types of its class: this is the first,
+    and ``by_room`` each of them; estimate_from_trace takes the one of the type it estimates."""
+    by_room: tuple[tuple[int, TraceSummary], ...] = ()
+
+    def for_profile(self, profile: DeviceProfile) -> TraceSummary:
+        return dict(self.by_room).get(profile.tensor_room_bytes, self)
+
+
 def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
     # parameter / optimizer-state bytes: alive at the end; gradient: the largest set alive at once.
     live: dict[int, AllocEvent] = {}
@@ -250,6 +261,8 @@ def replayed_events(summary: TraceSummary, spec: WorkloadSpec, profile: DevicePr
 
 
 def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+    if isinstance(summary, SizedToGpu):
+        summary = summary.for_profile(profile)
     config = parse_alloc_conf(spec.alloc_conf)
     events = _events_for(summary.trace.events, profile, spec, summary)
     done = _replayed(summary, events, spec, config)

@@ -66,6 +66,12 @@ class DeviceProfile:
         """What a process can have in total (context included) before CUDA OOM."""
         return (self.total_mib - self.reserved_mib) * MiB
 
+    @property
+    def tensor_room_bytes(self) -> int:
+        """What is left for PyTorch's tensors: the usable memory less the CUDA context (dynamic
+        analysis raises CUDA out-of-memory past it, for scripts that size themselves to the GPU)."""
+        return max(0, self.usable_bytes - self.context_mib * MiB)
+
     def with_overrides(self, **kw) -> "DeviceProfile":
         """Site-config overrides; a measured ``context_mib`` makes the floor a calibrated one."""
         kw = {k: v for k, v in kw.items() if v is not None}

@@ -101,6 +101,12 @@ class _State:
     rnn: bool = False    # an RNN kernel ran where cuDNN would run it on the GPU (CUDNN_RNN_NOTE)
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
+    # dynamic analysis: the GPU's room for tensors (0: unbounded). An allocation that would take the
+    # live bytes past it raises CUDA out-of-memory, as the GPU would, for scripts that catch it
+    # (batch-size finders); refused: its block, never recorded; oom: the first one refused
+    oom_at: int = 0
+    refused: set = field(default_factory=set)
+    oom: tuple | None = None
 
 
 def _thread() -> str:
@@ -149,6 +155,8 @@ class Tracer:
         if self.frozen:
             return
         s = self.s
+        if s.oom_at and s.live_bytes + nbytes > s.oom_at:
+            self._out_of_memory(block, nbytes)
         module = s.module_stack[-1] if s.module_stack else ""
         phase = s.phase
         node = fc.current_autograd_node()
@@ -163,10 +171,26 @@ class Tracer:
         s.peak_before_alloc = s.peak_bytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
 
+    def _out_of_memory(self, block: int, nbytes: int) -> None:
+        """What the caching allocator raises when the GPU has no room left (its message's words)."""
+        s = self.s
+        s.refused.add(block)
+        where = s.module_stack[-1] if s.module_stack else ""
+        if s.oom is None:
+            s.oom = (s.live_bytes, nbytes, where)
+        fc.asked("out_of_memory", s.oom_at, None)   # the run depends on this GPU's capacity: its class only
+        MiB_ = 1 << 20
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {nbytes / MiB_:.2f} MiB. GPU 0 has {s.oom_at / MiB_:.0f} MiB "
+            f"for tensors, of which {s.live_bytes / MiB_:.2f} MiB are allocated by PyTorch (vest's fake GPU)")
+
     def _free(self, block: int) -> None:
         if self.frozen:
             return
         s = self.s
+        if block in s.refused:   # an allocation refused for want of memory: never made
+            s.refused.discard(block)
+            return
         pending, s.pending = s.pending, None
         if pending is not None and block == pending.old and len(s.events) == pending.out_index + 1:
             self._fold_in_place(pending)
