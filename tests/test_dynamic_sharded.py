@@ -227,25 +227,29 @@ def script_spec_of(run):
     return script_spec(parse_train_command("torchrun --nproc_per_node 4 tp_train.py"), run, 4, "")
 
 
-@pytest.mark.parametrize("sp", ["", "--sp"])
-def test_tensor_parallel_script_holds_one_ranks_shards(monkeypatch, sp):
+@pytest.mark.parametrize("extra", ["", "--sp", "--heads 8"])
+def test_tensor_parallel_script_holds_one_ranks_shards(monkeypatch, extra):
     """parallelize_module with torch's ParallelStyles (dynamic/fake_tp.py): the rank's parameters,
     gradients and AdamW states are exactly its shards (uneven sizes: the first rank's ceil(n/4)), and
     every part equals the same rank built by hand from modules of the local sizes with each
     collective's new tensor made explicitly; with sequence parallelism, a wrong layout anywhere
-    breaks the shapes of the residual stream."""
+    breaks the shapes of the residual stream. --heads: q/k/v kept as DTensors (use_local_output=False)
+    and viewed to the model's 8 heads, as the TP tutorial's attention does (2 heads per rank)."""
     monkeypatch.chdir(SCRIPTS)
-    tp, e, run = _tp_parts(f"torchrun --nproc_per_node 4 tp_train.py {sp}")
-    hand, h, _ = _tp_parts(f"torchrun --nproc_per_node 4 tp_train.py {sp} --by-hand")
+    tp, e, run = _tp_parts(f"torchrun --nproc_per_node 4 tp_train.py {extra}")
+    hand, h, _ = _tp_parts(f"torchrun --nproc_per_node 4 tp_train.py {extra} --by-hand")
     d, hidden, vocab = 256, 258, 501   # 1032 and 2001 over 4 ranks, the latter rounded up
-    block = 2 * d + (hidden * d + hidden) + (d * hidden + d)
+    block = 2 * d + (hidden * d + hidden) + (d * hidden + d) + (4 * (d // 4) * d if extra == "--heads 8" else 0)
     params = 4 * (vocab * d + 2 * block + 2 * d + vocab * d)
     assert tp["parameters"] == params and tp["gradients"] == params and tp["optimizer_state"] == 2 * params
-    for part in ("parameters", "gradients", "optimizer_state", "live_tensor_peak", "allocator_peak_reserved", "nccl"):
+    for part in ("parameters", "gradients", "optimizer_state", "live_tensor_peak", "nccl"):
         assert tp[part] == hand[part], part
-    assert tp["nccl"] > 0 and e.peak_bytes == h.peak_bytes
+    # the allocator's segments: the tensor-parallel run first made the whole model on the GPU, as the
+    # script does (model.cuda(), then parallelize_module), the one by hand never did
+    assert abs(tp["allocator_peak_reserved"] - hand["allocator_peak_reserved"]) <= 2 * 2**20
+    assert tp["nccl"] > 0 and abs(e.peak_bytes - h.peak_bytes) <= 2 * 2**20
     assert any("tensor parallelism (parallelize_module) over 4 ranks" in n for n in run.trace.notes)
-    if sp:
+    if extra == "--sp":
         assert any("SequenceParallel x3" in n for n in run.trace.notes)
 
 
@@ -300,8 +304,8 @@ def test_a_row_parallel_layer_of_uneven_features_fails_as_on_a_gpu(monkeypatch):
      "m = nn.Sequential(nn.Linear(8, 8)).cuda()\nfully_shard(m, mesh=mesh)\n"
      "parallelize_module(m, mesh, {'0': ColwiseParallel()})\n", "parallelize_module of a model under fully_shard"),
     ("from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel\n"
-     "m = parallelize_module(nn.Sequential(nn.Linear(8, 8)).cuda(), mesh, {'0': ColwiseParallel(use_local_output=False)})\n",
-     "ColwiseParallel(use_local_output=False)"),
+     "m = parallelize_module(nn.Sequential(nn.Linear(8, 8)).cuda(), mesh, {'0': ColwiseParallel(use_local_output=False)})\n"
+     "m(torch.randn(4, 8, device='cuda')).view(-1)\n", "a view of a DTensor to (32,)"),
 ])
 def test_dtensor_uses_not_modelled_are_refused_naming_the_api(tmp_path, source, api):
     (tmp_path / "t.py").write_text("import torch\nfrom torch import nn\n"

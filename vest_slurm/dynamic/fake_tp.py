@@ -28,10 +28,14 @@ parallelize_module over ``mesh["tp"]``), fake_dist.per_rank shards these tensor-
 the data-parallel ranks (WorkloadSpec.tensor_parallel: the job's GPUs are dp x tp, a communicator
 per dimension).
 
-Refused by name (vest's gap): a ParallelStyle of the script's own, use_local_output=False on a
-Colwise/Rowwise module (the script then computes with DTensors in their global shapes: a view to
-the model's whole head count, say), DTensors the script makes itself (distribute_tensor,
-DTensor.from_local), and parallelize_module after fully_shard.
+use_local_output=False (the script keeps a DTensor): its computation is the local tensor's, and
+``view``/``reshape`` to global sizes (an attention splitting features into the model's whole head
+count) view the shard with the sharded dimension divided, as DTensor's view propagation does; one
+that does not map onto a dimension is refused. Other uses of global shapes (``.shape`` of such an
+output) see the local shape.
+
+Refused by name (vest's gap): a ParallelStyle of the script's own, DTensors the script makes itself
+(distribute_tensor, DTensor.from_local), and parallelize_module after fully_shard.
 """
 
 from __future__ import annotations
@@ -227,9 +231,6 @@ class TensorParallel:
         name = kind.__name__
         self.styles[name] = self.styles.get(name, 0) + 1
         if kind in (styles.ColwiseParallel, styles.RowwiseParallel):
-            if not style.use_local_output:
-                raise NotSupportedHere(f"{name}(use_local_output=False)", "the script then computes with DTensors, "
-                                       "which do not run on fake CUDA; local outputs are modelled")
             colwise = kind is styles.ColwiseParallel
             if not isinstance(module, (nn.Linear, nn.Embedding)):
                 raise NotImplementedError(f"{name} currently only support nn.Linear and nn.Embedding!")
@@ -246,6 +247,8 @@ class TensorParallel:
             # a column-parallel output gathered whole is the module's own width, uneven shards or not
             full = (module.embedding_dim if embedding else module.out_features) if colwise else None
             module.register_forward_hook(functools.partial(_outputs, (computed,), (out,), tp, full))
+            if not style.use_local_output:   # a DTensor to the script: its views take global sizes
+                module.register_forward_hook(functools.partial(_keeps_dtensor, out, tp))
             if not colwise and not embedding and inp[0] == "S" and module.in_features % tp:
                 module.register_forward_pre_hook(functools.partial(_uneven_rows, module.in_features, tp))
             if embedding and not colwise:
@@ -363,6 +366,73 @@ def _uneven_rows(features, tp, module, _args):
                        f"DTensor.from_local takes the rank's {local} input features as an even shard ({local * tp} "
                        f"in all, not {features}), and sharding propagation fails (a and b must have same "
                        "reduction dim); make the features a multiple of the tensor-parallel size")
+
+
+def _keeps_dtensor(placement, tp, _module, _args, output):
+    """use_local_output=False: the script holds the output as a DTensor. Its computation on one rank is
+    the local tensor's, except for views and reshapes to global sizes (_global_view)."""
+    if isinstance(output, torch.Tensor) and placement is not None and placement[0] == "S":
+        for method in ("view", "reshape"):
+            setattr(output, method, _global_view(output, placement[1], tp, method))
+    return output
+
+
+def _global_view(t, shard: int, tp: int, method: str):
+    """``t.view(*sizes)`` / ``t.reshape(*sizes)`` of a column-parallel output the script keeps as a
+    DTensor (use_local_output=False): the sizes are the global tensor's, as DTensor's view takes them
+    (an attention splitting its features into the model's whole head count); the local shard is
+    viewed with the dimension that holds the shard divided over the ranks, as DTensor's sharding
+    propagation of view does. The result is a local tensor; its later ops see local shapes."""
+    real = getattr(type(t), method)
+
+    def view(*sizes):
+        # the first view to global sizes takes the stand-ins off: they hold the tensor (a cycle through
+        # its __dict__ that would keep it alive past its last use, until the garbage collector ran)
+        for m in ("view", "reshape"):
+            t.__dict__.pop(m, None)
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)):
+            sizes = tuple(sizes[0])
+        if len(sizes) == 1 and isinstance(sizes[0], torch.dtype):
+            return real(t, *sizes)
+        return real(t, *_local_sizes(tuple(t.shape), shard, tp, tuple(int(s) for s in sizes)))
+
+    return view
+
+
+def _local_sizes(local: tuple, shard: int, tp: int, sizes: tuple) -> tuple:
+    from .cuda_surface import NotSupportedHere
+
+    shard = shard + len(local) if shard < 0 else shard
+    glob = list(local)
+    glob[shard] *= tp
+    numel = 1
+    for g in glob:
+        numel *= g
+    if sizes.count(-1) == 1:
+        known = 1
+        for s in sizes:
+            known *= s if s != -1 else 1
+        if known == 0 or numel % known:
+            return sizes   # a shape the tensor cannot take: torch's own view says so, as on a GPU
+        sizes = tuple(numel // known if s == -1 else s for s in sizes)
+    total = 1
+    for s in sizes:
+        total *= s
+    if total != numel:
+        return sizes
+    before = 1
+    for g in glob[:shard]:
+        before *= g
+    acc, out = 1, list(sizes)
+    for i, s in enumerate(sizes):
+        if acc == before and s % tp == 0 and s > 1:   # the first dimension of the shard's extent
+            out[i] = s // tp
+            return tuple(out)
+        acc *= s
+        if acc > before:
+            break
+    raise NotSupportedHere(f"a view of a DTensor to {sizes}", f"the sharded dimension (size {glob[shard]} over {tp} "
+                           "ranks) does not map onto one dimension of that shape")
 
 
 def _outputs(src, dst, tp, full, _module, _args, output):

@@ -22,6 +22,8 @@ p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--blocks", type=int, default=2)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--sp", action="store_true")
+p.add_argument("--heads", type=int, default=0, help="an attention per block whose q/k/v stay DTensors "
+               "(use_local_output=False) and are viewed to the model's whole head count, as the TP tutorial's")
 p.add_argument("--by-hand", action="store_true")
 p.add_argument("--dp", type=int, default=1, help="FSDP2 (fully_shard per block) over this many of the ranks, "
                "tensor parallelism over the rest: a 2-D mesh")
@@ -76,15 +78,35 @@ def resized(x, dim, size):
     return Collective.apply(x, shape)
 
 
+class Attention(nn.Module):
+    def __init__(self, d, by_hand):
+        super().__init__()
+        self.heads = args.heads // tp if by_hand else args.heads   # by hand: this rank's heads
+        self.wq, self.wk, self.wv = (nn.Linear(d, d // tp if by_hand else d, bias=False) for _ in range(3))
+        self.wo = nn.Linear(d // tp if by_hand else d, d, bias=False)
+        self.by_hand = by_hand
+
+    def forward(self, x):
+        b, s, d = x.shape
+        # by hand: each column-parallel projection's input gradient is all-reduced on its own
+        q, k, v = (w(GradAllReduce.apply(x) if self.by_hand else x).view(b, s, self.heads, d // args.heads).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.wo(y.transpose(1, 2).reshape(b, s, -1))
+        return AllReduce.apply(y) if self.by_hand else y
+
+
 class Block(nn.Module):
     def __init__(self, d, h, by_hand):
         super().__init__()
+        self.attn = Attention(d, by_hand) if args.heads else None
         self.norm = nn.LayerNorm(d)
         self.w1 = nn.Linear(d, cdiv(h, tp) if by_hand else h)
         self.w2 = nn.Linear(cdiv(h, tp) if by_hand else h, d)
         self.by_hand = by_hand
 
     def forward(self, x):
+        if self.attn is not None:
+            x = x + self.attn(x)
         y = self.norm(x)
         if self.by_hand and args.sp:
             y = resized(y, 1, y.shape[1] * tp)                    # all-gather the tokens
@@ -141,6 +163,9 @@ if not args.by_hand:
         plan = {"emb": RowwiseParallel(input_layouts=Replicate()),
                 "blocks.*.w1": ColwiseParallel(), "blocks.*.w2": RowwiseParallel(),
                 "head": ColwiseParallel(output_layouts=Replicate())}
+        if args.heads:
+            plan.update({f"blocks.*.attn.{w}": ColwiseParallel(use_local_output=False) for w in ("wq", "wk", "wv")})
+            plan["blocks.*.attn.wo"] = RowwiseParallel()
     model = parallelize_module(model, mesh, plan)
 if args.dp > 1:
     from torch.distributed.fsdp import fully_shard
