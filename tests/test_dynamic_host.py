@@ -147,6 +147,22 @@ def test_a_script_that_sizes_its_batch_to_the_gpu_runs_out_where_the_gpu_would()
     assert not any("out-of-memory" in f for f in run.flags)
 
 
+def test_an_optimizer_step_that_branches_on_gpu_values_is_flagged(tmp_path):
+    """LBFGS decides its iterations and whether it keeps each update in its history (``ys > 1e-10``)
+    from values on the GPU: stand-ins decide those branches here, so the estimate is flagged naming
+    the optimizer. An Adam step reads no value: no flag."""
+    body = ("import torch\nm = torch.nn.Linear(256, 256).cuda()\nopt = torch.optim.{opt}(m.parameters(){kw})\n"
+            "x = torch.randn(64, 256, device='cuda')\n"
+            "def closure():\n    opt.zero_grad()\n    loss = m(x).square().mean()\n    loss.backward()\n    return loss\n"
+            "for _ in range(5):\n    opt.step(closure)\n")
+    (tmp_path / "lbfgs.py").write_text(body.format(opt="LBFGS", kw=", history_size=5, max_iter=3"))
+    (tmp_path / "adam.py").write_text(body.format(opt="Adam", kw=""))
+    _, run = estimate_command(parse_train_command("python lbfgs.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert any("LBFGS optimizer's step branched on values" in f and "history_size" in f for f in run.flags), run.flags
+    _, run = estimate_command(parse_train_command("python adam.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert not any("step branched" in f for f in run.flags), run.flags
+
+
 def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     """The command states --batch-size 64, the model sees 8 (a script that splits its batch): the
     estimate is for 8, flagged in the table and in the JSON's workload block."""

@@ -514,6 +514,7 @@ def run(ns) -> dict:
     result["steps"] = state.steps
     # the first allocation refused for want of the GPU's memory: (allocated then, asked, module)
     result["oom"] = list(tracer.s.oom) if tracer.s.oom else None
+    result["step_branches"] = dict(state.step_branches)   # optimizer -> where its step branched on a stand-in
     result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()

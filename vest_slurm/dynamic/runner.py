@@ -495,6 +495,12 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       "script put on the GPU besides",)
         if result.get("sampled"):
             flags += (sampled_note(result["sampled"]),)
+        for opt, where in (result.get("step_branches") or {}).items():
+            flags += (f"the {opt} optimizer's step branched on values of GPU tensors (at {where}): stand-ins decided "
+                      "those branches here (convergence tests, a line search, whether to keep an update, as in "
+                      "LBFGS), so the iterations it runs and the state it keeps may differ from the real run's "
+                      + ("(LBFGS keeps up to history_size pairs of flat parameter-sized vectors)" if opt == "LBFGS"
+                         else ""),)
         if result.get("oom"):
             live, asked, module = result["oom"]
             flags += (f"the script caught CUDA out-of-memory on this GPU type ({asked / MiB:,.0f} MiB asked with "

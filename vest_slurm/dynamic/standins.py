@@ -49,6 +49,8 @@ class ScriptState:
     forwards_under_grad: int = 0
     optimizer_steps: int = 0
     in_optimizer_step: int = 0          # nesting of optimizer.step() calls under way
+    stepping: str = ""                  # the class of the optimizer whose step is under way
+    step_branches: dict = field(default_factory=dict)   # optimizer class -> where a step branched on a stand-in
     forward_since_backward: bool = False
     backward_since_update: bool = False
     manual_step_pending: bool = False
@@ -349,13 +351,18 @@ def _tolist(orig, ledger):
     return tolist
 
 
-def _read_through(orig, kind: str, ledger):
+def _read_through(orig, kind: str, ledger, state=None):
     """bool() / int() / float() / index of a fake tensor: C++ asks the fake mode, which answers a
-    stand-in unless the value is known without data (_known.py); a stand-in read is listed."""
+    stand-in unless the value is known without data (_known.py); a stand-in read is listed. A
+    branch (bool) read inside an optimizer's step is noted with the optimizer: LBFGS's convergence
+    tests and its history update (``if ys > 1e-10``) decide how many iterations run and how much
+    state it keeps, and a stand-in decides them here."""
     def method(self, *a):
         if isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None \
                 and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None:
             ledger.read(kind, None)
+            if state is not None and state.in_optimizer_step and state.stepping:
+                state.step_branches[state.stepping] = tracked.script_frame()
         return orig(self, *a)
 
     return method
@@ -620,6 +627,7 @@ def patched(state: ScriptState):
 
     def pre_step(opt, args, kwargs):
         state.in_optimizer_step += 1
+        state.stepping = type(opt).__name__
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")
         tr.s.phase = "optimizer"
 
@@ -701,7 +709,7 @@ def patched(state: ScriptState):
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch.Tensor, "item", _item(torch.Tensor.item, state.ledger)),
         (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist, state.ledger)),
-        (torch.Tensor, "__bool__", _read_through(torch.Tensor.__bool__, "bool", state.ledger)),
+        (torch.Tensor, "__bool__", _read_through(torch.Tensor.__bool__, "bool", state.ledger, state)),
         (torch.Tensor, "__int__", _read_through(torch.Tensor.__int__, "int", state.ledger)),
         (torch.Tensor, "__float__", _read_through(torch.Tensor.__float__, "float", state.ledger)),
         (torch.Tensor, "__index__", _read_through(torch.Tensor.__index__, "index", state.ledger)),
