@@ -163,6 +163,23 @@ def test_an_optimizer_step_that_branches_on_gpu_values_is_flagged(tmp_path):
     assert not any("step branched" in f for f in run.flags), run.flags
 
 
+def test_the_memory_visualizer_recipe_runs_and_its_early_dump_is_named(tmp_path):
+    """PyTorch's memory-viz recipe: _record_memory_history is the allocator's host-side bookkeeping (a
+    no-op here: it stopped the run, 'Found no NVIDIA driver'); a snapshot dumped before the run's
+    third step is vest's gap, named (the segments exist only after the replay)."""
+    body = ("import torch\ntorch.cuda.memory._record_memory_history(max_entries=100000)\n"
+            "m = torch.nn.Linear(256, 256).cuda()\nopt = torch.optim.Adam(m.parameters())\n"
+            "for i in range(5):\n    m(torch.randn(64, 256, device='cuda')).sum().backward()\n    opt.step()\n"
+            "    {dump}\n")
+    (tmp_path / "rec.py").write_text(body.format(dump="pass"))
+    (tmp_path / "dump.py").write_text(body.format(dump="torch.cuda.memory._dump_snapshot('s.pickle')"))
+    (e,), _ = estimate_command(parse_train_command("python rec.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert dict(e.breakdown)["parameters"] == 4 * (256 * 256 + 256)
+    with pytest.raises(EstimateError) as err:
+        estimate_command(parse_train_command("python dump.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert err.value.kind == "vest-unsupported" and "torch.cuda.memory._dump_snapshot" in str(err.value)
+
+
 def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     """The command states --batch-size 64, the model sees 8 (a script that splits its batch): the
     estimate is for 8, flagged in the table and in the JSON's workload block."""

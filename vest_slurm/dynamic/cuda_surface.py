@@ -784,6 +784,20 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         elif api == "torch.cuda.default_generators":
             out.append((owner, attr, tuple(FakeGenerator(f"cuda:{i}") for i in range(torch.cuda.device_count()))))
         # else: installed elsewhere (the GradScalers by standins.patched)
+    # PyTorch's memory-visualizer recipe ("Understanding CUDA Memory Usage"): recording the allocation
+    # history is the allocator's host-side bookkeeping (no device memory), so it changes nothing to
+    # estimate; the snapshot it dumps needs the allocator's segments, which exist only after vest's
+    # replay (vest estimate --snapshot writes one). Runs stop at their third step, before most dumps.
+    import torch.cuda.memory as cuda_memory
+
+    for name, obj in (("_record_memory_history", none), ("_dump_snapshot", None), ("_snapshot", None)):
+        real = getattr(cuda_memory, name, None)
+        if real is None:
+            continue
+        api = f"torch.cuda.memory.{name}"
+        out.append((cuda_memory, name, standin(api, real, obj) if obj is not None else
+                    unsupported(api, real, "the allocator's segments exist only after vest's replay (vest estimate "
+                                "--snapshot writes the estimate's, in this format)")))
     # torch.Stream / torch.Event / torch.Generator are also reached as torch.cuda.streams.*, torch._C.*
     import torch.cuda.streams as streams
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 
 import torch
 from torch import nn
@@ -171,8 +172,6 @@ class TensorParallel:
         self.state = state
         self.tp = 0
         self.styles: dict[str, int] = {}
-        self.modules: list[str] = []
-        self.notes: list[str] = []
 
     # -- parallelize_module ---------------------------------------------------------------------------
 
@@ -252,7 +251,7 @@ class TensorParallel:
             if not colwise and not embedding and inp[0] == "S" and module.in_features % tp:
                 module.register_forward_pre_hook(functools.partial(_uneven_rows, module.in_features, tp))
             if embedding and not colwise:
-                module.forward = types_method(_masked_embedding, module)
+                module.forward = types.MethodType(_masked_embedding, module)
         elif kind is styles.SequenceParallel:
             # parameters replicated (norms, dropout); the input is taken as already sharded on the sequence
             # dimension, and the output stays so: the module computes on its local tokens
@@ -268,7 +267,6 @@ class TensorParallel:
             raise NotSupportedHere(f"the ParallelStyle {kind.__module__}.{name}",
                                    "only torch's own styles (ColwiseParallel, RowwiseParallel, SequenceParallel, "
                                    "PrepareModuleInput/Output) are modelled")
-        self.modules.append(type(module).__name__)
 
     def _prepare_input(self, style, module, tp) -> None:
         src = _layouts(style.input_layouts)
@@ -314,12 +312,6 @@ class TensorParallel:
                 "note": f"tensor parallelism (parallelize_module) over {self.tp} ranks ({styles}): one rank's "
                         "shards, activations and the new tensors of its redistributions are traced; the "
                         "collectives' NCCL buffers are the communicator's"}
-
-
-def types_method(fn, obj):
-    import types
-
-    return types.MethodType(fn, obj)
 
 
 def _masked_embedding(self, ids):
