@@ -138,6 +138,7 @@ def test_a_script_that_sizes_its_batch_to_the_gpu_runs_out_where_the_gpu_would()
     assert by["a100-40gb"].fits and by["a100-40gb"].peak_bytes <= a100.usable_bytes
     assert by["h100-80gb"].fits and by["h100-80gb"].peak_bytes > a100.usable_bytes   # the starting batch
     assert any("caught CUDA out-of-memory" in f for f in run.flags)
+    assert run.batch_hint == 98304   # the retry's batch: the attempt that ran out is not the batch shown
     est, run = estimate_command(parse_train_command("python batch_finder_train.py --no-finder"), [h100, a100],
                                 cwd=SCRIPTS)
     by = {e.gpu: e for e in est}

@@ -567,6 +567,14 @@ def patched(state: ScriptState):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
+        if tr.s.oom_pending:
+            # the first call after the fake GPU ran out of memory, caught by the script (a batch-size
+            # finder): the exception skipped the forward hooks that close calls, and the batch read so
+            # far was the attempt's that failed; the retry's first forward says the batch
+            tr.s.oom_pending = False
+            state.depth, tr.s.phase = 0, "other"
+            state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
+            state.first_forward_done = state.batch_hint_no_grad = False
         if state.depth == 0 and (not _on_the_device(mod, args) or next(mod.parameters(), None) is None):
             # host code: a transform (torchvision's and timm's are modules) on real data; or a
             # module without weights on device data (normalisation, augmentation on the GPU): no

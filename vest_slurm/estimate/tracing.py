@@ -107,6 +107,7 @@ class _State:
     oom_at: int = 0
     refused: set = field(default_factory=set)
     oom: tuple | None = None
+    oom_pending: bool = False   # raised and not yet followed by a model call (dynamic/standins.py)
 
 
 def _thread() -> str:
@@ -178,6 +179,7 @@ class Tracer:
         where = s.module_stack[-1] if s.module_stack else ""
         if s.oom is None:
             s.oom = (s.live_bytes, nbytes, where)
+        s.oom_pending = True
         fc.asked("out_of_memory", s.oom_at, None)   # the run depends on this GPU's capacity: its class only
         MiB_ = 1 << 20
         raise torch.cuda.OutOfMemoryError(
