@@ -120,14 +120,14 @@ class _FakeMesh:
         return _FakeMesh(self.device_type, [self.shape[i] for i in idx], names)
 
     def __getattr__(self, name):
-        # Only what fully_shard's stand-in reads is here; DTensor (tensor parallelism,
-        # distribute_tensor) asks for more, and its DTensors do not run on fake CUDA: vest's gap.
+        # Only what the fully_shard and parallelize_module stand-ins (fake_tp.py) read is here; a
+        # script's own DTensors ask for more, and they do not run on fake CUDA: vest's gap.
         from .cuda_surface import NotSupportedHere
 
         if name.startswith("__"):
             raise AttributeError(name)
-        raise NotSupportedHere(f"DeviceMesh.{name}", "a device mesh is modelled for FSDP2's fully_shard only; "
-                               "tensor parallelism (DTensor, parallelize_module) is not traced")
+        raise NotSupportedHere(f"DeviceMesh.{name}", "a device mesh is modelled for fully_shard and "
+                               "parallelize_module; other uses of it (DTensors the script makes) are not traced")
 
 
 class FsdpRecord:

@@ -115,8 +115,6 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         back = _R if ctx.src == _P else ctx.src
-        if ctx.dst == back:
-            return g, None, None, None
         dst = _R if ctx.dst == _P else ctx.dst   # a Partial gradient arrives as one to reduce
         if dst == back:
             return g, None, None, None
@@ -137,7 +135,7 @@ class _Gathered(torch.autograd.Function):
 
 
 def redistribute(x, src: tuple, dst: tuple, tp: int):
-    """x (a local tensor, or a tuple of them) from layout src to dst; anything else as it is."""
+    """x (a local tensor) from layout src to dst; anything else as it is."""
     if not isinstance(x, torch.Tensor) or tp == 1:
         return x
     src, dst = (_norm(src, x.ndim), _norm(dst, x.ndim))
@@ -146,6 +144,13 @@ def redistribute(x, src: tuple, dst: tuple, tp: int):
     if x.requires_grad or x.is_floating_point():
         return _Redistribute.apply(x, src, dst, tp)
     return _convert(x, src, dst, tp)
+
+
+def _each(values: tuple, src: tuple, dst: tuple, tp: int) -> tuple:
+    """Each of ``values`` redistributed from its layout in ``src`` to ``dst`` (None: left as it is)."""
+    pad = (None,) * len(values)
+    return tuple(redistribute(v, s, d, tp) if s is not None and d is not None else v
+                 for v, s, d in zip(values, src + pad, dst + pad))
 
 
 def _layouts(value, n: int | None = None) -> tuple:
@@ -341,8 +346,7 @@ def _inputs(src, dst, ksrc, kdst, tp, partial_grad, _module, args, kwargs):
     if partial_grad and args and isinstance(args[0], torch.Tensor) and args[0].requires_grad and tp > 1 \
             and src[0] == _R:
         args = (_PartialGrad.apply(args[0]),) + tuple(args[1:])
-    args = tuple(redistribute(a, s, d, tp) if s is not None and d is not None else a
-                 for a, s, d in zip(args, src + (None,) * len(args), dst + (None,) * len(args)))
+    args = _each(tuple(args), src, dst, tp)
     kwargs = {k: redistribute(v, ksrc[k], kdst[k], tp) if k in ksrc and k in kdst and ksrc[k] and kdst[k] else v
               for k, v in kwargs.items()}
     return args, kwargs
@@ -434,8 +438,7 @@ def _outputs(src, dst, tp, full, _module, _args, output):
             return _Gathered.apply(output, full)   # uneven shards, gathered to the module's width
         return redistribute(output, s, d, tp) if s is not None and d is not None else output
     if isinstance(output, tuple):
-        return tuple(redistribute(o, s, d, tp) if s is not None and d is not None else o
-                     for o, s, d in zip(output, src + (None,) * len(output), dst + (None,) * len(output)))
+        return _each(output, src, dst, tp)
     return output
 
 
@@ -447,27 +450,29 @@ def loss_parallel():
     yield
 
 
+def dtensor_makers() -> list[tuple[object, str, str]]:
+    """(owner, attribute, API name) of the calls by which a script makes DTensors itself (the live
+    oracle refuses them too). Their other bindings (the _api module's) are patched by
+    standins._aliases, as every stand-in's are."""
+    import torch.distributed.tensor as dtensor
+
+    return [(dtensor, "distribute_tensor", "torch.distributed.tensor.distribute_tensor"),
+            (dtensor, "distribute_module", "torch.distributed.tensor.distribute_module"),
+            (dtensor.DTensor, "from_local", "DTensor.from_local")]
+
+
 def patches(state) -> list[tuple]:
+    """The stand-ins, each at its public binding (standins._aliases patches the modules that
+    re-export it: parallel.api's parallelize_module, parallel.loss's loss_parallel)."""
     import torch.distributed.tensor.parallel as tpmod
-    import torch.distributed.tensor.parallel.api as api
 
     rec = TensorParallel(state)
     state.tp = rec
-    out = [(tpmod, "parallelize_module", rec.parallelize_module), (api, "parallelize_module", rec.parallelize_module),
-           (tpmod, "loss_parallel", loss_parallel)]
+    out = [(tpmod, "parallelize_module", rec.parallelize_module), (tpmod, "loss_parallel", loss_parallel)]
     # DTensors made by the script itself need the real mesh and values: refused at once, by name
-    import torch.distributed.tensor as dtensor
-    import torch.distributed.tensor._api as dtensor_api
-
-    for name in ("distribute_tensor", "distribute_module"):
-        refuse = _refuse(f"torch.distributed.tensor.{name}")
-        out += [(dtensor, name, refuse), (dtensor_api, name, refuse)]
-    out.append((dtensor.DTensor, "from_local", staticmethod(_refuse("DTensor.from_local"))))
-    try:
-        import torch.distributed.tensor.parallel.loss as loss_mod
-        out.append((loss_mod, "loss_parallel", loss_parallel))
-    except ImportError:
-        pass
+    for owner, attr, api in dtensor_makers():
+        refuse = _refuse(api)
+        out.append((owner, attr, staticmethod(refuse) if isinstance(owner, type) else refuse))
     return out
 
 

@@ -319,15 +319,16 @@ def _dtensor_unsupported() -> list[tuple]:
     """DTensors (tensor parallelism, distribute_tensor) are not counted: their local tensors are made
     under DTensor's own dispatch, where this census does not see them (a TP script's gradients and
     optimizer states went uncounted), so such a run is refused rather than undercounted."""
-    import torch.distributed.tensor as dtensor
     import torch.distributed.tensor.parallel as tp
+
+    from .fake_tp import dtensor_makers
 
     def refuse(*_a, **_k):
         raise Unsupported("DTensor (parallelize_module, distribute_tensor): the census does not see a DTensor's "
                           "local tensors")
 
-    return [(tp, "parallelize_module", refuse), (dtensor, "distribute_tensor", refuse),
-            (dtensor, "distribute_module", refuse), (dtensor.DTensor, "from_local", staticmethod(refuse))]
+    return [(tp, "parallelize_module", refuse)] + [
+        (owner, attr, staticmethod(refuse) if isinstance(owner, type) else refuse) for owner, attr, _ in dtensor_makers()]
 
 
 @contextlib.contextmanager
@@ -613,8 +614,6 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, us
             results.append(res)
     bad = next((r for r in results if r["status"] != "ok"), None)
     if bad is None and died is not None:   # the ranks killed because another failed say less than it
-        return died
-    if not results:
         return died
     result = dict(bad or results[0])
     if bad is not None:

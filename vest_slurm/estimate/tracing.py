@@ -30,6 +30,7 @@ from torch import nn
 from . import _fakecuda as fc
 from .scratch import kernel_scratch
 from ..errors import EstimateError, WorkloadError
+from ..units import MiB
 from .models import BuiltModel, build_model
 from .trace import BF16_NOTE, CUDNN_RNN_NOTE, AllocEvent, AllocTrace
 from .workload import OPTIMIZER_TABLE, WorkloadSpec
@@ -181,10 +182,9 @@ class Tracer:
             s.oom = (s.live_bytes, nbytes, where)
         s.oom_pending = True
         fc.asked("out_of_memory", s.oom_at, None)   # the run depends on this GPU's capacity: its class only
-        MiB_ = 1 << 20
         raise torch.cuda.OutOfMemoryError(
-            f"CUDA out of memory. Tried to allocate {nbytes / MiB_:.2f} MiB. GPU 0 has {s.oom_at / MiB_:.0f} MiB "
-            f"for tensors, of which {s.live_bytes / MiB_:.2f} MiB are allocated by PyTorch (vest's fake GPU)")
+            f"CUDA out of memory. Tried to allocate {nbytes / MiB:.2f} MiB. GPU 0 has {s.oom_at / MiB:.0f} MiB "
+            f"for tensors, of which {s.live_bytes / MiB:.2f} MiB are allocated by PyTorch (vest's fake GPU)")
 
     def _free(self, block: int) -> None:
         if self.frozen:
