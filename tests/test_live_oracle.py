@@ -74,6 +74,10 @@ def test_counts_what_worker_threads_move_to_the_device(scripts):
     "torchrun --nproc_per_node 1 ddp_train.py",
     # torchrun of 2 on one node: two CPU processes in one gloo group, rank 0 counted (DistributedSampler's half)
     "torchrun --nproc_per_node 2 ddp_train.py",
+    # DDP(gradient_as_bucket_view=True): the gradients live in the Reducer's buckets (the fresh
+    # ones autograd makes are copied in and freed), also across no_sync() accumulation
+    "torchrun --nproc_per_node 1 ddp_train.py --bucket-view --hidden 4096 --batch-size 128",
+    "torchrun --nproc_per_node 1 ddp_train.py --bucket-view --hidden 4096 --batch-size 128 --accumulate 2",
     # a DDP branch chosen by RANK (nanoGPT's style): under a plain python no RANK, no DDP
     "python rank_branch_train.py",
     "torchrun --nproc_per_node 1 rank_branch_train.py",

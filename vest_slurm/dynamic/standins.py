@@ -206,29 +206,69 @@ def _data_parallel(real):
 
 class FakeDDP(nn.Module):
     """DistributedDataParallel without communication: the wrapped module runs as is, and DDP's
-    gradient buckets (one flat copy of the gradients, gradient_as_bucket_view=False) are allocated
-    on the device as the real Reducer does at construction."""
+    gradient buckets are allocated on the device when it is built, as the real Reducer does.
+
+    The buckets (reducer.cpp ``initialize_buckets``: one flat ``gradients`` tensor per bucket, of
+    the parameters' dtype) exist whatever ``gradient_as_bucket_view`` says; DDP's default
+    (find_unused_parameters=False, distributed.py ``compute_bucket_size_limits``) puts every
+    parameter of a dtype in one bucket until the second iteration rebuilds them, in the order the
+    gradients came, at 25 MiB each: the same bytes, modelled as the first layout. What the flag
+    changes is the gradients: with ``gradient_as_bucket_view=False`` each is a tensor of its own
+    that the Reducer copies into the bucket; with True (``mark_variable_ready_dense``) a gradient
+    autograd makes fresh (the first backward, and every backward after ``zero_grad(set_to_none=True)``)
+    is copied into its view of the bucket and replaced by that view, so the fresh tensor is freed
+    and the gradients live in the buckets alone. After a forward under ``no_sync()`` the Reducer's hooks
+    do nothing (the gradients accumulate in their own tensors until a synchronised backward)."""
 
     tracer = None   # set by patched(): the buckets are tagged for the estimator
 
     def __init__(self, module, device_ids=None, output_device=None, *args, gradient_as_bucket_view=False, **kwargs):
         super().__init__()
         self.module = module
-        nbytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-        if not gradient_as_bucket_view and nbytes:
-            s = FakeDDP.tracer.s
-            s.category, s.module_stack = "gradient", s.module_stack + ["ddp_buckets"]
-            try:
-                self._vest_buckets = torch.empty(nbytes, dtype=torch.uint8, device=fc.DEVICE)
-            finally:
-                s.category, s.module_stack = None, s.module_stack[:-1]
+        self._vest_sync = self._vest_expect_hooks = True
+        params = [p for p in module.parameters() if p.requires_grad]
+        by_dtype: dict = {}
+        for p in reversed(params):   # DDP lists the parameters backwards, as their gradients come
+            by_dtype.setdefault(p.dtype, []).append(p)
+        s = FakeDDP.tracer.s
+        s.category, s.module_stack = "gradient", s.module_stack + ["ddp_buckets"]
+        try:
+            self._vest_buckets = [torch.empty(sum(p.numel() for p in ps), dtype=dtype, device=fc.DEVICE)
+                                  for dtype, ps in by_dtype.items()]
+        finally:
+            s.category, s.module_stack = None, s.module_stack[:-1]
+        if gradient_as_bucket_view:
+            for bucket, ps in zip(self._vest_buckets, by_dtype.values()):
+                offset = 0
+                for p in ps:
+                    view = bucket[offset:offset + p.numel()].view(p.shape)
+                    offset += p.numel()
+                    p.register_post_accumulate_grad_hook(self._into_bucket(view))
+
+    def _into_bucket(self, view):
+        ddp = weakref.ref(self)
+
+        def hook(p):
+            me = ddp()
+            if me is None or not me._vest_expect_hooks or p.grad is None or p.grad is view:
+                return
+            view.copy_(p.grad)
+            p.grad = view   # the fresh gradient is freed: the bucket holds it from now on
+
+        return hook
 
     def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():   # the Reducer expects its hooks in the backward of a forward synced
+            self._vest_expect_hooks = self._vest_sync
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
-        yield
+        self._vest_sync = False
+        try:
+            yield
+        finally:
+            self._vest_sync = True
 
 
 def _init_process_group(state: ScriptState):

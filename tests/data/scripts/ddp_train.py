@@ -1,4 +1,10 @@
-"""Data-parallel training as torchrun launches it (one process per GPU, NCCL, DDP)."""
+"""Data-parallel training as torchrun launches it (one process per GPU, NCCL, DDP).
+
+--bucket-view: DDP(gradient_as_bucket_view=True), the gradients views into DDP's buckets;
+--hidden N, --batch-size N: the layer's width and the batch (512, 16);
+--accumulate K: K backward passes per optimizer step, the first K-1 under DDP's no_sync()."""
+import argparse
+import contextlib
 import os
 
 import torch
@@ -7,20 +13,34 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+ap = argparse.ArgumentParser()
+ap.add_argument("--bucket-view", action="store_true")
+ap.add_argument("--hidden", type=int, default=512)
+ap.add_argument("--batch-size", type=int, default=16)
+ap.add_argument("--accumulate", type=int, default=1)
+args = ap.parse_args()
 dist.init_process_group("nccl")
 rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local)
-model = DDP(nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10)).cuda(), device_ids=[local])
+net = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)).cuda()
+model = DDP(net, device_ids=[local], gradient_as_bucket_view=args.bucket_view)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = TensorDataset(torch.randn(256, 64), torch.randint(0, 10, (256,)))
-loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
+n = max(256, 4 * args.batch_size)
+data = TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,)))
+loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data))
 for epoch in range(2):
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
         x, y = x.cuda(local), y.cuda(local)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        last = (i + 1) % args.accumulate == 0
+        if args.accumulate == 1:
+            opt.zero_grad()
+        with contextlib.nullcontext() if last else model.no_sync():
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+        if last:
+            opt.step()
+            if args.accumulate > 1:
+                opt.zero_grad()
         dist.all_reduce(loss.detach())
         if rank == 0:
             print(loss.item())
