@@ -150,3 +150,22 @@ def test_check_of_a_script_says_in_which_python_it_ran(tmp_path, capsys, monkeyp
     job = _script(tmp_path, "#SBATCH --gres=gpu:1\nsource venv/bin/activate\npython train.py", name="venv.sh")
     assert run(["check", job, "--site-config", TESTBED]) == 0
     assert f"note: the script ran in the job's Python (venv/bin/python" in capsys.readouterr().out
+
+
+def test_check_of_slurms_multi_node_torchrun_line(tmp_path, capsys, monkeypatch):
+    """`srun torchrun --nnodes $SLURM_NNODES --nproc_per_node $SLURM_GPUS_ON_NODE`: the sizes are the
+    job's (2 nodes x 2 GPUs: 4 ranks; the line was skipped as "not a number"), and no smallest sharded
+    count is claimed for a script (its run is of its own GPU count)."""
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "data" / "scripts" / "fsdp2_meta_train.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    job = _script(tmp_path, "#SBATCH --nodes=2\n#SBATCH --gpus-per-node=2\n#SBATCH --ntasks-per-node=1\n"
+                  "srun torchrun --nnodes $SLURM_NNODES --nproc_per_node $SLURM_GPUS_ON_NODE "
+                  "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 fsdp2_meta_train.py --layers 2 --dim 64")
+    assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workload"]["num_gpus"] == 4 and doc["workload"]["parallelism"] == "fsdp2", doc["workload"]
+    assert run(["check", job, "--site-config", TESTBED]) == 0
+    out = capsys.readouterr().out
+    assert "4 GPUs" in out and "configuration that fits" not in out

@@ -67,6 +67,23 @@ def test_torchrun_fsdp1_script_agrees_with_its_declarative_spec(monkeypatch, str
             estimate(declared.with_(sharding="full-shard", shard_group_size=0), [h100])[0].breakdown)["nccl"]
 
 
+def test_torchruns_nodes_count_in_the_world(monkeypatch):
+    """torchrun --nnodes 2 --nproc_per_node 2 is 4 ranks, sharding over 4 (the world was taken as
+    one node's 2, and each rank's shards twice their size); --nnodes $SLURM_NNODES without the job's
+    GPU count is estimated over one node, and flagged."""
+    monkeypatch.chdir(SCRIPTS)
+    h100 = get_profile("h100-80gb")
+    args = "fsdp1_train.py --strategy FULL_SHARD --width 256 --blocks 3 --batch-size 8"
+    (two,), run = estimate_command(parse_train_command(f"torchrun --nnodes 2 --nproc_per_node 2 {args}"), [h100],
+                                   cwd=SCRIPTS)
+    assert run.spec.num_gpus == 4 and not run.spec.flags
+    assert dict(two.breakdown)["parameters"] == sum(flat_shard_numel(n, 4) for n in _fsdp1_unit_numels()) * 4
+    (one,), run = estimate_command(parse_train_command(f"torchrun --nnodes $SLURM_NNODES --nproc_per_node 2 {args}"),
+                                   [h100], cwd=SCRIPTS)
+    assert run.spec.num_gpus == 2 and any("give --num-gpus" in f for f in run.spec.flags)
+    assert dict(one.breakdown)["parameters"] == sum(flat_shard_numel(n, 2) for n in _fsdp1_unit_numels()) * 4
+
+
 def test_fsdp1_no_shard_is_refused_with_the_data_parallel_advice(monkeypatch):
     monkeypatch.chdir(SCRIPTS)
     cmd = parse_train_command("torchrun --nproc_per_node 2 fsdp1_train.py --strategy NO_SHARD --steps 3")

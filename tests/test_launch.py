@@ -50,6 +50,38 @@ def test_find_train_command_skips_setup_lines():
     assert find_train_command(["echo hi", "bash other.sh"]) is None
 
 
+@pytest.mark.parametrize("line,nproc,nnodes,world", [
+    ("torchrun --nnodes=2 --nproc_per_node=4 train.py", 4, 2, 8),
+    ("torchrun --nnodes 2:2 --nproc-per-node 2 train.py", 2, 2, 4),
+    # an elastic range, the job's variables, one per GPU: the job's GPUs decide (-1)
+    ("torchrun --nnodes 1:4 --nproc_per_node 2 train.py", 2, -1, -1),
+    ("torchrun --nnodes $SLURM_NNODES --nproc_per_node 4 train.py", 4, -1, -1),
+    ("torchrun --nnodes=${SLURM_JOB_NUM_NODES} --nproc_per_node=$SLURM_GPUS_ON_NODE train.py", -1, -1, -1),
+    ("torchrun --nnodes 2 --nproc_per_node gpu train.py", -1, 2, -1),
+    ("accelerate launch --num_processes 8 --num_machines 2 train.py", 8, 1, 8),   # all machines' processes
+    ("python train.py", 1, 1, 1),
+])
+def test_the_launch_size_over_nodes(line, nproc, nnodes, world):
+    c = parse_train_command(line)
+    assert (c.nproc, c.nnodes, c.world) == (nproc, nnodes, world)
+
+
+def test_slurms_own_torchrun_line_is_a_training_command():
+    """The multi-node launch of Slurm's and torchrun's docs, its sizes the job's variables: found
+    (it was skipped as "not a number", and vsbatch saw no training command in the job)."""
+    c = find_train_command(["export MASTER_ADDR=$(scontrol show hostnames | head -n 1)",
+                            "srun torchrun --nnodes $SLURM_NNODES --nproc_per_node $SLURM_GPUS_ON_NODE "
+                            "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 train.py --lr 1"])
+    assert c is not None and (c.script, c.args, c.launcher, c.world) == ("train.py", ("--lr", "1"), "torchrun", -1)
+
+
+def test_rank_variables_over_nodes(tmp_path):
+    from vest_slurm.dynamic.runner import _child_env
+
+    env = _child_env(parse_train_command("torchrun --nnodes 2 --nproc_per_node gpu train.py"), str(tmp_path), 8)
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("8", "4")
+
+
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

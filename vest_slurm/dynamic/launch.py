@@ -3,6 +3,8 @@
 Forms understood (each optionally behind ``srun [srun options]``):
     python [-u] train.py ARGS          python -m pkg.train ARGS
     torchrun [--nproc_per_node N | --nproc-per-node N] [--nnodes M] [...] train.py ARGS
+        (N or M given as a job's variable, ``$SLURM_NNODES``, ``${SLURM_GPUS_ON_NODE}``, or as
+        torchrun's ``gpu``/``auto``, or M as an elastic range ``1:4``: decided by the job's GPUs)
     python -m torch.distributed.run / torch.distributed.launch  (same options as torchrun)
     accelerate launch [--num_processes N] [--mixed_precision X] [...] train.py ARGS
 """
@@ -45,7 +47,7 @@ class TrainCommand:
     script: str | None         # path of the .py file, or None for a module
     module: str | None         # for python -m
     args: tuple[str, ...]
-    nproc: int = 1             # processes (GPUs) per node the launcher starts
+    nproc: int = 1             # processes (GPUs) per node the launcher starts (-1: as the job's GPUs decide)
     launcher: str = "python"   # python, torchrun, accelerate
     env: tuple[tuple[str, str], ...] = ()    # VAR=value prefixes of the command
     mixed_precision: str | None = None       # accelerate's --mixed_precision
@@ -54,6 +56,13 @@ class TrainCommand:
     program: str = ""          # the command's first word (python, a venv's python, torchrun, ./train.py): whose torch runs
     srun: tuple[tuple[str, str], ...] | None = None   # srun's options where srun starts the command, else None
     unresolved: tuple[str, ...] = ()   # job-script lines that set up an environment vest cannot follow (module load)
+    nnodes: int = 1            # torchrun's --nnodes (-1: as the job's nodes decide)
+
+    @property
+    def world(self) -> int:
+        """The processes (ranks) the launch starts in all, where its command line says (torchrun's
+        --nproc_per_node x --nnodes, accelerate's --num_processes), else -1: the job's GPUs decide."""
+        return self.nproc * self.nnodes if self.nproc > 0 and self.nnodes > 0 else -1
 
     @property
     def path(self) -> str | None:
@@ -107,12 +116,21 @@ def _accelerate_takes_value(w: str, nxt: str | None) -> bool:
 
 
 def _int(value: str, what: str) -> int:
-    if value in ("gpu", "auto"):
-        return -1   # "one per GPU": decided by the job's GPUs
+    if value in ("gpu", "auto") or "$" in value:
+        return -1   # "one per GPU", or the job's variable ($SLURM_GPUS_ON_NODE): decided by the job's GPUs
     try:
         return int(value)
     except ValueError:
         raise WorkloadError(f"{what} {value!r} is not a number", f"give {what} a whole number") from None
+
+
+def _nodes(value: str) -> int:
+    """torchrun's --nnodes: a number, ``MIN:MAX`` (elastic: one number where MIN equals MAX, else
+    the job's nodes decide), or a variable of the job (``$SLURM_NNODES``: -1, the job decides)."""
+    lo, _, hi = value.partition(":")
+    if hi and lo.strip() != hi.strip():
+        return -1
+    return _int(lo.strip(), "--nnodes")
 
 
 def parse_train_command(command: str | list[str]) -> TrainCommand:
@@ -140,15 +158,17 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         raise WorkloadError(f"no training command in {command!r}", "give e.g. `python train.py ...`")
     head = words[i]
     base = os.path.basename(head)
-    launcher, nproc, mixed = "python", 1, None
+    launcher, nproc, nnodes, mixed = "python", 1, 1, None
     launcher_args, config_file = (), None
     if base == "torchrun" or (_is_python(base) and words[i + 1:i + 3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])):
         start = i + 1 if base == "torchrun" else i + 3
         i, seen = _skip_options(words, start, _named(_TORCHRUN_FLAGS_WITH_VALUE))
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
+        nnodes = _nodes(seen.get("--nnodes", "1"))
         launcher = "torchrun"
         if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
-            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head, srun=srun)
+            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head, srun=srun,
+                                nnodes=nnodes)
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
@@ -178,7 +198,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
     return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
-                        config_file, program=head, srun=srun)
+                        config_file, program=head, srun=srun, nnodes=nnodes)
 
 
 def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:

@@ -290,6 +290,8 @@ def _per_node(cmd: TrainCommand, world: int) -> int:
     there (FSDP1's HYBRID_SHARD makes its shard group of them)."""
     if cmd.launcher == "torchrun" and cmd.nproc > 0:
         return max(1, min(cmd.nproc, world))
+    if cmd.launcher == "torchrun" and cmd.nnodes > 0:   # --nproc_per_node gpu over M nodes
+        return max(1, -(-world // cmd.nnodes))
     return max(1, world)
 
 
@@ -389,7 +391,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
     if cmd.script and not os.path.isfile(os.path.join(where, cmd.script)):
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
                             "run from the directory the job runs in, or give the script's path")
-    world = max(num_gpus, cmd.nproc if cmd.nproc > 0 else num_gpus)
+    world = max(num_gpus, cmd.world if cmd.world > 0 else cmd.nproc)
     launcher_args = list(cmd.launcher_args)
     config = _accelerate_config(cmd, where) if cmd.launcher == "accelerate" else None
     from .deepspeed_plan import plan
@@ -742,8 +744,8 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
     """The WorkloadSpec that stands for a script in reports and placement (its trace is the script's)."""
     from ..estimate.workload import WorkloadSpec
 
-    if run.spec is not None:
-        return run.spec.with_(alloc_conf=alloc_conf)
+    if run.spec is not None:   # the run's flags with the sharded or TP spec's own
+        return run.spec.with_(alloc_conf=alloc_conf, flags=tuple(dict.fromkeys(run.spec.flags + run.flags)))
     seen = dict(run.observed)
     return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
                         parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps,
@@ -770,7 +772,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
 
     from ..estimate import cudnn_ws
 
-    gpus = num_gpus or (cmd.nproc if cmd.nproc > 0 else 1)
+    gpus = num_gpus or (cmd.world if cmd.world > 0 else max(cmd.nproc, 1))
     # the cuDNN of the Python the job runs (a venv's, another torch), not this process's (item 2 of
     # issue 25): the trace runs here, the job's convolutions run on that cuDNN's engines
     cudnn_ws.use_job_python(cmd.program, cmd.path, cwd)
@@ -806,6 +808,12 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
             first, gpu_class_of_first = run, cls
     if first is None:
         raise next(iter(summaries.values()))
+    if not num_gpus and cmd.world < 0:   # the launch's size is the job's ($SLURM_NNODES), not known here
+        note = (f"{cmd.launcher}'s processes are the job's (--nnodes {'?' if cmd.nnodes < 0 else cmd.nnodes}, "
+                f"--nproc_per_node {'?' if cmd.nproc < 0 else cmd.nproc}): estimated as {gpus} GPU(s); give --num-gpus "
+                "with the job's total (vsbatch and vest check take it from the job's #SBATCH request)")
+        first = replace(first, flags=first.flags + (note,))
+        first = replace(first, spec=script_spec(cmd, first, gpus, conf) if first.spec is not None else None)
     return script_spec(cmd, first, gpus, conf), summaries, first
 
 

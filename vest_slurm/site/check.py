@@ -85,8 +85,9 @@ def _workload(ns, site=None):
         check_train_command(train, os.getcwd(), js.path, site)
         request = gpu_request(js.options)
         if not request.wants_gpu:
-            n = max(train.nproc, 1)
-            request = GpuRequest(None, None, n, n, request.nodes)
+            n = train.world if train.world > 0 else max(train.nproc, 1)
+            per_node = train.nproc if train.world > 0 and train.launcher == "torchrun" else n
+            request = GpuRequest(None, None, per_node, n, max(request.nodes, n // per_node))
         return train, request, js.partitions, js.path
     spec = spec_from_namespace(ns, base)
     request = gpu_request(js.options)
@@ -148,7 +149,9 @@ def cmd_check(ns) -> int:
                                                prober.capacity(t), spec.batch_size, known={spec.batch_size: need0},
                                                floor_bytes=prober.floor_needed(spec, t))
     smallest = {}
-    if spec.parallelism in SHARDED:   # per GPU type: the smallest GPU (and node) count that fits per rank
+    # per GPU type: the smallest GPU (and node) count that fits per rank; a script's run is of its
+    # own GPU count (other counts would be other runs), so it is not searched
+    if spec.parallelism in SHARDED and not spec.model.startswith("script:"):
         from .advice import smallest_gpu_counts
 
         smallest = smallest_gpu_counts(spec, site, prober)
@@ -214,7 +217,7 @@ def _table(spec, site, source, rows, result, advice, seconds, prober, auto_text=
     notes = [f"FLAGGED: {f}" for f in spec.flags] + [f"{r['gpu']}: {r['note']}" for r in rows if r["note"]]
     notes += [auto_text] if auto_text else []
     notes += [f"note: {n}" for n in script_notes]
-    if spec.parallelism in SHARDED:
+    if spec.parallelism in SHARDED and not spec.model.startswith("script:"):
         for r in rows:
             sm = r.get("smallest_gpus")
             notes.append(f"{r['gpu']}: smallest {spec.parallelism} configuration that fits: " + (

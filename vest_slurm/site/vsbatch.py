@@ -542,7 +542,7 @@ def _trace_script(train, request, effective, site, prober, cwd: str, out: "_Out"
     site, and give the prober its traces. The GPU count is the job's (#SBATCH), else the launcher's."""
     from ..dynamic.runner import Limits, trace_command
 
-    gpus = request.total_gpus if request.wants_gpu else max(train.nproc, 1)
+    gpus = request.total_gpus if request.wants_gpu else (train.world if train.world > 0 else max(train.nproc, 1))
     if not request.wants_gpu and gpus > 1:
         request = replace(request, gpus_per_node=gpus, total_gpus=gpus)
     limits = Limits.for_site(site)
