@@ -137,3 +137,48 @@ def test_grad_scaler_stand_ins_have_every_public_method_with_its_signature():
     scaler = gs.FakeGradScaler("cuda", growth_interval=100)
     scaler.set_growth_factor(4.0)
     assert scaler.get_growth_factor() == 4.0 and scaler.get_growth_interval() == 100
+
+
+def test_every_device_property_of_this_torch_is_answered_or_refused_by_name():
+    """torch.cuda.get_device_properties: each attribute of torch's own _CudaDeviceProperties is
+    answered as the GPU type's (profile and compute capability) or stops the run naming itself; a new
+    attribute in a new torch fails here until it is decided. (timm's foreach optimizers read
+    L2_cache_size: it was an AttributeError, blamed on the script.)"""
+    from vest_slurm.errors import NotSupportedHere
+    from vest_slurm.estimate._fakecuda import FakeDeviceProperties
+
+    h100 = get_profile("h100-80gb")
+    props = FakeDeviceProperties(h100.name, h100.total_bytes, h100.capability, h100.sm_count, h100.l2_cache_bytes)
+    names = [a for a in dir(torch._C._CudaDeviceProperties) if not a.startswith("_")]
+    assert len(names) >= 20
+    refused = []
+    for a in names:
+        try:
+            value = getattr(props, a)
+        except NotSupportedHere as e:
+            assert f"get_device_properties().{a}" in str(e)
+            refused.append(a)
+            continue
+        assert value is not None, a
+    assert sorted(refused) == ["clock_rate", "memory_bus_width", "memory_clock_rate"]
+    assert (props.multi_processor_count, props.L2_cache_size, props.max_threads_per_multi_processor) == (132, 50 << 20, 2048)
+    assert (props.shared_memory_per_block_optin, props.warp_size, props.gcnArchName) == (227 * 1024, 32, h100.name)
+    with pytest.raises(AttributeError):
+        props.no_such_property
+    l4 = get_profile("l4-24gb")
+    assert FakeDeviceProperties(l4.name, l4.total_bytes, l4.capability, l4.sm_count, l4.l2_cache_bytes).L2_cache_size == 48 << 20
+
+
+def test_a_script_sizing_its_optimizer_chunks_by_the_l2_cache_runs(tmp_path):
+    """timm's style: foreach chunks sized from get_device_properties().L2_cache_size; the run takes
+    the GPU type's L2 (a chunked step on the L40S's 96 MiB, one chunk on the A100's 40 MiB)."""
+    (tmp_path / "t.py").write_text(
+        "import torch\nfrom torch import nn\n"
+        "m = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(3)]).cuda()\n"
+        "l2 = torch.cuda.get_device_properties(0).L2_cache_size\n"
+        "budget = l2 // 16\nprint('chunk', budget if budget >= 2 ** 22 else None)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(8, 2048, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    for key in ("a100-40gb", "l40s-48gb"):
+        (e,), run = estimate_command(parse_train_command("python t.py"), [get_profile(key)], cwd=str(tmp_path))
+        assert run.steps == 3 and e.peak_bytes > 0

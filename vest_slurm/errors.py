@@ -66,3 +66,13 @@ class SlurmError(VestError):
     """Slurm could not be asked: controller down, too slow, or client tools missing."""
 
     exit_code = EXIT_SLURM
+
+
+class NotSupportedHere(RuntimeError):
+    """Raised inside a training script's run with fake CUDA at a torch API the run cannot answer
+    faithfully: vest must act, not the script (dynamic analysis classifies it vest-unsupported)."""
+
+    def __init__(self, api: str, why: str):
+        super().__init__(f"vest cannot yet run {api} in its dynamic analysis (fake CUDA): {why}. "
+                         "Describe the workload with a #VEST line (e.g. #VEST --model ... --batch-size ...) instead")
+        self.api = api

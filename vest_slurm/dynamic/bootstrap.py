@@ -475,7 +475,7 @@ def run(ns) -> dict:
     sandbox.install()
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
-                             device_count=ns.device_count), sp.patched(state), tracer, contextlib.ExitStack() as stack, \
+                             device_count=ns.device_count, sm_count=ns.sm_count, l2_cache_bytes=ns.l2_cache), sp.patched(state), tracer, contextlib.ExitStack() as stack, \
                 threads_carry(modes), repeats.installed():
             for m in modes:
                 stack.enter_context(m)
@@ -595,6 +595,8 @@ def main(argv=None) -> int:
     p.add_argument("--total-memory", type=int, default=80 * 2**30)
     p.add_argument("--capability", type=int, nargs=2, default=(8, 0))
     p.add_argument("--device-count", type=int, default=1)
+    p.add_argument("--sm-count", type=int, default=108)
+    p.add_argument("--l2-cache", type=int, default=40 * 2**20)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--oom-at", type=int, default=0, help="the GPU's room for tensors, in bytes: an allocation "
                    "past it raises CUDA out-of-memory (0: none)")

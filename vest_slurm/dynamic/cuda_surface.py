@@ -39,16 +39,9 @@ from typing import Callable
 
 import torch
 
+from ..errors import NotSupportedHere  # noqa: F401  (re-exported: the stand-ins raise it)
+
 FAKE, ANSWERED, REAL, UNSUPPORTED, NAMESPACE = "fake", "answered", "real", "unsupported", "namespace"
-
-
-class NotSupportedHere(RuntimeError):
-    """A torch API the fake-CUDA run cannot answer faithfully: vest must act, not the script."""
-
-    def __init__(self, api: str, why: str):
-        super().__init__(f"vest cannot yet run {api} in its dynamic analysis (fake CUDA): {why}. "
-                         "Describe the workload with a #VEST line (e.g. #VEST --model ... --batch-size ...) instead")
-        self.api = api
 
 
 class FailsOnAGpu(RuntimeError):

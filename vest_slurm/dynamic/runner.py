@@ -413,6 +413,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
     argv = [python, "-m", "vest_slurm.dynamic.bootstrap", "--out", out, "--steps", str(limits.steps),
             "--tmpdir", tmpdir, "--gpu-name", profile.name, "--total-memory", str(profile.total_bytes),
             "--capability", str(profile.capability[0]), str(profile.capability[1]),
+            "--sm-count", str(profile.sm_count), "--l2-cache", str(profile.l2_cache_bytes),
             "--device-count", str(_per_node(cmd, world)), "--world-size", str(max(1, world)),
             "--oom-at", str(room)]
     if cmd.module:

@@ -1269,26 +1269,86 @@ def _asking(question: str, recorded, answer):
     return query
 
 
+# Per compute capability, what every GPU of it has (CUDA C Programming Guide, "Technical
+# Specifications per Compute Capability"): shared memory per SM, and the most a block may opt in to
+# (the SM's less the 1 KiB the system keeps), in KiB. Threads per SM: profiles._THREADS_PER_SM.
+_SHARED_KIB = {(7, 0): (96, 96), (7, 5): (64, 64), (8, 0): (164, 163), (8, 6): (100, 99), (8, 7): (164, 163),
+               (8, 9): (100, 99), (9, 0): (228, 227), (10, 0): (228, 227), (12, 0): (100, 99)}
+# the board's clocks and memory bus: no profile knows them, and nothing that sizes memory reads them
+_BOARD_ONLY = ("clock_rate", "memory_clock_rate", "memory_bus_width")
+
+
+class FakeDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` answers for the GPU type: every attribute of torch's
+    ``_CudaDeviceProperties`` (tests/test_cuda_surface.py fails when torch adds one not decided here).
+    From the profile: name, memory, capability, SMs, L2 cache; from the capability: the CUDA
+    programming guide's per-architecture limits; the fake device's identity (PCI slot 0, a UUID from
+    the name); ``gcnArchName`` is the name, as torch's CUDA builds answer (a HIP-only property). The
+    clocks and the memory bus are the board's and unknown here: reading them stops the run, named."""
+
+    is_integrated = False
+    is_multi_gpu_board = False
+    warp_size = 32
+    max_threads_per_block = 1024
+    regs_per_multiprocessor = 65536
+    shared_memory_per_block = 48 * 1024
+    pci_bus_id = pci_device_id = pci_domain_id = 0
+
+    def __init__(self, name: str, total_memory: int, capability: tuple[int, int], sm_count: int, l2_cache_bytes: int):
+        import uuid
+
+        from .profiles import _THREADS_PER_SM
+
+        self.name = self.gcnArchName = name
+        self.total_memory = total_memory
+        self.major, self.minor = capability
+        self.multi_processor_count = sm_count
+        self._l2 = l2_cache_bytes
+        self._arch = capability in _SHARED_KIB and capability in _THREADS_PER_SM
+        if self._arch:
+            self.max_threads_per_multi_processor = _THREADS_PER_SM[capability]
+            per_sm, optin = _SHARED_KIB[capability]
+            self.shared_memory_per_multiprocessor, self.shared_memory_per_block_optin = per_sm * 1024, optin * 1024
+        self.uuid = uuid.uuid5(uuid.NAMESPACE_OID, f"vest-slurm fake GPU {name}")
+
+    @property
+    def L2_cache_size(self) -> int:   # noqa: N802  (torch's name)
+        if not self._l2:
+            self._unknown("L2_cache_size", "the GPU type's profile does not say its L2 cache")
+        return self._l2
+
+    def __getattr__(self, attr):   # only for what __init__ did not set
+        if attr in _BOARD_ONLY:
+            self._unknown(attr, "the board's clocks and memory bus are not in vest's GPU profiles")
+        if attr in ("max_threads_per_multi_processor", "shared_memory_per_multiprocessor",
+                    "shared_memory_per_block_optin"):
+            self._unknown(attr, f"compute capability {self.major}.{self.minor} is not in vest's table")
+        raise AttributeError(f"'torch._C._CudaDeviceProperties' object has no attribute {attr!r}")
+
+    @staticmethod
+    def _unknown(attr: str, why: str):
+        from ..errors import NotSupportedHere
+
+        raise NotSupportedHere(f"torch.cuda.get_device_properties().{attr}", why)
+
+    def __repr__(self) -> str:   # as torch's, without what is not known here
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count}, "
+                f"uuid={self.uuid}, pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+                f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self._l2 // 2**20}MB)")
+
+
 @contextlib.contextmanager
 def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-SXM4-80GB",
-                 capability: tuple[int, int] = (8, 0), device_count: int = 1, scalar_draws_at_the_top: bool = False):
-    """Make torch.cuda queries answer as a GPU of this kind would, for the duration. With
-    ``scalar_draws_at_the_top`` (the declarative tracer, where only the model's step runs), also
-    Python's and NumPy's scalar random draws (_host_draws_at_the_top); a user's script keeps them
-    (its data code may loop on them)."""
+                 capability: tuple[int, int] = (8, 0), device_count: int = 1, scalar_draws_at_the_top: bool = False,
+                 sm_count: int = 108, l2_cache_bytes: int = 40 * 2**20):
+    """Make torch.cuda queries answer as a GPU of this kind would, for the duration (the defaults:
+    an A100's). With ``scalar_draws_at_the_top`` (the declarative tracer, where only the model's step
+    runs), also Python's and NumPy's scalar random draws (_host_draws_at_the_top); a user's script
+    keeps them (its data code may loop on them)."""
     import torch.cuda.amp.common as common
 
-    @dataclass
-    class _Props:
-        name: str
-        total_memory: int
-        major: int
-        minor: int
-        multi_processor_count: int = 108
-        is_integrated: bool = False
-        is_multi_gpu_board: bool = False
-
-    props = _Props(name, total_memory_bytes, *capability)
+    props = FakeDeviceProperties(name, total_memory_bytes, tuple(capability), sm_count, l2_cache_bytes)
     patches = [
         (common, "amp_definitely_not_available", lambda: False),
         (torch.cuda, "is_bf16_supported", _bf16_supported(capability)),

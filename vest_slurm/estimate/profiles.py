@@ -56,6 +56,7 @@ class DeviceProfile:
     vendor: str = "nvidia"
     floor: str = "default"   # where context_mib comes from: "default" (the bound above) or "calibrated"
     nvswitch: bool = False   # the type's nodes join their GPUs through NVSwitch (NCCL's NVLS: estimator.nvls_bytes)
+    l2_cache_bytes: int = 0  # the board's L2 cache (cudaDeviceProp.l2CacheSize; 0: not known)
 
     @property
     def total_bytes(self) -> int:
@@ -198,13 +199,24 @@ _SPEC: dict[str, tuple[str, tuple[int, int], int, int]] = {
     "rtx-3090-24gb": ("NVIDIA GeForce RTX 3090", (8, 6), 82, 24576),
     "a10-24gb": ("NVIDIA A10", (8, 6), 72, 23028),
 }
+# L2 cache per board, MiB, as cudaDeviceProp.l2CacheSize reports it (NVIDIA's architecture
+# whitepapers: Volta 6, Turing TU104 4, GA100 40 (A30 24), GA102 6, AD102 96 (RTX 4090 72), AD104 48,
+# GH100 50, Blackwell B200 126). Scripts read it through torch.cuda.get_device_properties (timm sizes
+# its foreach optimizer chunks by it, and so the step's temporaries).
+_L2_MIB: dict[str, int] = {
+    "v100-16gb": 6, "v100-32gb": 6, "t4-16gb": 4, "a100-40gb": 40, "a100-80gb": 40, "a30-24gb": 24,
+    "h100-80gb": 50, "h100-pcie-80gb": 50, "h100-nvl-94gb": 50, "h200-141gb": 50, "gh200-96gb": 50,
+    "gh200-144gb": 50, "b200-180gb": 126, "l40s-48gb": 96, "l40-48gb": 96, "rtx-6000ada-48gb": 96,
+    "rtx-4090-24gb": 72, "l4-24gb": 48, "a40-48gb": 6, "rtx-a6000-48gb": 6, "rtx-3090-24gb": 6, "a10-24gb": 6,
+}
 # Boards sold on NVSwitch baseboards (HGX H100 / H200 / B200: 8 SXM GPUs, each NVLink port on the
 # switches), where NCCL can set up NVLink SHARP. The PCIe and NVL boards (NVLink bridges between
 # pairs) and GH200 (one GPU per node; its multi-node NVLink is a site's fabric) have none; a site
 # says otherwise with [gpu.X] nvswitch.
 _NVSWITCH = ("h100-80gb", "h200-141gb", "b200-180gb")
 PROFILES: dict[str, DeviceProfile] = {
-    k: replace(_p(k, name, total, cap, sms, default_floor_mib(cap, sms), 0), nvswitch=k in _NVSWITCH)
+    k: replace(_p(k, name, total, cap, sms, default_floor_mib(cap, sms), 0), nvswitch=k in _NVSWITCH,
+               l2_cache_bytes=_L2_MIB[k] * MiB)
     for k, (name, cap, sms, total) in _SPEC.items()}
 
 
