@@ -86,6 +86,8 @@ def test_counts_what_worker_threads_move_to_the_device(scripts):
     "python token_mask_train.py",
     # an autograd.Function's backward allocating on the device; a host sparse matrix
     "python custom_backward_train.py",
+    # host batches moved to the GPU under inference_mode and kept (they reached for the real driver)
+    "python inference_first_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)

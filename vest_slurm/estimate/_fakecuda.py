@@ -697,6 +697,14 @@ class FakeCudaMode(FakeTensorMode):
                 return False if t.dtype == torch.bool else 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
+        if func.overloadpacket is aten.to and self.host_real and _is_real_host(args[0]) and \
+                any(_names_cuda(a) for a in (*args[1:], *kwargs.values())):
+            # Tensor.to("cuda") of a host tensor under inference_mode: no autograd key between, so
+            # aten::to reaches the mode whole, and FakeTensorMode's constant propagation would run
+            # it for real (it skips only _to_copy to a device). Its own decomposition, as autograd
+            # would have taken it (to -> _to_copy), under this mode.
+            with self:
+                return func.decompose(*args, **kwargs)
         device = kwargs.get("device")
         if device is not None and device.type == "cpu":
             in_backward = torch._C._current_autograd_node() is not None
