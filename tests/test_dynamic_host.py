@@ -31,7 +31,8 @@ def test_host_pipeline_real_values_formatting_pinning_and_the_overlay():
     """Token offsets from torch.randint slice a memory-mapped file the script wrote itself (the
     script asserts real consecutive tokens, shape (B, T)); pinned batches; f"{loss:.4f}" and an
     AverageMeter's "{:6.2f}".format; a checkpoint saved through a temp file, os.replace, os.utime,
-    shutil.move and checked with os.path.exists / os.listdir; a log appended and read back."""
+    shutil.move and checked with os.path.exists / os.listdir; a log appended and read back; host
+    objects torch.save'd into the directory the run made, and loaded back."""
     before = set(os.listdir(SCRIPTS))
     (est,), run = estimate_script("lm_memmap_train.py", "--batch-size", "6", "--block-size", "32")
     assert run.steps == 3 and run.batch_hint == 6 and not run.trace.step_ends == ()

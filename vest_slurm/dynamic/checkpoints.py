@@ -119,11 +119,14 @@ class _Unpickler(pickle.Unpickler):
 
 
 def save(obj, f, *args, **kwargs):
-    if not _holds_fake(obj):
-        return _ORIGINAL["save"](obj, f, *args, **kwargs)
+    # a path is opened here, through Python's open and so the run's overlay of the file system
+    # (bootstrap.py): torch's own writer opens it in C++, which sees neither a directory the script
+    # made nor where its writes go
     own = isinstance(f, (str, os.PathLike))
     fh = open(f, "wb") if own else f
     try:
+        if not _holds_fake(obj):
+            return _ORIGINAL["save"](obj, fh, *args, **kwargs)
         fh.write(MAGIC)
         _Pickler(fh, probe=False).dump(obj)
     finally:

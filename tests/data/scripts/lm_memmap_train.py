@@ -67,6 +67,9 @@ model = TinyLM().to("cuda")
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 meter = AverageMeter()
 os.makedirs(args.out_dir, exist_ok=True)
+# the run's settings saved beside the checkpoints (host objects only: torch's own writer) and read back
+torch.save({"args": vars(args), "seed": torch.tensor([1234])}, os.path.join(args.out_dir, "args.pt"))
+assert torch.load(os.path.join(args.out_dir, "args.pt"), weights_only=False)["seed"].tolist() == [1234]
 for it in range(1000):
     x, y = get_batch()
     logits = model(x)
