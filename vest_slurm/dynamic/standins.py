@@ -485,9 +485,16 @@ def triton_patches(is_device, written) -> list:
 
 def _compile(model=None, *args, **kwargs):
     """torch.compile runs eagerly here: the compiled graph's memory is close to eager's (at most
-    lower), so the estimate stays on the safe side."""
+    lower), so the estimate stays on the safe side. A module comes back as torch.compile returns
+    it, an ``OptimizedModule`` whose ``_orig_mod`` is the module (scripts unwrap it, and its
+    state_dict's keys carry that prefix), made by ``torch._dynamo.disable``, which runs it eagerly;
+    a function comes back as it is."""
     if model is None:
-        return lambda m: m
+        return lambda m: _compile(m, *args, **kwargs)
+    if isinstance(model, nn.Module):
+        import torch._dynamo
+
+        return torch._dynamo.disable(model)
     return model
 
 
