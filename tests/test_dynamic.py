@@ -599,3 +599,14 @@ def test_srun_gives_the_script_its_first_tasks_slurm_variables(tmp_path):
     # without srun nothing sets them: the script sees the user's own environment, where they are not
     with pytest.raises(EstimateError, match="SLURM_PROCID"):
         estimate_command(parse_train_command(["python", "train.py"]), [A100], num_gpus=4, cwd=str(tmp_path))
+
+
+def test_fabric_run_launches_its_devices_with_its_settings():
+    """`fabric run --devices 2 --precision bf16-mixed`: two ranks (DDP's buckets, NCCL), bf16 autocast,
+    as the script's Fabric() reads them from the launcher (it was "not a Python training command")."""
+    cmd = parse_train_command("fabric run --devices 2 --precision bf16-mixed fabric_train.py")
+    (est,), run = estimate_command(cmd, [get_profile("a100-40gb")], cwd=SCRIPTS)
+    assert run.steps == 3 and run.batch_hint == 32
+    assert dict(run.observed)["precision"] == "amp-bf16"
+    assert any(e.module == "ddp_buckets" for e in run.trace.events)
+    assert dict(est.breakdown)["nccl"] > 0

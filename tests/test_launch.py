@@ -60,6 +60,11 @@ def test_find_train_command_skips_setup_lines():
     ("torchrun --nnodes 2 --nproc_per_node gpu train.py", -1, 2, -1),
     ("accelerate launch --num_processes 8 --num_machines 2 train.py", 8, 1, 8),   # all machines' processes
     ("python train.py", 1, 1, 1),
+    ("fabric run --devices=2 --num-nodes 2 train.py", 2, 2, 4),
+    ("lightning run model --devices 0,1,2 train.py", 3, 1, 3),
+    ("fabric run --devices auto train.py", 1, 1, 1),
+    ("fabric run --devices -1 train.py", -1, 1, -1),
+    ("fabric run --strategy dp --devices 4 train.py", 1, 1, 1),
 ])
 def test_the_launch_size_over_nodes(line, nproc, nnodes, world):
     c = parse_train_command(line)
@@ -211,3 +216,10 @@ def test_software_loaded_by_modules_is_named_not_followed():
                               "spack load py-torch", "python train.py"], {"PATH": "/usr/bin"})
     assert cmd.unresolved == ("module load cuda/12.4 pytorch/2.4", "ml gcc", "spack load py-torch")
     assert find_train_command(["python train.py"], {}).unresolved == ()
+
+
+def test_fabric_run_hands_its_settings_to_the_script():
+    c = parse_train_command("fabric run --devices=2 --strategy ddp --precision bf16-mixed train.py --lr 1")
+    assert (c.launcher, c.script, c.args) == ("fabric", "train.py", ("--lr", "1"))
+    assert dict(c.env) == {"LT_CLI_USED": "1", "LT_STRATEGY": "ddp", "LT_DEVICES": "2", "LT_NUM_NODES": "1",
+                           "LT_PRECISION": "bf16-mixed"}

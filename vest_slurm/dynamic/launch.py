@@ -7,6 +7,9 @@ Forms understood (each optionally behind ``srun [srun options]``):
         torchrun's ``gpu``/``auto``, or M as an elastic range ``1:4``: decided by the job's GPUs)
     python -m torch.distributed.run / torch.distributed.launch  (same options as torchrun)
     accelerate launch [--num_processes N] [--mixed_precision X] [...] train.py ARGS
+    fabric run [--devices N] [--num-nodes M] [--strategy S] [--precision P] [...] train.py ARGS
+        (Lightning Fabric's launcher, also ``lightning run model``: torchrun underneath, and the
+        options handed to the script's Fabric() as LT_* variables, lightning/fabric/cli.py)
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ _ACCELERATE_FLAGS_WITH_VALUE = {
     "--main-process-port", "--machine_rank", "--machine-rank", "--main_process_ip", "--main-process-ip",
     "--dynamo_backend", "--dynamo-backend",
 }
+_FABRIC_FLAGS_WITH_VALUE = {
+    "--accelerator", "--strategy", "--devices", "--num-nodes", "--num_nodes", "--node-rank", "--node_rank",
+    "--main-address", "--main_address", "--main-port", "--main_port", "--precision",
+}
+# launchers that start --nproc_per_node processes on each node through torch.distributed.run
+TORCHRUN_LIKE = ("torchrun", "fabric")
 _PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-b", "-bb", "-q", "-v"}
 
 
@@ -124,6 +133,32 @@ def _int(value: str, what: str) -> int:
         raise WorkloadError(f"{what} {value!r} is not a number", f"give {what} a whole number") from None
 
 
+def _fabric(seen: dict) -> tuple[int, list]:
+    """``fabric run``'s processes per node (its _torchrun_launch: 1 for strategy dp, else the
+    devices: a count, a list of indices, "auto" one, -1 every GPU: as the job's decide) and the variables
+    it hands the script's Fabric() (_set_env_variables)."""
+    devices = seen.get("--devices", "1").strip()
+    strategy = seen.get("--strategy")
+    if strategy == "dp":
+        nproc = 1
+    elif devices == "auto":
+        nproc = 1   # (_get_num_processes: "auto" is one CUDA device)
+    elif devices == "-1" or "$" in devices:
+        nproc = -1
+    elif "," in devices or devices.startswith("["):
+        nproc = len([d for d in devices.strip("[]").split(",") if d.strip()])
+    else:
+        nproc = _int(devices, "--devices")
+    env = [("LT_CLI_USED", "1")]
+    for opt, var in (("--accelerator", "LT_ACCELERATOR"), ("--strategy", "LT_STRATEGY")):
+        if seen.get(opt):
+            env.append((var, seen[opt]))
+    env += [("LT_DEVICES", devices), ("LT_NUM_NODES", seen.get("--num-nodes", seen.get("--num_nodes", "1")))]
+    if seen.get("--precision"):
+        env.append(("LT_PRECISION", seen["--precision"]))
+    return nproc, env
+
+
 def _nodes(value: str) -> int:
     """torchrun's --nnodes: a number, ``MIN:MAX`` (elastic: one number where MIN equals MAX, else
     the job's nodes decide), or a variable of the job (``$SLURM_NNODES``: -1, the job decides)."""
@@ -179,6 +214,12 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         launcher = "accelerate"
         launcher_args = tuple(w for w in words[first:i] if w != "--")
         config_file = seen.get("--config_file", seen.get("--config-file"))
+    elif (base == "fabric" and words[i + 1:i + 2] == ["run"]) or (base == "lightning" and words[i + 1:i + 3] == ["run", "model"]):
+        i, seen = _skip_options(words, i + (2 if base == "fabric" else 3), _named(_FABRIC_FLAGS_WITH_VALUE))
+        launcher = "fabric"
+        nproc, fabric_env = _fabric(seen)
+        nnodes = _int(seen.get("--num-nodes", seen.get("--num_nodes", "1")), "--num-nodes")
+        env = [e for e in env if e[0] not in dict(fabric_env)] + fabric_env
     elif _is_python(base):
         i += 1
         while i < len(words) and words[i] in _PYTHON_FLAGS:
@@ -194,7 +235,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         pass
     else:
         raise WorkloadError(f"`{' '.join(words)}` is not a Python training command",
-                            "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ... or accelerate launch ...")
+                            "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ..., "
+                            "accelerate launch ... or fabric run ...")
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
     return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,

@@ -29,7 +29,7 @@ from ..errors import EstimateError
 from .bwrap import rss_bytes, sandbox_argv, tree_cpu_wait_s, tree_pids
 from .children import CONFINED_ENV
 from . import accelerate_env
-from .launch import TrainCommand
+from .launch import TORCHRUN_LIKE, TrainCommand
 from ..estimate.profiles import DeviceProfile
 from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE, AllocEvent, AllocTrace
 from ..units import GiB, MiB
@@ -219,7 +219,7 @@ def _rank_env(cmd: TrainCommand, world: int, accelerate_config: str | None = Non
     if cmd.launcher == "accelerate":
         if world <= 1 and not _accelerate_uses_torchrun(cmd, accelerate_config):
             return {}
-    elif cmd.launcher != "torchrun":
+    elif cmd.launcher not in TORCHRUN_LIKE:
         return {}
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(_per_node(cmd, world)),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -288,9 +288,9 @@ def _per_node(cmd: TrainCommand, world: int) -> int:
     nodes), else the whole world (a python process that uses every GPU of the job; accelerate's
     --num_processes counts all machines). What torch.cuda.device_count() and LOCAL_WORLD_SIZE answer
     there (FSDP1's HYBRID_SHARD makes its shard group of them)."""
-    if cmd.launcher == "torchrun" and cmd.nproc > 0:
+    if cmd.launcher in TORCHRUN_LIKE and cmd.nproc > 0:
         return max(1, min(cmd.nproc, world))
-    if cmd.launcher == "torchrun" and cmd.nnodes > 0:   # --nproc_per_node gpu over M nodes
+    if cmd.launcher in TORCHRUN_LIKE and cmd.nnodes > 0:   # --nproc_per_node gpu over M nodes
         return max(1, -(-world // cmd.nnodes))
     return max(1, world)
 

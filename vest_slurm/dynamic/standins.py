@@ -7,6 +7,7 @@ when ``patched()`` exits. Private torch APIs stay in _fakecuda.py; this module p
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import multiprocessing.process
 import os
@@ -518,6 +519,11 @@ def _on_the_device(mod, args) -> bool:
     return False
 
 
+def _autocast_precision() -> str:
+    dtype = torch.get_autocast_dtype("cuda")
+    return {torch.bfloat16: "amp-bf16", torch.float16: "amp-fp16"}.get(dtype, "fp32")
+
+
 def _top_level_forward(state: ScriptState, mod) -> None:
     """What a call of the training model shows: the precision it computes in (autocast's dtype,
     else its weights'), cudnn.benchmark as the script set it; forward passes under grad."""
@@ -525,8 +531,7 @@ def _top_level_forward(state: ScriptState, mod) -> None:
         state.forwards_under_grad += 1
         if state.precision is None:
             if torch.is_autocast_enabled("cuda"):
-                dtype = torch.get_autocast_dtype("cuda")
-                state.precision = {torch.bfloat16: "amp-bf16", torch.float16: "amp-fp16"}.get(dtype, "fp32")
+                state.precision = _autocast_precision()
             else:
                 p = next((p for p in mod.parameters() if p.is_floating_point()), None)
                 state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p, "dtype", None), "fp32")
@@ -656,6 +661,11 @@ def patched(state: ScriptState):
             if problem and state.input_problem is None:
                 state.input_problem = problem
                 raise state.stop()
+        if state.depth > 0 and not state.first_forward_done and state.precision in ("fp32", "bf16", "fp16") \
+                and torch.is_grad_enabled() and torch.is_autocast_enabled("cuda"):
+            # autocast entered inside the model's outermost module: a wrapper's forward (Fabric's
+            # _FabricModule runs its precision plugin's forward_context there)
+            state.precision = _autocast_precision()
         if not state.first_forward_done and state.depth < state.batch_hint_depth:
             # the batch: the first dimension of the first tensor given to the model; a model called
             # with keyword arguments only (which global hooks do not see: transformers, peft
@@ -732,12 +742,17 @@ def patched(state: ScriptState):
 
     orig_opt_init = torch.optim.Optimizer.__init__
 
+    @functools.wraps(orig_opt_init)
     def opt_init(self, *a, **k):
         orig_opt_init(self, *a, **k)
         state.optimizers.add(self)
 
     orig_dl_init = torch.utils.data.DataLoader.__init__
 
+    # (with DataLoader.__init__'s signature: frameworks that rebuild a loader with another sampler,
+    # Lightning's _update_dataloader, read its arguments back by inspect.signature; with (*a, **k)
+    # they lost batch_size and rebuilt it at batch 1)
+    @functools.wraps(orig_dl_init)
     def dl_init(self, *a, **k):
         # Workers would fork copies of the process; one process reads only the batches used.
         k["num_workers"] = 0

@@ -75,7 +75,7 @@ def _workload(ns, site=None):
         except WorkloadError as e:
             raise JobScriptError(f"{js.path}: #VEST line(s) {lines}: {e.what}", e.fix) from None
     elif not ns.model:
-        from ..dynamic.launch import find_train_command
+        from ..dynamic.launch import TORCHRUN_LIKE, find_train_command
 
         train = find_train_command([c.text for c in js.commands])
         if train is None:
@@ -86,7 +86,7 @@ def _workload(ns, site=None):
         request = gpu_request(js.options)
         if not request.wants_gpu:
             n = train.world if train.world > 0 else max(train.nproc, 1)
-            per_node = train.nproc if train.world > 0 and train.launcher == "torchrun" else n
+            per_node = train.nproc if train.world > 0 and train.launcher in TORCHRUN_LIKE else n
             request = GpuRequest(None, None, per_node, n, max(request.nodes, n // per_node))
         return train, request, js.partitions, js.path
     spec = spec_from_namespace(ns, base)
