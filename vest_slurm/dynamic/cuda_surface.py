@@ -162,6 +162,9 @@ def standin(api: str, real, impl: Callable[[dict], object]):
     call.__name__ = getattr(real, "__name__", api.rsplit(".", 1)[-1])
     call.__qualname__ = call.__name__
     call.__doc__ = getattr(real, "__doc__", None)
+    call.__module__ = getattr(real, "__module__", None)
+    if hasattr(real, "__wrapped__"):   # code that unwraps torch's decorated APIs (Dynamo's trace
+        call.__wrapped__ = real.__wrapped__   # rules read torch.cuda.use_mem_pool.__wrapped__) finds it
     call.__vest_standin__ = api
     return call
 
