@@ -169,3 +169,22 @@ def test_check_of_slurms_multi_node_torchrun_line(tmp_path, capsys, monkeypatch)
     assert run(["check", job, "--site-config", TESTBED]) == 0
     out = capsys.readouterr().out
     assert "4 GPUs" in out and "configuration that fits" not in out
+
+
+def test_check_of_a_launch_built_in_variables(tmp_path, capsys, monkeypatch):
+    """The multi-node accelerate job as Slurm sites write it: the command assembled in variables,
+    its process count arithmetic on $SLURM_NNODES, run by `srun $CMD`. vest check found no training
+    command in it; now the job's 2 nodes x 2 GPUs are the world the script runs for."""
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "data" / "scripts" / "accelerate_train.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    job = _script(tmp_path, "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:2\n"
+                  "GPUS_PER_NODE=2\nhead_node_ip=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)\n"
+                  'export LAUNCHER="accelerate launch --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) \\\n'
+                  '    --num_machines $SLURM_NNODES --main_process_ip $head_node_ip --main_process_port 29500"\n'
+                  'export SCRIPT_ARGS="--batch-size 8 --mixed-precision bf16"\n'
+                  'export CMD="$LAUNCHER accelerate_train.py $SCRIPT_ARGS"\nsrun $CMD')
+    assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["workload"]
+    assert (w["num_gpus"], w["batch_size"], w["precision"]) == (4, 8, "amp-bf16"), w

@@ -223,3 +223,39 @@ def test_fabric_run_hands_its_settings_to_the_script():
     assert (c.launcher, c.script, c.args) == ("fabric", "train.py", ("--lr", "1"))
     assert dict(c.env) == {"LT_CLI_USED": "1", "LT_STRATEGY": "ddp", "LT_DEVICES": "2", "LT_NUM_NODES": "1",
                            "LT_PRECISION": "bf16-mixed"}
+
+
+def test_a_command_built_in_variables_is_the_one_the_shell_runs():
+    """Job scripts that build their launch in variables (`export CMD="$LAUNCHER $SCRIPT $ARGS"`,
+    `srun $CMD`): expanded as the shell would; what only the running job knows (Slurm's variables,
+    $(...), arithmetic on them) stays the job's, and stays out of the child's environment."""
+    from vest_slurm.dynamic.launch import JOB_DECIDES
+
+    lines = ["GPUS_PER_NODE=4",
+             "head_node_ip=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
+             'export LAUNCHER="accelerate launch --num_processes $((SLURM_NNODES * GPUS_PER_NODE)) '
+             '--num_machines $SLURM_NNODES --main_process_ip $head_node_ip --main_process_port 29500"',
+             "SCRIPT=train.py",
+             'export ARGS="--lr 3e-4 --out $SCRATCH/runs --gpus $((2 * GPUS_PER_NODE))"',
+             'export CMD="$LAUNCHER $SCRIPT $ARGS"',
+             "srun $CMD"]
+    c = find_train_command(lines, {"PATH": "/usr/bin", "SCRATCH": "/scratch/u"})
+    assert (c.launcher, c.script, c.nproc) == ("accelerate", "train.py", -1)
+    assert c.args == ("--lr", "3e-4", "--out", "/scratch/u/runs", "--gpus", "8")
+    assert c.launcher_args[:4] == ("--num_processes", JOB_DECIDES, "--num_machines", "$SLURM_NNODES")
+    assert dict(c.env) == {"ARGS": "--lr 3e-4 --out /scratch/u/runs --gpus 8"}   # LAUNCHER, CMD: the job's
+    assert find_train_command(["export A=\"it's $SCRATCH\"", "python t.py $A"], {"SCRATCH": "/s"}).env == (("A", "it's /s"),)
+    c = find_train_command(["TRAIN=${TRAIN:-train.py}", "EPOCHS=3",
+                            "srun torchrun --nnodes $SLURM_NNODES --nproc_per_node=${GPUS:-2} $TRAIN --epochs $EPOCHS"],
+                           {"PATH": "/usr/bin"})
+    assert (c.script, c.args, c.nproc, c.nnodes) == ("train.py", ("--epochs", "3"), 2, -1)
+
+
+def test_accelerates_own_parser_gets_the_process_count_the_estimate_runs():
+    from vest_slurm.dynamic.launch import JOB_DECIDES
+    from vest_slurm.dynamic.runner import _known_launcher_args
+
+    args = ["--num_processes", JOB_DECIDES, "--num_machines", "$SLURM_NNODES", "--main_process_ip", JOB_DECIDES,
+            "--main_process_port", "29500", "--mixed_precision=bf16", "--multi_gpu"]
+    assert _known_launcher_args(args, 16) == ["--num_processes", "16", "--main_process_port", "29500",
+                                              "--mixed_precision=bf16", "--multi_gpu"]

@@ -246,17 +246,19 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
 def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:
     """The first command line of a job script that runs Python training (None if there is none),
     with the environment the lines before it set up, as in the job: ``export NAME=VALUE`` (``$NAME``
-    expanded; a value computed by a command, ``$(...)``, is not known and left out), ``unset NAME``,
+    expanded; what only the running job knows stays for it: _expand), ``unset NAME``, variables set
+    without export (they expand in the command line: ``srun $CMD``),
     and an environment activated (``source VENV/bin/activate``, ``conda activate NAME``;
     activation) first on PATH, so that its Python is the job's. The command's own ``NAME=VALUE``
     prefixes win. ``env``: the variables to expand and find conda by (default this process's)."""
     env = os.environ if env is None else env
     exported: dict[str, str | None] = {}   # None: unset
+    shell: dict[str, str] = {}   # NAME=VALUE lines, not exported: they expand, the job's processes do not see them
     before_activation: list[str | None] = []
     unresolved: list[str] = []
 
     def lookup(name: str) -> str:
-        v = exported[name] if name in exported else env.get(name)
+        v = exported[name] if name in exported else shell[name] if name in shell else env.get(name)
         return v or ""
 
     for line in command_lines:
@@ -282,15 +284,16 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
                 else:
                     exported["PATH"] = prev or None
             continue
-        if _exports(text, exported, lookup):
+        if _exports(text, exported, lookup) or _assigns(text, shell, lookup):
             continue
-        try:
-            cmd = parse_train_command(text)
+        try:   # the command as the shell runs it: `srun $CMD`, `torchrun ... $SCRIPT $ARGS`
+            cmd = parse_train_command(_shell_words(text, lookup))
         except WorkloadError:
             continue
         if cmd.module or (cmd.script and cmd.script.endswith(".py")):
             own = dict(cmd.env)
-            setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own)
+            # (a value only the running job computes is not the child's: it expanded where used)
+            setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own and JOB_DECIDES not in v)
             if setup or unresolved:
                 cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved)})
             return cmd
@@ -316,10 +319,7 @@ def _unresolvable_setup(text: str) -> bool:
 def _exports(text: str, exported: dict, lookup) -> bool:
     """Apply a job script's ``export NAME=VALUE ...`` or ``unset NAME ...`` line to ``exported``;
     False for any other line."""
-    try:
-        words = shlex.split(text, comments=True, posix=False)
-    except ValueError:
-        return False
+    words = _raw_words(text)
     if not words or words[0] not in ("export", "unset"):
         return False
     for w in words[1:]:
@@ -331,15 +331,161 @@ def _exports(text: str, exported: dict, lookup) -> bool:
         name, eq, raw = w.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             continue
-        if "$(" in raw or "`" in raw:
-            continue   # computed when the job runs: not known here
-        quoted = raw[:1] == "'" and raw[-1:] == "'" and len(raw) >= 2
-        value = raw[1:-1] if quoted or (raw[:1] == '"' and raw[-1:] == '"' and len(raw) >= 2) else raw
-        if not quoted:
-            value = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: lookup(m.group(1)), value)
-            if value == "~" or value.startswith("~/"):
-                value = (lookup("HOME") or os.path.expanduser("~")) + value[1:]
-        exported[name] = value
+        exported[name] = _value(raw, lookup)
+    return True
+
+
+def _raw_words(text: str) -> list[str]:
+    """A shell line's words as written (quotes kept: each part is expanded as its quoting says),
+    split at unquoted blanks, up to an unquoted ``#``; [] for an unclosed quote."""
+    words, cur, quote, i = [], "", None, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            cur += c
+            if c == quote:
+                quote = None
+            elif c == "\\" and quote == '"' and i + 1 < len(text):
+                cur += text[i + 1]
+                i += 1
+        elif c in "'\"":
+            quote, cur = c, cur + c
+        elif c == "$" and text[i + 1:i + 2] == "(":   # $(...) and $((...)): one word, blanks and all
+            depth, j = 0, i + 1
+            while j < len(text):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            cur += text[i:j + 1]
+            i = j
+        elif c == "\\" and i + 1 < len(text):
+            cur += c + text[i + 1]
+            i += 1
+        elif c.isspace():
+            if cur:
+                words.append(cur)
+            cur = ""
+        elif c == "#" and not cur:
+            break
+        else:
+            cur += c
+        i += 1
+    if quote:
+        return []
+    return words + ([cur] if cur else [])
+
+
+def _value(raw: str, lookup) -> str:
+    """The value of a shell assignment's right-hand side as the job would see it: single-quoted
+    parts as written, the rest expanded (_expand), quotes and escapes removed; a leading ``~`` is HOME."""
+    out = []
+    for part in re.findall(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:[^'\"\\]|\\.)+", raw):
+        if part.startswith("'"):
+            out.append(part[1:-1])
+        elif part.startswith('"'):
+            out.append(re.sub(r"\\(.)", r"\1", _expand(part[1:-1], lookup, in_double_quotes=True)))
+        else:
+            out.append(re.sub(r"\\(.)", r"\1", _expand(part, lookup)))
+    value = "".join(out)
+    if not raw.startswith(("'", '"')) and (value == "~" or value.startswith("~/")):
+        value = (lookup("HOME") or os.path.expanduser("~")) + value[1:]
+    return value
+
+
+# What only the running job knows: the variables Slurm sets when it starts it ($SLURM_NNODES,
+# $SLURM_GPUS_ON_NODE, ...) and bash's $RANDOM stay $-words, as does what a command or arithmetic
+# on them computes ($(...), `...`, $((...))): JOB_DECIDES. A size given so is the job's (_int: as
+# its GPUs decide); any other unset variable is empty, as in bash.
+_JOB_TIME = re.compile(r"(SLURM|SLURMD|SBATCH)_[A-Za-z0-9_]+|RANDOM")
+JOB_DECIDES = "$VEST_JOB_DECIDES"
+_EXPANSION = re.compile(
+    r"\$\(\((?P<arith>[^()]*(?:\([^()]*\)[^()]*)*)\)\)"           # $((arithmetic))
+    r"|(?P<subst>\$\([^()]*(?:\([^()]*\)[^()]*)*\)|`[^`]*`)"     # $(command), `command`
+    r"|\$\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}|\$(?P<name>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _expand(text: str, lookup, in_double_quotes: bool = False) -> str:
+    """``text`` with the variables set before it expanded as the shell would (``$NAME``, ``${NAME}``,
+    ``${NAME:-default}``, ``$((arithmetic))`` of known numbers), single-quoted text as written (but
+    inside double quotes, where a single quote is a character), and what only the running job
+    knows left for it (_JOB_TIME, JOB_DECIDES)."""
+    def one(m):
+        if m.group("subst") is not None:
+            return JOB_DECIDES
+        if m.group("arith") is not None:
+            expr = re.sub(r"\$?\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda v: lookup(v.group(1)) or "?", m.group("arith"))
+            if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+                try:
+                    return str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))   # noqa: S307 - digits and operators only
+                except (SyntaxError, ZeroDivisionError, ValueError):
+                    pass
+            return JOB_DECIDES
+        name = m.group("braced") or m.group("name")
+        value = lookup(name)
+        if value:
+            return value
+        if m.group("default") is not None:   # ${NAME:-default}
+            return _expand(m.group("default"), lookup)
+        return m.group(0) if _JOB_TIME.fullmatch(name) else ""
+
+    parts = [text] if in_double_quotes else re.split(r"('[^']*')", text)
+    for i in range(0, len(parts), 2):   # outside single quotes
+        parts[i] = _EXPANSION.sub(one, parts[i])
+    return "".join(parts)
+
+
+_PARTS = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:[^'\"\\]|\\.)+")
+
+
+def _shell_words(text: str, lookup) -> list[str]:
+    """A command line's words as the shell passes them: each word's quoted parts expanded as their
+    quotes say (_expand), an unquoted expansion split at blanks into more words, quotes removed
+    (not those inside an expansion's value: ``srun $CMD``)."""
+    out: list[str] = []
+    for raw in _raw_words(text):
+        cur, started = "", False
+        for part in _PARTS.findall(raw):
+            if part[0] == "'":
+                cur, started = cur + part[1:-1], True
+            elif part[0] == '"':
+                cur, started = cur + re.sub(r"\\(.)", r"\1", _expand(part[1:-1], lookup, True)), True
+            else:   # literal text as it is (escapes removed); each expansion's value split at blanks
+                at = 0
+                for m in [*_EXPANSION.finditer(part), None]:
+                    literal = part[at:m.start() if m else len(part)]
+                    if literal:
+                        cur, started = cur + re.sub(r"\\(.)", r"\1", literal), True
+                    if m is None:
+                        break
+                    at = m.end()
+                    value = _expand(m.group(0), lookup, True)
+                    fields = value.split()
+                    if value[:1].isspace() and started:
+                        out.append(cur)
+                        cur, started = "", False
+                    for k, f in enumerate(fields):
+                        if k:
+                            out.append(cur)
+                            cur = ""
+                        cur, started = cur + f, True
+                    if fields and value[-1:].isspace():
+                        out.append(cur)
+                        cur, started = "", False
+        if started:
+            out.append(cur)
+    return out
+
+
+def _assigns(text: str, shell: dict, lookup) -> bool:
+    """Apply a line of shell assignments alone (``NAME=VALUE [NAME=VALUE ...]``, no command after
+    them) to ``shell``, the job script's variables not exported: they expand in later lines."""
+    words = _raw_words(text)
+    if not words or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w) for w in words):
+        return False
+    for w in words:
+        name, _, raw = w.partition("=")
+        shell[name] = _value(raw, lookup)
     return True
 
 

@@ -283,6 +283,27 @@ def _accelerate_uses_torchrun(cmd: TrainCommand, config: str | None) -> bool:
     return isinstance(doc, dict) and str(doc.get("distributed_type", "")).upper() in _ACCELERATE_TORCHRUN_TYPES
 
 
+def _known_launcher_args(args, world: int) -> list[str]:
+    """accelerate launch's options for the child's own parser, where the job script left a value to
+    the running job (``--num_processes $((SLURM_NNODES * GPUS_PER_NODE))``, ``--main_process_ip
+    $head_node_ip``: launch.JOB_DECIDES): the process count is the world the estimate runs for;
+    another such option is left out (accelerate's default: one machine, this host)."""
+    out, i, args = [], 0, list(args)
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        takes = not eq and i + 1 < len(args) and not args[i + 1].startswith("-")
+        value = val if eq else (args[i + 1] if takes else "")
+        step = 1 if eq or not takes else 2
+        if "$" in value:
+            if key in ("--num_processes", "--num-processes"):
+                out += [key, str(max(1, world))]
+        else:
+            out += args[i:i + step]
+        i += step
+    return out
+
+
 def _per_node(cmd: TrainCommand, world: int) -> int:
     """GPUs on rank 0's node: torchrun's --nproc_per_node (its processes per node, over --nnodes
     nodes), else the whole world (a python process that uses every GPU of the job; accelerate's
@@ -392,7 +413,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         raise EstimateError(f"training script {cmd.script!r} not found (looked in {where})",
                             "run from the directory the job runs in, or give the script's path")
     world = max(num_gpus, cmd.world if cmd.world > 0 else cmd.nproc)
-    launcher_args = list(cmd.launcher_args)
+    launcher_args = _known_launcher_args(cmd.launcher_args, world)
     config = _accelerate_config(cmd, where) if cmd.launcher == "accelerate" else None
     from .deepspeed_plan import plan
 
