@@ -488,3 +488,20 @@ def test_weights_made_on_the_device_count_as_parameters():
     b = dict(est.breakdown)
     params = 4 * (256 * 512 + 512 + 512 * 10 + 10 + 10 * 10 + 10)
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params, b
+
+
+def test_flex_attention_runs_fused_when_compiled_and_unfused_eagerly():
+    """FlexAttention is a higher-order operator: its rule is looked up by the mode's exact type, and
+    vest's fake mode had none ("no rule registered", blamed on the script). Under torch.compile it is
+    the fused kernel (its outputs: memory linear in the sequence); eagerly torch's own unfused
+    implementation builds the B x H x S x S score matrix (quadratic), as torch warns it does."""
+    live = {}
+    for seq in (256, 512):
+        for compiled in (False, True):
+            (est,), run = estimate_script("flex_attention_train.py", "--seq", str(seq), *(["--compile"] if compiled else []))
+            assert run.steps == 3
+            live[seq, compiled] = run.trace.live_peak_bytes()
+    scores = 2 * 4 * 256 * 256 * 4   # B x H x S x S, fp32, at seq 256
+    assert live[256, False] - live[256, True] >= scores
+    assert live[512, True] < 2.2 * live[256, True]      # fused: the outputs, linear in S
+    assert live[512, False] > 3.0 * live[256, False]    # unfused: the score matrix, quadratic in S

@@ -294,7 +294,12 @@ def _user_frame(tb, script_path: str | None):
 
 _FAKE_MACHINERY = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep + "_subclasses" + os.sep,
                    os.sep + "torch" + os.sep + "_prims", os.sep + "torch" + os.sep + "_meta_registrations",
-                   os.sep + "torch" + os.sep + "_decomp" + os.sep, os.sep + "torch" + os.sep + "_refs" + os.sep)
+                   os.sep + "torch" + os.sep + "_decomp" + os.sep, os.sep + "torch" + os.sep + "_refs" + os.sep,
+                   # torch's graph capture, which an eager GPU run of the script never enters (vest runs
+                   # torch.compile eagerly): reached here by the fake machinery (higher-order operators'
+                   # fake rules trace their subgraphs with make_fx)
+                   os.sep + "torch" + os.sep + "fx" + os.sep, os.sep + "_functorch" + os.sep + "_aot_autograd" + os.sep,
+                   os.sep + "torch" + os.sep + "_higher_order_ops" + os.sep, os.sep + "torch" + os.sep + "_dynamo" + os.sep)
 # what torch says when a call reached for a real GPU (torch/cuda/__init__.py _lazy_init, c10 CUDA)
 _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA GPUs are available",
                      "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator",

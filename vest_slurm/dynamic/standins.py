@@ -492,11 +492,40 @@ def _compile(model=None, *args, **kwargs):
     a function comes back as it is."""
     if model is None:
         return lambda m: _compile(m, *args, **kwargs)
+    fuses = _fuses(kwargs.get("backend", args[0] if args and not isinstance(args[0], bool) else None))
     if isinstance(model, nn.Module):
         import torch._dynamo
 
-        return torch._dynamo.disable(model)
-    return model
+        compiled = torch._dynamo.disable(model)
+        if fuses:
+            compiled.forward = _compiled_region(compiled.forward)
+        return compiled
+    return _compiled_region(model) if callable(model) and fuses else model
+
+
+def _fuses(backend) -> bool:
+    """Whether a torch.compile backend makes fused kernels: inductor (the default) and the others do;
+    torch's debugging backends run the captured graph eagerly (torch/_dynamo/backends/debugging.py:
+    eager, aot_eager, ...), as FlexAttention's own eager path compiles with backend "eager"."""
+    if backend is None:
+        return True
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", "")
+    return not (name.startswith(("eager", "aot_eager"))
+                or getattr(backend, "__module__", "").endswith("_dynamo.backends.debugging"))
+
+
+def _compiled_region(fn):
+    """``fn`` counted as compiled while it runs (_fakecuda.COMPILED): its FlexAttention is the fused
+    kernel's, as torch.compile makes it."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        fc.COMPILED[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            fc.COMPILED[0] -= 1
+
+    return run
 
 
 # ---- phases and the stop -----------------------------------------------------------------------------

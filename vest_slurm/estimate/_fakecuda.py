@@ -555,6 +555,14 @@ def _real_host_op(leaves) -> bool:
     return real
 
 
+def _dead():
+    return None
+
+
+# Calls under the script's torch.compile (dynamic analysis: standins._compile runs them eagerly, and
+# counts here): what a compiled region's higher-order operators allocate is their fused kernels'
+COMPILED = [0]
+
 _PRIM_DEVICE = torch.ops.prim.device.default   # autograd's device query (four attribute lookups per op otherwise)
 
 
@@ -586,6 +594,8 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a call of the model being recorded for replay sees each outermost op
         # first (vest_slurm/dynamic/repeats.py); None otherwise
         self.watch: Callable[[object, tuple, dict], None] | None = None
+        # outputs of higher-order operators run fused (under torch.compile): storage -> weakref
+        self._fused: dict[int, weakref.ref] = {}
 
     @property
     def _depth(self) -> int:
@@ -675,9 +685,56 @@ class FakeCudaMode(FakeTensorMode):
         if k is not None:
             self.set_known(out, k)
 
+    # Higher-order operators (flex_attention, torch.cond, while_loop, scan, ...) look their rule up by
+    # the exact type of the mode (torch/_ops.py HigherOrderOperator.dispatch): FakeTensorMode's rules
+    # do not match this subclass, and the run stopped at "no rule registered". With this flag they
+    # come here, and take FakeTensorMode's rule (_higher_order).
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return self._higher_order(func, types, args, kwargs or {})
         with self._lock:
             return self._dispatch(func, types, args, kwargs)
+
+    def _higher_order(self, func, types, args, kwargs):
+        """A higher-order operator under this mode: the rule torch registered for FakeTensorMode (its
+        outputs as fake tensors, its inner ops dispatched back here and so recorded: flex_attention's
+        output and logsumexp as the fused kernel writes them, not the score matrix an unfused eager
+        run would build), or NotImplemented where it has none (torch then says which). A rule that
+        hands the operator back to the mode (``redirect_to_mode``) gets FakeTensorMode's own dispatch."""
+        active = self._nesting.__dict__.setdefault("hops", set())
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)]
+        # a backward whose forward was fused (its saved outputs among the arguments) is fused too:
+        # torch.compile compiles the backward of what it compiled
+        fused = COMPILED[0] or any(self._fused.get(storage_key(t), _dead)() is not None for t in tensors)
+        eager = func._name.startswith("flex_attention") and not fused and func not in active
+        kernel = func.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
+        if eager and kernel is not None:
+            # FlexAttention run eagerly (not under torch.compile): torch's own unfused kernel, which
+            # builds the whole score matrix (torch warns so); compiled, the fused kernel's outputs
+            active.add(func)
+            try:
+                with self:
+                    return kernel(*args, **kwargs)
+            finally:
+                active.discard(func)
+        if func in active:
+            return FakeTensorMode.__torch_dispatch__(self, func, types, args, kwargs)
+        for cls in type(self).__mro__:
+            handler = func.python_key_table.get(cls)
+            if handler is not None and cls is not type(self):
+                active.add(func)
+                try:
+                    out = handler(self, *args, **kwargs)
+                finally:
+                    active.discard(func)
+                if fused:
+                    for t in pytree.tree_leaves(out):
+                        if isinstance(t, FakeTensor):
+                            self._fused[storage_key(t)] = weakref.ref(t)
+                return out
+        return NotImplemented
 
     def _dispatch(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
