@@ -505,3 +505,16 @@ def test_flex_attention_runs_fused_when_compiled_and_unfused_eagerly():
     assert live[256, False] - live[256, True] >= scores
     assert live[512, True] < 2.2 * live[256, True]      # fused: the outputs, linear in S
     assert live[512, False] > 3.0 * live[256, False]    # unfused: the score matrix, quadratic in S
+
+
+def test_nvidia_smi_answers_as_the_gpu_type_estimated():
+    """nvidia-smi run by the script (its table, --query-gpu, -L through a shell) answers for the GPU
+    type being estimated (it was FileNotFoundError, blamed on the script): a script that sizes its
+    batch from the memory it reports gets 8 on a 40 GB A100 and 64 on an 80 GB H100."""
+    from vest_slurm.dynamic import bwrap
+
+    assert bwrap.available()[0], "bubblewrap runs here (scripts/install.sh): without it no program may start"
+    cmd = parse_train_command(["python", "nvidia_smi_train.py"])
+    for profile, batch in ((A100, 8), (get_profile("h100-80gb"), 64)):
+        (est,), run = estimate_command(cmd, [profile], cwd=SCRIPTS)
+        assert run.steps == 3 and run.batch_hint == batch

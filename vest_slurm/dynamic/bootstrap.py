@@ -238,7 +238,13 @@ class Sandbox:
         if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"):
             why = children.refusal(event, args, self.confined)
             if why is None:   # a host tool a library runs (children.py): it runs, confined as the script is
-                self.started.append(" ".join(children._argv(event, args))[:200])
+                argv = children._argv(event, args)
+                self.started.append(" ".join(argv)[:200])
+                if any(children._stand_in(w) for w in (argv[-1].split() if argv[:1] and argv[0].endswith("sh") else argv[:1])):
+                    # nvidia-smi's answer is the GPU type's (nvidia_smi.py): the run holds on this type's class only
+                    fake = sys.modules.get("vest_slurm.estimate._fakecuda")
+                    if fake is not None:
+                        fake.asked("nvidia-smi", None, None)
                 return
             self.refused.append(f"process {event}")
             raise Refused(f"vest: the training script tried to start a process ({event}: {why}); "

@@ -89,8 +89,16 @@ def refusal(event: str, args, confined: bool) -> str | None:
     return _training_work(argv)
 
 
+def _stand_in(exe: str) -> bool:
+    """The run's own nvidia-smi (nvidia_smi.py): a query answered from the GPU type, no GPU work."""
+    mine = os.environ.get("VEST_NVIDIA_SMI")
+    return bool(mine) and (exe == mine or shutil.which(exe) == mine)
+
+
 def _training_work(argv: list[str]) -> str | None:
     exe = argv[0]
+    if _stand_in(exe):
+        return None
     if os.path.basename(exe) in _SHELLS and "-c" in argv[1:-1]:
         line = argv[argv.index("-c") + 1]
         try:
@@ -98,7 +106,7 @@ def _training_work(argv: list[str]) -> str | None:
         except ValueError:
             return f"a shell command vest could not read ({line[:80]!r})"
         for i, w in enumerate(words):
-            if _runs_python(w) and _python_work(words[i:]):
+            if not _stand_in(w) and _runs_python(w) and _python_work(words[i:]):
                 return f"its GPU work ({line[:80]!r}) would be missing from the estimate"
         return None
     if _runs_python(exe):

@@ -29,6 +29,7 @@ from ..errors import EstimateError
 from .bwrap import rss_bytes, sandbox_argv, tree_cpu_wait_s, tree_pids
 from .children import CONFINED_ENV
 from . import accelerate_env
+from . import nvidia_smi
 from .launch import TORCHRUN_LIKE, TrainCommand
 from ..estimate.profiles import DeviceProfile
 from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE, AllocEvent, AllocTrace
@@ -456,6 +457,10 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             env = _child_env(cmd, tmpdir, world, config, vest_path=_vest_only_path(tmpdir) if python != sys.executable
                              else None)
             env[CONFINED_ENV] = _confined   # "bubblewrap": what the script starts is confined too (children.py)
+            smi = nvidia_smi.install(os.path.join(tmpdir, "bin"), profile.name, profile.total_mib, profile.capability,
+                                     _per_node(cmd, world))
+            env["PATH"] = os.path.dirname(smi) + os.pathsep + env.get("PATH", "")
+            env[nvidia_smi.ENV] = smi
             _seed_font_list(os.environ, env["MPLCONFIGDIR"])
             if cmd.launcher == "accelerate":
                 env[accelerate_env.ENV] = json.dumps(launcher_args)

@@ -1,0 +1,92 @@
+"""``nvidia-smi`` as the job's GPU node answers it, for a training script that runs it.
+
+Scripts log the GPU they got (``subprocess.run(["nvidia-smi"])``, modded-nanogpt's records) or size
+themselves from it (``nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits``). The
+machine vest runs on has no GPU and usually no nvidia-smi: the script failed there with
+``FileNotFoundError`` (blamed on the script), or parsed an empty ``os.popen`` answer. The run's
+PATH starts with a stand-in (``install``) that answers for the GPU type being estimated, one line
+per GPU of the node, nothing in use yet (the script has not started its CUDA work when it asks,
+mostly): the name, memory, UUID and compute capability vest's profile has; what no profile knows
+(clocks, power, temperature, the driver) is ``[N/A]``, as nvidia-smi prints a field a board does not
+report. In: the profile and the node's GPU count. Out: the stand-in's path (runner.py puts its folder
+first on PATH; children.py lets it run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ENV = "VEST_NVIDIA_SMI"   # the stand-in's path, for children.py
+
+_SCRIPT = '''#!{python}
+import json, sys
+sys.path.insert(0, {root!r})
+from vest_slurm.dynamic.nvidia_smi import answer
+sys.stdout.write(answer(json.loads({facts!r}), sys.argv[1:]))
+'''
+
+
+def install(folder: str, name: str, total_mib: int, capability: tuple[int, int], count: int) -> str:
+    """Write the stand-in into ``folder`` for ``count`` GPUs of this type; its path."""
+    import uuid
+
+    facts = {"name": name, "total_mib": int(total_mib), "cap": f"{capability[0]}.{capability[1]}",
+             "uuids": [f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, f'vest-slurm fake GPU {name} {i}')}" for i in range(count)]}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "nvidia-smi")
+    with open(path, "w") as f:
+        f.write(_SCRIPT.format(python=sys.executable, root=root, facts=json.dumps(facts)))
+    os.chmod(path, 0o755)
+    return path
+
+
+def _field(facts: dict, i: int, field: str, units: bool) -> str:
+    total = facts["total_mib"]
+    mib = (lambda v: f"{v} MiB") if units else str
+    values = {
+        "index": str(i), "count": str(len(facts["uuids"])), "name": facts["name"], "gpu_name": facts["name"],
+        "uuid": facts["uuids"][i], "gpu_uuid": facts["uuids"][i], "compute_cap": facts["cap"],
+        "memory.total": mib(total), "memory.used": mib(0), "memory.free": mib(total), "memory.reserved": mib(0),
+        "utilization.gpu": "0 %" if units else "0", "utilization.memory": "0 %" if units else "0",
+        "pci.bus_id": f"00000000:{i:02X}:00.0", "persistence_mode": "Enabled", "mig.mode.current": "Disabled",
+    }
+    return values.get(field, "[N/A]")
+
+
+def answer(facts: dict, argv: list[str]) -> str:
+    n = len(facts["uuids"])
+    query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    if query is None and "--query-gpu" in argv[:-1]:
+        query = argv[argv.index("--query-gpu") + 1]
+    if query is not None:
+        fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "csv")
+        fmt = argv[argv.index("--format") + 1] if "--format" in argv[:-1] else fmt
+        opts = set(fmt.split(","))
+        fields = [f.strip() for f in query.split(",") if f.strip()]
+        ids = next((a.split("=", 1)[1] for a in argv if a.startswith(("--id=", "-i="))), None)
+        rows = [int(x) for x in ids.split(",")] if ids else range(n)
+        lines = [] if "noheader" in opts else [", ".join(f + ("" if "nounits" in opts else _unit(f)) for f in fields)]
+        lines += [", ".join(_field(facts, i, f, "nounits" not in opts) for f in fields) for i in rows]
+        return "\n".join(lines) + "\n"
+    if "-L" in argv or "--list-gpus" in argv:
+        return "".join(f"GPU {i}: {facts['name']} (UUID: {u})\n" for i, u in enumerate(facts["uuids"]))
+    total = facts["total_mib"]
+    rows = "".join(f"|   {i}  {facts['name'][:28]:<28} On  | {_field(facts, i, 'pci.bus_id', False)[4:]:>16} Off |"
+                   f"                    0 |\n| N/A   N/A    P0   N/A /  N/A |  {0:>5}MiB / {total:>6}MiB |      0%      Default |\n"
+                   for i in range(n))
+    return ("+-----------------------------------------------------------------------------+\n"
+            "| NVIDIA-SMI (vest-slurm stand-in: the GPU type estimated, no process on it yet)   |\n"
+            "|-------------------------------+----------------------+----------------------+\n"
+            f"{rows}"
+            "+-----------------------------------------------------------------------------+\n")
+
+
+def _unit(field: str) -> str:
+    if field.startswith("memory."):
+        return " [MiB]"
+    if field.startswith("utilization."):
+        return " [%]"
+    return ""
