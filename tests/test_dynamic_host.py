@@ -518,3 +518,18 @@ def test_nvidia_smi_answers_as_the_gpu_type_estimated():
     for profile, batch in ((A100, 8), (get_profile("h100-80gb"), 64)):
         (est,), run = estimate_command(cmd, [profile], cwd=SCRIPTS)
         assert run.steps == 3 and run.batch_hint == batch
+
+
+def test_lightnings_lazy_loader_fills_the_models_weights(tmp_path):
+    """_lazy_load opens the file in C++ (torch.PyTorchFileReader(path): now through the run's
+    overlay) and reads each tensor inside param.copy_, with the run's function modes off: the host
+    tensor over the file's storage came out fake and set_ refused it ('Error(s) in loading
+    state_dict', blamed on the script); now it is real, and the weights copied onto the GPU."""
+    from torch import nn
+
+    shutil.copy(os.path.join(SCRIPTS, "lazy_load_train.py"), tmp_path)
+    torch.save(nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 8)).state_dict(), tmp_path / "pretrained.pth")
+    (est,), run = estimate_command(parse_train_command("python lazy_load_train.py"), [A100], cwd=str(tmp_path))
+    assert run.steps == 3
+    params = 4 * (256 * 256 + 256 + 256 * 8 + 8)
+    assert dict(est.breakdown)["parameters"] == params and dict(est.breakdown)["optimizer_state"] == 2 * params

@@ -210,8 +210,23 @@ class Sandbox:
     def _native_readers(self) -> None:
         """Readers in compiled code open their files past Python's ``open``: safetensors'
         ``safe_open`` (Rust), with which transformers' from_pretrained, accelerate and
-        ``load_file`` read checkpoints. Its path goes through the overlay too (``seen``), so that
-        a checkpoint the script saved (dynamic/checkpoints.py) is found where it went."""
+        ``load_file`` read checkpoints; torch's zip reader and writer given a path
+        (``torch.PyTorchFileReader(path)``: Lightning's _lazy_load, litgpt). Their paths go through
+        the overlay too (``seen``, ``redirect``), so that a checkpoint the script saved
+        (dynamic/checkpoints.py) is found where it went."""
+        import torch
+
+        sandbox = self
+        for name, where in (("PyTorchFileReader", self.seen), ("PyTorchFileWriter", self.redirect)):
+            real = getattr(torch, name, None)
+            if real is None:
+                continue
+
+            def opened(f, *a, _real=real, _where=where, **k):
+                return _real(_where(f) if isinstance(f, (str, os.PathLike)) else f, *a, **k)
+
+            opened.__name__ = opened.__qualname__ = name
+            setattr(torch, name, opened)
         try:
             import safetensors
         except ImportError:

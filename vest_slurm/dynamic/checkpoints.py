@@ -307,10 +307,26 @@ def safetensors_save(tensors, metadata=None) -> bytes:
 _ORIGINAL: dict = {}
 
 
+def _rebuild_tensor(storage, storage_offset, size, stride):
+    """torch._utils._rebuild_tensor (a tensor over a storage, as unpicklers make them) where the
+    storage holds real host bytes: a real host tensor. Readers that reach it past torch.load, with
+    the run's function modes off (Lightning's _lazy_load: litgpt's checkpoints, Fabric's and
+    Lightning's FSDP full-state loads, materialized inside ``param.copy_``), made the empty tensor
+    it sets fake, and set_ refused the real storage. Other storages (meta: torch.load under the fake
+    mode) as before."""
+    if storage._untyped_storage.device.type != "meta" and not isinstance(storage._untyped_storage, fc.FakeTensor):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return _ORIGINAL["rebuild"](storage, storage_offset, size, stride)
+    return _ORIGINAL["rebuild"](storage, storage_offset, size, stride)
+
+
 def patches() -> list:
-    """(obj, attr, new) for torch.save / torch.load and, where it is installed, safetensors' save."""
-    _ORIGINAL.update(save=torch.save, load=torch.load)
-    out = [(torch, "save", save), (torch, "load", load)]
+    """(obj, attr, new) for torch.save / torch.load, torch._utils._rebuild_tensor and, where it is
+    installed, safetensors' save."""
+    _ORIGINAL.update(save=torch.save, load=torch.load, rebuild=torch._utils._rebuild_tensor)
+    out = [(torch, "save", save), (torch, "load", load), (torch._utils, "_rebuild_tensor", _rebuild_tensor)]
     if hasattr(torch._utils, "_restore_device_fake_mode"):
         _ORIGINAL["restore"] = torch._utils._restore_device_fake_mode
         out.append((torch._utils, "_restore_device_fake_mode", _restore_device))
