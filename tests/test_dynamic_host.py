@@ -161,6 +161,7 @@ def test_an_optimizer_step_that_branches_on_gpu_values_is_flagged(tmp_path):
     (tmp_path / "adam.py").write_text(body.format(opt="Adam", kw=""))
     _, run = estimate_command(parse_train_command("python lbfgs.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
     assert any("LBFGS optimizer's step branched on values" in f and "history_size" in f for f in run.flags), run.flags
+    assert dict(run.observed)["grad_accum"] == 1   # the closure's re-evaluations are the step's own
     _, run = estimate_command(parse_train_command("python adam.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
     assert not any("step branched" in f for f in run.flags), run.flags
 
@@ -533,3 +534,13 @@ def test_lightnings_lazy_loader_fills_the_models_weights(tmp_path):
     assert run.steps == 3
     params = 4 * (256 * 256 + 256 + 256 * 8 + 8)
     assert dict(est.breakdown)["parameters"] == params and dict(est.breakdown)["optimizer_state"] == 2 * params
+
+
+def test_the_workload_block_says_how_many_micro_batches_make_a_step():
+    """Gradient accumulation (backward passes under DDP's no_sync, then one step): the workload block
+    says 2, as the script did (it said 1, the command-line default, whatever the script did)."""
+    from vest_slurm.dynamic.runner import script_spec
+
+    cmd = parse_train_command("torchrun --nproc_per_node 1 ddp_train.py --accumulate 2")
+    _, run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+    assert dict(run.observed)["grad_accum"] == 2 and script_spec(cmd, run, 1, "").grad_accum == 2

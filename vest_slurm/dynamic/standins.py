@@ -47,6 +47,9 @@ class ScriptState:
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     # the stop without torch.optim (hand-written updates, or forward passes only)
     backwards: int = 0
+    backwards_at_step: int = 0          # backward passes when the last optimizer step ended
+    closure_backwards: int = 0          # backward passes inside the step under way (a closure's: LBFGS, Lightning)
+    grad_accum: int = 1                 # the most backward passes before one optimizer step
     forwards_under_grad: int = 0
     optimizer_steps: int = 0
     in_optimizer_step: int = 0          # nesting of optimizer.step() calls under way
@@ -729,6 +732,11 @@ def patched(state: ScriptState):
         tr.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)], "optimizer_state")
         state.optimizer_steps += 1
         state.in_optimizer_step = max(0, state.in_optimizer_step - 1)
+        if not state.in_optimizer_step:   # micro-batches accumulated into this step (a closure's backward
+            # passes are one: LBFGS re-evaluates it, Lightning runs the last micro-batch in it)
+            inside = state.closure_backwards
+            state.grad_accum = max(state.grad_accum, state.backwards - state.backwards_at_step - inside + min(inside, 1))
+            state.backwards_at_step, state.closure_backwards = state.backwards, 0
         state.backward_since_update = False
         state.end_step()
 
@@ -739,6 +747,7 @@ def patched(state: ScriptState):
         if state.manual_step_pending:
             state.close_manual_step()
         state.backwards += 1
+        state.closure_backwards += 1 if state.in_optimizer_step else 0
         state.forward_since_backward = False
         state.backward_since_update = True
         if not state.param_storages:
