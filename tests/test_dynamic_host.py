@@ -271,6 +271,12 @@ def test_transformers_hub_kernels_are_off_and_the_estimate_says_so(tmp_path):
     (est,), run = estimate_command(parse_train_command(["python", "hub_model_train.py", "ckpt"]), [A100], cwd=str(tmp_path))
     assert run.steps == 3 and run.batch_hint == 4
     assert (HUB_KERNELS_NOTE in run.flags) == (importlib.util.find_spec("kernels") is not None), run.flags
+    # a script that only imports transformers (a library it uses does) and trains its own network: no note
+    (tmp_path / "own.py").write_text("import torch, transformers.modeling_utils\nm = torch.nn.Linear(8, 8).cuda()\n"
+                                     "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor _ in range(4):\n"
+                                     "    m(torch.randn(2, 8, device='cuda')).sum().backward()\n    opt.step()\n")
+    _, run = estimate_command(parse_train_command("python own.py"), [A100], cwd=str(tmp_path))
+    assert HUB_KERNELS_NOTE not in run.flags, run.flags
 
 
 def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_script(tmp_path, monkeypatch):

@@ -571,16 +571,22 @@ def run(ns) -> dict:
     result["tp"] = tp
     if tp and result["fsdp"] and "units" in result["fsdp"]:   # FSDP over the data-parallel mesh beside it
         result["fsdp"]["tp"] = tp["tp"]
-    result["notes"] = list(trace.notes) + hub_kernels_note() + ([tp["note"]] if tp else [])
+    result["notes"] = list(trace.notes) + hub_kernels_note(state.model_types) + ([tp["note"]] if tp else [])
     return result
 
 
-def hub_kernels_note() -> list[str]:
+def hub_kernels_note(model_types) -> list[str]:
     """HUB_KERNELS_NOTE where the estimate turned transformers' Hub kernels off (runner._child_env,
-    VEST_HUB_KERNELS=off) and the script used transformers with the kernels package installed,
+    VEST_HUB_KERNELS=off) and the script trained a transformers model (``model_types``, the classes of
+    the modules it called as its model, include a PreTrainedModel) with the kernels package installed,
     which since transformers 5 kernelizes every model from_pretrained loads unless USE_HUB_KERNELS
-    says no (transformers/modeling_utils.py, integrations/hub_kernels.py)."""
-    if os.environ.get("VEST_HUB_KERNELS") != "off" or "transformers.modeling_utils" not in sys.modules:
+    says no (transformers/modeling_utils.py, integrations/hub_kernels.py). Not where another library
+    only imported transformers."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    if os.environ.get("VEST_HUB_KERNELS") != "off" or utils is None:
+        return []
+    pretrained = getattr(utils, "PreTrainedModel", None)
+    if pretrained is None or not any(issubclass(t, pretrained) for t in model_types):
         return []
     try:
         import importlib.util

@@ -61,6 +61,7 @@ class ScriptState:
     stopped_by: str = "optimizer steps"
     param_storages: set = field(default_factory=set)   # storages of the trained models' parameters
     models: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # modules called as the model
+    model_types: set = field(default_factory=set)   # the classes of those models' modules (they outlive the run)
     # modules with weights called on the host at the top level: a model kept on the host (a
     # CPU-only script, a forgotten .to(device)), or a transform with weights
     host_models: weakref.WeakSet = field(default_factory=weakref.WeakSet)
@@ -683,6 +684,7 @@ def patched(state: ScriptState):
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
             if mod not in state.models:
+                state.model_types.update(type(m) for m in mod.modules())
                 # weights made on the device (from_pretrained with a device_map, device="cuda",
                 # a torch.device context) were never moved by .to()/.cuda(), which marks the others
                 tr.mark([p for p in mod.parameters() if fc._is_fake_cuda(p)], "parameter", unset_only=True)
