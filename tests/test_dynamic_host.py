@@ -518,7 +518,7 @@ def test_nvidia_smi_answers_as_the_gpu_type_estimated():
     """nvidia-smi run by the script (its table, --query-gpu, -L through a shell) answers for the GPU
     type being estimated (it was FileNotFoundError, blamed on the script): a script that sizes its
     batch from the memory it reports gets 8 on a 40 GB A100 and 64 on an 80 GB H100."""
-    from vest_slurm.dynamic import bwrap
+    import vest_slurm.dynamic.bwrap as bwrap
 
     assert bwrap.available()[0], "bubblewrap runs here (scripts/install.sh): without it no program may start"
     cmd = parse_train_command(["python", "nvidia_smi_train.py"])
