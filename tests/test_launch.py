@@ -259,3 +259,14 @@ def test_accelerates_own_parser_gets_the_process_count_the_estimate_runs():
             "--main_process_port", "29500", "--mixed_precision=bf16", "--multi_gpu"]
     assert _known_launcher_args(args, 16) == ["--num_processes", "16", "--main_process_port", "29500",
                                               "--mixed_precision=bf16", "--multi_gpu"]
+
+
+def test_fabrics_sizes_left_to_the_job_reach_fabric_as_numbers(tmp_path):
+    from vest_slurm.dynamic.runner import _child_env
+
+    c = parse_train_command("fabric run --devices $SLURM_GPUS_ON_NODE --num-nodes $SLURM_NNODES train.py")
+    env = _child_env(c, str(tmp_path), 8)
+    assert (env["LT_DEVICES"], env["LT_NUM_NODES"], env["WORLD_SIZE"]) == ("8", "1", "8")
+    c = parse_train_command("fabric run --devices 4 --num-nodes $SLURM_NNODES train.py")
+    env = _child_env(c, str(tmp_path), 8)
+    assert (env["LT_DEVICES"], env["LT_NUM_NODES"], env["LOCAL_WORLD_SIZE"]) == ("4", "2", "4")

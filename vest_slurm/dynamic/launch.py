@@ -57,7 +57,7 @@ class TrainCommand:
     module: str | None         # for python -m
     args: tuple[str, ...]
     nproc: int = 1             # processes (GPUs) per node the launcher starts (-1: as the job's GPUs decide)
-    launcher: str = "python"   # python, torchrun, accelerate
+    launcher: str = "python"   # python, torchrun, accelerate, fabric
     env: tuple[tuple[str, str], ...] = ()    # VAR=value prefixes of the command
     mixed_precision: str | None = None       # accelerate's --mixed_precision
     launcher_args: tuple[str, ...] = ()      # accelerate launch's own option words (accelerate_env.py)

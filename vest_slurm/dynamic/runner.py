@@ -141,6 +141,11 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
     })
     env.update(_rank_env(cmd, world_size, accelerate_config))
+    if cmd.launcher == "fabric":   # sizes the job decides ($SLURM_NNODES): the world estimated, as Fabric() parses them
+        per_node = _per_node(cmd, world_size)
+        for var, value in (("LT_DEVICES", per_node), ("LT_NUM_NODES", max(1, -(-world_size // per_node)))):
+            if "$" in env.get(var, ""):
+                env[var] = str(value)
     if "USE_HUB_KERNELS" not in env:
         # transformers >= 5 swaps layers for kernels it fetches from the Hub, which an offline run
         # cannot; PyTorch's own layers are traced instead and the estimate says so (bootstrap's

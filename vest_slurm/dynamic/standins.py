@@ -493,10 +493,11 @@ def _compile(model=None, *args, **kwargs):
     lower), so the estimate stays on the safe side. A module comes back as torch.compile returns
     it, an ``OptimizedModule`` whose ``_orig_mod`` is the module (scripts unwrap it, and its
     state_dict's keys carry that prefix), made by ``torch._dynamo.disable``, which runs it eagerly;
-    a function comes back as it is."""
+    a function comes back as it is. Calls through a fusing backend count as compiled while they run
+    (_compiled_region, _fuses): their FlexAttention is the fused kernel's."""
     if model is None:
         return lambda m: _compile(m, *args, **kwargs)
-    fuses = _fuses(kwargs.get("backend", args[0] if args and not isinstance(args[0], bool) else None))
+    fuses = _fuses(kwargs.get("backend"))   # (torch.compile's options are keyword-only)
     if isinstance(model, nn.Module):
         import torch._dynamo
 
