@@ -541,6 +541,7 @@ def run(ns) -> dict:
     # the first allocation refused for want of the GPU's memory: (allocated then, asked, module)
     result["oom"] = list(tracer.s.oom) if tracer.s.oom else None
     result["step_branches"] = dict(state.step_branches)   # optimizer -> where its step branched on a stand-in
+    result["compiled_transient"] = state.compiled_transient   # intermediates of torch.compile'd calls run eagerly
     result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()

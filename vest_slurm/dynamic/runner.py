@@ -535,6 +535,11 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       "LBFGS), so the iterations it runs and the state it keeps may differ from the real run's "
                       + ("(LBFGS keeps up to history_size pairs of flat parameter-sized vectors)" if opt == "LBFGS"
                          else ""),)
+        transient = int(result.get("compiled_transient") or 0)
+        if transient > 0.10 * trace.live_peak_bytes():   # more than the estimate's own accuracy (10%)
+            flags += (f"the script's torch.compile'd code ran eagerly here, and its calls allocated up to {transient / MiB:,.0f} "
+                      "MiB of intermediates they freed before returning: compiled, fused kernels may never write them "
+                      f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
         if result.get("oom"):
             live, asked, module = result["oom"]
             flags += (f"the script caught CUDA out-of-memory ({asked / MiB:,.0f} MiB asked with {live / MiB:,.0f} MiB "

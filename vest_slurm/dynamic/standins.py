@@ -50,6 +50,7 @@ class ScriptState:
     backwards_at_step: int = 0          # backward passes when the last optimizer step ended
     closure_backwards: int = 0          # backward passes inside the step under way (a closure's: LBFGS, Lightning)
     grad_accum: int = 1                 # the most backward passes before one optimizer step
+    compiled_transient: int = 0         # bytes a torch.compile'd call, run eagerly, allocated and freed (_compiled_region)
     forwards_under_grad: int = 0
     optimizer_steps: int = 0
     in_optimizer_step: int = 0          # nesting of optimizer.step() calls under way
@@ -519,16 +520,28 @@ def _fuses(backend) -> bool:
                 or getattr(backend, "__module__", "").endswith("_dynamo.backends.debugging"))
 
 
+_STATE: list = [None]   # the run's ScriptState while patched() is on (its tracer, what compiled calls left)
+
+
 def _compiled_region(fn):
     """``fn`` counted as compiled while it runs (_fakecuda.COMPILED): its FlexAttention is the fused
-    kernel's, as torch.compile makes it."""
+    kernel's, as torch.compile makes it. Run eagerly, it also allocates the intermediates a compiled
+    run's fused kernels may never write (create_block_mask's dense mask): the most of them alive at
+    once and freed before the call returned is kept (ScriptState.compiled_transient) for the flag."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        state = _STATE[0]
+        s = state.tracer.s if state is not None else None
+        outer = fc.COMPILED[0] == 0 and s is not None
+        if outer:
+            entry, s.region_peak = s.live_bytes, s.live_bytes
         fc.COMPILED[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
             fc.COMPILED[0] -= 1
+            if outer:
+                state.compiled_transient = max(state.compiled_transient, s.region_peak - max(entry, s.live_bytes))
 
     return run
 
@@ -864,11 +877,13 @@ def patched(state: ScriptState):
     patches.append((ddp_mod, "DistributedDataParallel", FakeDDP))
     saved.append((ddp_mod, "DistributedDataParallel", ddp_mod.DistributedDataParallel))
     FakeDDP.tracer = tr
+    _STATE[0] = state
     try:
         for obj, attr, new in patches:
             setattr(obj, attr, new)
         yield state
     finally:
+        _STATE[0] = None
         for h in hooks:
             h.remove()
         for obj, attr, old in saved:

@@ -555,10 +555,6 @@ def _real_host_op(leaves) -> bool:
     return real
 
 
-def _dead():
-    return None
-
-
 # Calls under the script's torch.compile (dynamic analysis: standins._compile runs them eagerly, and
 # counts here): what a compiled region's higher-order operators allocate is their fused kernels'
 COMPILED = [0]
@@ -594,8 +590,8 @@ class FakeCudaMode(FakeTensorMode):
         # Dynamic analysis: a call of the model being recorded for replay sees each outermost op
         # first (vest_slurm/dynamic/repeats.py); None otherwise
         self.watch: Callable[[object, tuple, dict], None] | None = None
-        # outputs of higher-order operators run fused (under torch.compile): storage -> weakref
-        self._fused: dict[int, weakref.ref] = {}
+        # the blocks of outputs of higher-order operators run fused (under torch.compile)
+        self._fused: set[int] = set()
 
     @property
     def _depth(self) -> int:
@@ -707,7 +703,7 @@ class FakeCudaMode(FakeTensorMode):
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)]
         # a backward whose forward was fused (its saved outputs among the arguments) is fused too:
         # torch.compile compiles the backward of what it compiled
-        fused = COMPILED[0] or any(self._fused.get(storage_key(t), _dead)() is not None for t in tensors)
+        fused = COMPILED[0] or any(self.recorder.live_block(t) in self._fused for t in tensors)
         eager = func._name.startswith("flex_attention") and not fused and func not in active
         kernel = func.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
         if eager and kernel is not None:
@@ -729,10 +725,9 @@ class FakeCudaMode(FakeTensorMode):
                     out = handler(self, *args, **kwargs)
                 finally:
                     active.discard(func)
-                if fused:
-                    for t in pytree.tree_leaves(out):
-                        if isinstance(t, FakeTensor):
-                            self._fused[storage_key(t)] = weakref.ref(t)
+                if fused:   # (its saved outputs reach the backward in other Python objects: by block)
+                    self._fused.update(self.recorder.live_block(t) for t in pytree.tree_leaves(out)
+                                       if isinstance(t, FakeTensor))
                 return out
         return NotImplemented
 

@@ -102,6 +102,7 @@ class _State:
     rnn: bool = False    # an RNN kernel ran where cuDNN would run it on the GPU (CUDNN_RNN_NOTE)
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
+    region_peak: int = 0   # the live bytes' peak inside the script's torch.compile'd calls (run eagerly)
     # dynamic analysis: the GPU's room for tensors (0: unbounded). An allocation that would take the
     # live bytes past it raises CUDA out-of-memory, as the GPU would, for scripts that catch it
     # (batch-size finders); refused: its block, never recorded; oom: the first one refused
@@ -172,6 +173,8 @@ class Tracer:
         s.live_bytes += nbytes
         s.peak_before_alloc = s.peak_bytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
+        if fc.COMPILED[0]:
+            s.region_peak = max(s.region_peak, s.live_bytes)
 
     def _out_of_memory(self, block: int, nbytes: int) -> None:
         """What the caching allocator raises when the GPU has no room left (its message's words)."""
