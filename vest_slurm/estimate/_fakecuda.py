@@ -697,7 +697,7 @@ class FakeCudaMode(FakeTensorMode):
         """A higher-order operator under this mode: the rule torch registered for FakeTensorMode (its
         outputs as fake tensors, its inner ops dispatched back here and so recorded: flex_attention's
         output and logsumexp as the fused kernel writes them, not the score matrix an unfused eager
-        run would build), or NotImplemented where it has none (torch then says which). A rule that
+        run would build); one with none stops the run, named. A rule that
         hands the operator back to the mode (``redirect_to_mode``) gets FakeTensorMode's own dispatch."""
         active = self._nesting.__dict__.setdefault("hops", set())
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, FakeTensor)]
@@ -729,7 +729,9 @@ class FakeCudaMode(FakeTensorMode):
                     self._fused.update(self.recorder.live_block(t) for t in pytree.tree_leaves(out)
                                        if isinstance(t, FakeTensor))
                 return out
-        return NotImplemented
+        from ..errors import NotSupportedHere
+
+        raise NotSupportedHere(f"the higher-order operator {func._name}", "torch registers no fake-tensor rule for it")
 
     def _dispatch(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
