@@ -188,3 +188,17 @@ def test_check_of_a_launch_built_in_variables(tmp_path, capsys, monkeypatch):
     assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["workload"]
     assert (w["num_gpus"], w["batch_size"], w["precision"]) == (4, 8, "amp-bf16"), w
+
+
+def test_check_follows_the_job_scripts_cd(tmp_path, capsys, monkeypatch):
+    """`cd experiments/run1 && python train.py`: the script is the one in that directory (it was
+    skipped as no training command, or looked for in the submission directory)."""
+    run_dir = tmp_path / "experiments" / "run1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "train.py").write_text(
+        "import torch\nm = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(16, 64, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    monkeypatch.chdir(tmp_path)
+    job = _script(tmp_path, "#SBATCH --gres=gpu:1\ncd $SLURM_SUBMIT_DIR\ncd experiments/run1 && python train.py")
+    assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["batch_size"] == 16

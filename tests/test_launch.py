@@ -270,3 +270,12 @@ def test_fabrics_sizes_left_to_the_job_reach_fabric_as_numbers(tmp_path):
     c = parse_train_command("fabric run --devices 4 --num-nodes $SLURM_NNODES train.py")
     env = _child_env(c, str(tmp_path), 8)
     assert (env["LT_DEVICES"], env["LT_NUM_NODES"], env["LOCAL_WORLD_SIZE"]) == ("4", "2", "4")
+
+
+def test_the_directory_the_job_script_goes_to_is_where_its_command_runs():
+    c = find_train_command(["cd $SLURM_SUBMIT_DIR", "cd runs", "mkdir -p out; cd exp1 && srun python train.py --x"],
+                           {"HOME": "/home/u"})
+    assert (c.script, c.args, c.chdir, c.workdir("/sub")) == ("train.py", ("--x",), "runs/exp1", "/sub/runs/exp1")
+    assert find_train_command(["cd /scratch/p", "python t.py"], {}).workdir("/sub") == "/scratch/p"
+    assert find_train_command(["cd ~/proj", "python t.py"], {"HOME": "/home/u"}).chdir == "/home/u/proj"
+    assert find_train_command(["python t.py"], {}).workdir("/sub") == "/sub"

@@ -66,6 +66,13 @@ class TrainCommand:
     srun: tuple[tuple[str, str], ...] | None = None   # srun's options where srun starts the command, else None
     unresolved: tuple[str, ...] = ()   # job-script lines that set up an environment vest cannot follow (module load)
     nnodes: int = 1            # torchrun's --nnodes (-1: as the job's nodes decide)
+    chdir: str | None = None   # where the job script's `cd` lines took it before the command (absolute, or
+                               # relative to the job's working directory); None: that directory
+
+    def workdir(self, base: str | None) -> str:
+        """The directory the command runs in, for a job whose working directory is ``base``."""
+        base = base or os.getcwd()
+        return os.path.normpath(os.path.join(base, self.chdir)) if self.chdir else base
 
     @property
     def world(self) -> int:
@@ -261,9 +268,21 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
         v = exported[name] if name in exported else shell[name] if name in shell else env.get(name)
         return v or ""
 
-    for line in command_lines:
-        text = line.strip()
+    chdir: str | None = None
+    for text in (seg for line in command_lines for seg in _segments(line.strip())):
         if not text or text.startswith("#"):
+            continue
+        words = _shell_words(text, lookup) if text.split()[0] in ("cd", "pushd") else []
+        if words and words[0] in ("cd", "pushd"):   # where the job goes before its command
+            target = words[1] if len(words) > 1 else (lookup("HOME") or "~")
+            if target in ("$SLURM_SUBMIT_DIR", "${SLURM_SUBMIT_DIR}"):
+                chdir = None   # the job's working directory, where vsbatch and vest check run it
+            elif "$" in target or target == "-":
+                pass   # a directory only the running job knows ($SLURM_TMPDIR): the script is looked for here
+            else:
+                if target == "~" or target.startswith("~/"):
+                    target = (lookup("HOME") or os.path.expanduser("~")) + target[1:]
+                chdir = os.path.join(chdir, target) if chdir else target
             continue
         if _unresolvable_setup(text):
             unresolved.append(text)
@@ -294,10 +313,33 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
             own = dict(cmd.env)
             # (a value only the running job computes is not the child's: it expanded where used)
             setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own and JOB_DECIDES not in v)
-            if setup or unresolved:
-                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved)})
+            if setup or unresolved or chdir:
+                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved),
+                                      "chdir": chdir})
             return cmd
     return None
+
+
+def _segments(line: str) -> list[str]:
+    """A command line's commands, split at unquoted ``&&``, ``||`` and ``;`` (``cd run && python
+    train.py``); [line] where a quote is not closed."""
+    out, cur, quote, i = [], "", None, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            cur, i = cur + line[i:i + 2], i + 2
+            continue
+        elif line.startswith(("&&", "||"), i) or c == ";":
+            out.append(cur.strip())
+            cur, i = "", i + (1 if c == ";" else 2)
+            continue
+        cur += c
+        i += 1
+    return [line] if quote else out + [cur.strip()]
 
 
 def _unresolvable_setup(text: str) -> bool:

@@ -810,6 +810,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
 
     from ..estimate import cudnn_ws
 
+    cwd = cmd.workdir(cwd)   # where the job script's `cd` lines took it
     gpus = num_gpus or (cmd.world if cmd.world > 0 else max(cmd.nproc, 1))
     # the cuDNN of the Python the job runs (a venv's, another torch), not this process's (item 2 of
     # issue 25): the trace runs here, the job's convolutions run on that cuDNN's engines

@@ -105,6 +105,7 @@ def check_train_command(train, cwd: str, job_path: str | None = None, site=None)
     """Refuse (ForeignCode) to run a training command whose script, job script, Python environment
     (where it is not vest's) or (for ``python -m``) working directory belongs to another user, when
     the runner is privileged."""
+    cwd = train.workdir(cwd)   # where the job script's `cd` lines took it
     script = os.path.join(cwd, train.script) if train.script else None
     from ..estimate.cudnn_ws import environment_of, other_python
 
