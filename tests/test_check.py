@@ -36,6 +36,13 @@ headroom_percent = 0
 MLP = 'mlp:[["Linear",1024,1024],["ReLU"],["Linear",1024,10]]'
 
 
+def _tiny_train(path, batch: int) -> None:
+    """A training script of one linear layer, 4 SGD steps at ``batch``."""
+    path.write_text("import torch\nm = torch.nn.Linear(32, 32).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                    f"for _ in range(4):\n    m(torch.randn({batch}, 32, device='cuda')).sum().backward()\n"
+                    "    opt.step()\n    opt.zero_grad()\n")
+
+
 def _script(tmp_path, body: str, name="job.sh") -> str:
     p = tmp_path / name
     p.write_text("#!/bin/bash\n" + body + "\necho hi\n")
@@ -136,9 +143,7 @@ def test_check_of_a_script_says_in_which_python_it_ran(tmp_path, capsys, monkeyp
     import subprocess
     import sys
 
-    (tmp_path / "train.py").write_text(
-        "import torch\nfrom torch import nn\nm = nn.Linear(32, 32).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "for _ in range(4):\n    m(torch.randn(4, 32, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    _tiny_train(tmp_path / "train.py", 4)
     monkeypatch.chdir(tmp_path)
     job = _script(tmp_path, "#SBATCH --gres=gpu:1\nmodule load cuda/12.4 pytorch\npython train.py")
     assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
@@ -195,9 +200,7 @@ def test_check_follows_the_job_scripts_cd(tmp_path, capsys, monkeypatch):
     skipped as no training command, or looked for in the submission directory)."""
     run_dir = tmp_path / "experiments" / "run1"
     run_dir.mkdir(parents=True)
-    (run_dir / "train.py").write_text(
-        "import torch\nm = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "for _ in range(4):\n    m(torch.randn(16, 64, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    _tiny_train(run_dir / "train.py", 16)
     monkeypatch.chdir(tmp_path)
     job = _script(tmp_path, "#SBATCH --gres=gpu:1\ncd $SLURM_SUBMIT_DIR\ncd experiments/run1 && python train.py")
     assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
