@@ -568,3 +568,20 @@ def test_intermediates_a_compiled_call_frees_are_flagged(tmp_path):
     assert "64 MiB of intermediates" in flag, flag   # 64 x 512 x 512 fp32, freed inside the call
     _, run = estimate_command(parse_train_command("python eager.py"), [A100], cwd=str(tmp_path))
     assert not any("torch.compile'd" in f for f in run.flags), run.flags
+
+
+def test_fsdps_sharded_grad_scaler_has_a_stand_in(tmp_path):
+    """FSDP1 in fp16 (accelerate's FSDP plugin, Lightning's FSDP precision) scales its loss with
+    ShardedGradScaler, a GradScaler subclass: it reached for private methods of the real class that
+    the GradScaler stand-in has not ('no attribute _lazy_init_scale_growth_tracker', blamed on the
+    script). Now it has its own stand-in, with its signature, and the run trains."""
+    (tmp_path / "t.py").write_text(
+        "import torch\nfrom torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\n"
+        "m = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.AdamW(m.parameters())\n"
+        "scaler = ShardedGradScaler(init_scale=2.0**10, growth_interval=100)\n"
+        "for _ in range(4):\n    with torch.autocast('cuda', dtype=torch.float16):\n"
+        "        loss = m(torch.randn(8, 64, device='cuda')).float().pow(2).mean()\n"
+        "    scaler.scale(loss).backward()\n    scaler.unscale_(opt)\n    scaler.step(opt)\n    scaler.update()\n"
+        "    opt.zero_grad()\n")
+    (est,), run = estimate_command(parse_train_command("python t.py"), [A100], cwd=str(tmp_path))
+    assert run.steps == 3 and dict(run.observed)["precision"] == "amp-fp16"

@@ -87,3 +87,15 @@ class FakeCudaGradScaler(FakeGradScaler):
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  enabled=True):
         super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+
+class FakeShardedGradScaler(FakeGradScaler):
+    """torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler's signature (FSDP1 in fp16:
+    accelerate's FSDP plugin, Lightning's FSDP precision): a GradScaler whose found-inf flags are
+    all-reduced over ``process_group`` (one element each) and which unscales sharded gradients in
+    place: GradScaler's memory. The real class, subclassing GradScaler, reached for private methods
+    this stand-in does not have ('no attribute _lazy_init_scale_growth_tracker')."""
+
+    def __init__(self, device="cuda", init_scale=2.0**16, backoff_factor=0.5, growth_factor=2.0, growth_interval=2000,
+                 enabled=True, process_group=None):
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)

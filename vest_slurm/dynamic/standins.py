@@ -20,7 +20,7 @@ from torch import nn
 from ..estimate import _fakecuda as fc
 from ..estimate import _shadow
 from . import checkpoints, cuda_surface
-from .grad_scaler import FakeCudaGradScaler, FakeGradScaler
+from .grad_scaler import FakeCudaGradScaler, FakeGradScaler, FakeShardedGradScaler
 from . import tracked
 
 
@@ -188,6 +188,14 @@ def _to_cuda(*args, **kwargs) -> bool:
 
 
 # ---- GradScaler: grad_scaler.FakeGradScaler, FakeCudaGradScaler ---------------------------------------
+
+def _sharded_grad_scaler() -> list:
+    """FSDP's ShardedGradScaler module, where this torch has it (its stand-in: FakeShardedGradScaler)."""
+    try:
+        import torch.distributed.fsdp.sharded_grad_scaler as sgs
+    except ImportError:
+        return []
+    return [sgs]
 
 # ---- DistributedDataParallel -----------------------------------------------------------------------
 
@@ -841,6 +849,7 @@ def patched(state: ScriptState):
         (torch.Tensor, "__format__", _format(torch.Tensor.__format__)),
         (torch.amp, "GradScaler", FakeGradScaler),
         (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
+        *((sgs, "ShardedGradScaler", FakeShardedGradScaler) for sgs in _sharded_grad_scaler()),
         (torch, "compile", _compile),
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
