@@ -421,18 +421,23 @@ def _raw_words(text: str) -> list[str]:
 def _value(raw: str, lookup) -> str:
     """The value of a shell assignment's right-hand side as the job would see it: single-quoted
     parts as written, the rest expanded (_expand), quotes and escapes removed; a leading ``~`` is HOME."""
-    out = []
-    for part in re.findall(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:[^'\"\\]|\\.)+", raw):
-        if part.startswith("'"):
-            out.append(part[1:-1])
-        elif part.startswith('"'):
-            out.append(re.sub(r"\\(.)", r"\1", _expand(part[1:-1], lookup, in_double_quotes=True)))
-        else:
-            out.append(re.sub(r"\\(.)", r"\1", _expand(part, lookup)))
-    value = "".join(out)
+    value = "".join(_quoted(part, lookup) if part[0] in "'\"" else re.sub(r"\\(.)", r"\1", _expand(part, lookup))
+                    for part in _PARTS.findall(raw))
     if not raw.startswith(("'", '"')) and (value == "~" or value.startswith("~/")):
         value = (lookup("HOME") or os.path.expanduser("~")) + value[1:]
     return value
+
+
+# a shell word's parts: single-quoted, double-quoted (escapes kept), unquoted
+_PARTS = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:[^'\"\\]|\\.)+")
+
+
+def _quoted(part: str, lookup) -> str:
+    """A quoted part of a shell word as the shell reads it: single-quoted as written, double-quoted
+    expanded (_expand) with its escapes removed."""
+    if part[0] == "'":
+        return part[1:-1]
+    return re.sub(r"\\(.)", r"\1", _expand(part[1:-1], lookup, in_double_quotes=True))
 
 
 # What only the running job knows: the variables Slurm sets when it starts it ($SLURM_NNODES,
@@ -477,9 +482,6 @@ def _expand(text: str, lookup, in_double_quotes: bool = False) -> str:
     return "".join(parts)
 
 
-_PARTS = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|(?:[^'\"\\]|\\.)+")
-
-
 def _shell_words(text: str, lookup) -> list[str]:
     """A command line's words as the shell passes them: each word's quoted parts expanded as their
     quotes say (_expand), an unquoted expansion split at blanks into more words, quotes removed
@@ -488,10 +490,8 @@ def _shell_words(text: str, lookup) -> list[str]:
     for raw in _raw_words(text):
         cur, started = "", False
         for part in _PARTS.findall(raw):
-            if part[0] == "'":
-                cur, started = cur + part[1:-1], True
-            elif part[0] == '"':
-                cur, started = cur + re.sub(r"\\(.)", r"\1", _expand(part[1:-1], lookup, True)), True
+            if part[0] in "'\"":
+                cur, started = cur + _quoted(part, lookup), True
             else:   # literal text as it is (escapes removed); each expansion's value split at blanks
                 at = 0
                 for m in [*_EXPANSION.finditer(part), None]:

@@ -234,8 +234,6 @@ class FakeDDP(nn.Module):
     and the gradients live in the buckets alone. After a forward under ``no_sync()`` the Reducer's hooks
     do nothing (the gradients accumulate in their own tensors until a synchronised backward)."""
 
-    tracer = None   # set by patched(): the buckets are tagged for the estimator
-
     def __init__(self, module, device_ids=None, output_device=None, *args, gradient_as_bucket_view=False, **kwargs):
         super().__init__()
         self.module = module
@@ -244,7 +242,7 @@ class FakeDDP(nn.Module):
         by_dtype: dict = {}
         for p in reversed(params):   # DDP lists the parameters backwards, as their gradients come
             by_dtype.setdefault(p.dtype, []).append(p)
-        s = FakeDDP.tracer.s
+        s = _STATE[0].tracer.s   # the buckets are tagged for the estimator
         s.category, s.module_stack = "gradient", s.module_stack + ["ddp_buckets"]
         try:
             self._vest_buckets = [torch.empty(sum(p.numel() for p in ps), dtype=dtype, device=fc.DEVICE)
@@ -885,7 +883,6 @@ def patched(state: ScriptState):
 
     patches.append((ddp_mod, "DistributedDataParallel", FakeDDP))
     saved.append((ddp_mod, "DistributedDataParallel", ddp_mod.DistributedDataParallel))
-    FakeDDP.tracer = tr
     _STATE[0] = state
     try:
         for obj, attr, new in patches:
