@@ -210,6 +210,13 @@ def test_a_deepspeed_configs_reduce_bucket_is_in_its_vest_line(tmp_path):
     spec = parse_vest_line(" ".join(["--model", "hf:gpt2", "--batch-size", "2", "--num-gpus", "4",
                                      *words[words.index("--parallelism"):words.index("--num-gpus")]]))
     assert spec.reduce_bucket_size == 50_000_000 and spec.parallelism == "zero2"
+    # ZeRO-3's stage3_max_reuse_distance likewise (0 is a setting: release after every use)
+    words = line({"stage": 3, "stage3_max_reuse_distance": 0}).split()
+    assert "--max-reuse-distance 0" in " ".join(words)
+    assert "--max-reuse-distance" not in line({"stage": 3}) + line({"stage": 2, "stage3_max_reuse_distance": 0})
+    spec = parse_vest_line(" ".join(["--model", "hf:gpt2", "--batch-size", "2", "--num-gpus", "4",
+                                     *words[words.index("--parallelism"):words.index("--num-gpus")]]))
+    assert spec.max_reuse_distance == 0 and spec.parallelism == "zero3"
 
 
 def test_a_mesh_reached_through_another_import_path_is_the_stand_in():

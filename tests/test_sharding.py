@@ -533,6 +533,45 @@ def test_zero_gradient_bucket_is_the_reduce_bucket_size_given(stage):
             _spec(stage, 3, "--reduce-bucket-size", bad)
 
 
+def test_zero3_keeps_the_blocks_it_uses_again_within_the_reuse_distance():
+    """DeepSpeed releases a module's gathered parameters after its forward only where they are not
+    fetched again within stage3_max_reuse_distance elements (1e9): the last blocks of the forward
+    are used again in backward soon after, and stay gathered, more of them for a small model; a
+    block whose forward runs again in backward (checkpointing) is fetched twice there. Exactly at
+    the distance the block is released (DeepSpeed stops looking before the block's next use)."""
+    from vest_slurm.estimate.sharding import Unit, zero3_kept_after_forward
+
+    M = 1_000_000
+
+    def units(block, root=100 * M, n=4, recomputed=False):
+        out = [Unit("<root>", ((root,),), 0, 10 * n, 10 * n, 20 * n + 5, is_root=True)]
+        for i in range(n):   # forward in order, backward in reverse
+            out.append(Unit(f"h.{i}", ((block,),), 10 * i, 10 * i + 5, 10 * n + 10 * (n - 1 - i),
+                            10 * n + 10 * (n - i) - 1, recomputed=recomputed))
+        return out
+
+    # last block: 100M (the root's output layer) between; h.2: 300 + 100 + 300 = 700M; h.1: 1300M
+    assert zero3_kept_after_forward(units(300 * M), 10**9) == {"h.3", "h.2"}
+    # recomputed: h.2 has 300 + 100 + 2 x 300 = 1000M between, exactly the distance: released
+    assert zero3_kept_after_forward(units(300 * M, recomputed=True), 10**9) == {"h.3"}
+    assert zero3_kept_after_forward(units(10 * M, n=8), 10**9) == {f"h.{i}" for i in range(8)}
+    assert zero3_kept_after_forward(units(300 * M), 0) == set()
+
+    # through the per-rank trace: every block of this small model stays gathered from its forward
+    # to its backward (one all-gather each per step), unless the distance is 0
+    def gathers(*extra):
+        tr = _summary(_spec("zero3", 2, *extra)).trace
+        return sum(e.action == "alloc" and e.module == "unsharded_params" for e in tr.events)
+
+    kept, released = gathers(), gathers("--max-reuse-distance", "0")
+    assert released > kept
+    assert any("ZeRO-3 keeps" in n for n in _summary(_spec("zero3", 2)).trace.notes)
+    with pytest.raises(WorkloadError, match="ZeRO-3"):
+        _spec("fsdp2", 2, "--max-reuse-distance", "0")
+    with pytest.raises(WorkloadError, match="whole number"):
+        _spec("zero3", 2, "--max-reuse-distance", "lots")
+
+
 def test_zero3_parameter_offload_is_flagged_not_silent():
     """ZeRO-3's offloaded parameters leave a working set on the GPU that the model does not size
     (a published run came out 31% above the estimate): such an estimate carries a flag, shown in

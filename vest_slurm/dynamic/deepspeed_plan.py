@@ -36,6 +36,7 @@ class DeepSpeedPlan:
     offload: str           # none, optimizer, params (the per-rank model's --offload)
     precision: str | None  # bf16, fp16, or None (fp32)
     reduce_bucket: int = 0  # zero_optimization.reduce_bucket_size in elements (0: DeepSpeed's default, or "auto")
+    max_reuse: int | None = None   # zero_optimization.stage3_max_reuse_distance (None: DeepSpeed's default)
 
     @property
     def vest_line(self) -> str:
@@ -47,6 +48,8 @@ class DeepSpeedPlan:
             parts.append(f"--precision {self.precision}")
         if self.reduce_bucket and stage in (2, 3):
             parts.append(f"--reduce-bucket-size {self.reduce_bucket}")
+        if self.max_reuse is not None and stage == 3:
+            parts.append(f"--max-reuse-distance {self.max_reuse}")
         return " ".join(parts + ["--num-gpus N --batch-size B --optimizer ..."])
 
 
@@ -97,14 +100,20 @@ def _from_ds_json(doc: dict, source: str, args=()) -> DeepSpeedPlan:
     precision = "bf16" if on("bf16") else ("fp16" if on("fp16") else None)
     # a number (2e8 is a float in JSON), checked as --reduce-bucket-size checks it; "auto" is
     # transformers' hidden_size squared, not known here: DeepSpeed's default stands
-    rb = zero.get("reduce_bucket_size")
-    bucket = 0
-    if isinstance(rb, (int, float)) and not isinstance(rb, bool):
+    # "auto" (transformers' hidden_size squared for the bucket) is not known here: DeepSpeed's default stands
+    return DeepSpeedPlan(source, stage, offload, precision, _elements(zero.get("reduce_bucket_size")) or 0,
+                         _elements(zero.get("stage3_max_reuse_distance")))
+
+
+def _elements(v) -> int | None:
+    """A size in elements as the JSON gives it (2e8 is a float there), checked as the option checks
+    it; None where it is not a number ("auto", absent, bad)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
         try:
-            bucket = bucket_elements(rb)
+            return bucket_elements(v)
         except WorkloadError:
-            pass
-    return DeepSpeedPlan(source, stage, offload, precision, bucket)
+            return None
+    return None
 
 
 def plan(cmd: TrainCommand, cwd: str, accelerate_config: str | None = None) -> DeepSpeedPlan | None:

@@ -275,6 +275,7 @@ _OPTIONS = {
     "--offload": ("offload", lambda v: _choice("--offload", v, OFFLOADS)),
     "--reshard-after-forward": ("reshard_after_forward", lambda v: _choice("--reshard-after-forward", v, ON_OFF)),
     "--reduce-bucket-size": ("reduce_bucket_size", lambda v: _float("--reduce-bucket-size", v)),
+    "--max-reuse-distance": ("max_reuse_distance", lambda v: _float("--max-reuse-distance", v)),
 }
 ALLOWED_OPTIONS = tuple(_OPTIONS)
 

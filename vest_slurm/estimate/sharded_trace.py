@@ -51,7 +51,8 @@ def _compute_spec(spec: WorkloadSpec) -> WorkloadSpec:
     return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
                    optimizer="sgd", optimizer_impl="auto", weight_decay=None,
                    shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
-                   offload="none", reshard_after_forward="on", reduce_bucket_size=0, alloc_conf="")
+                   offload="none", reshard_after_forward="on", reduce_bucket_size=0,
+                   max_reuse_distance=WorkloadSpec.max_reuse_distance, alloc_conf="")
 
 
 def wrap_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -84,6 +85,7 @@ class _Marks:
         self.fwd_post: dict[str, int] = {}
         self.bwd_pre: dict[str, int] = {}
         self.bwd_post: dict[str, int] = {}
+        self.recomputed: set[str] = set()
         self.grad_blocks: dict[str, list[int]] = {}
         self.handles = []
         seen: set[int] = set()
@@ -111,6 +113,8 @@ class _Marks:
     def _pre(self, name, _mod, _inp):
         if not self._in_backward():   # a recompute (activation checkpointing) is not a forward
             self.fwd_pre.setdefault(name, self.now())
+        else:
+            self.recomputed.add(name)
 
     def _post(self, name, _mod, _inp, out):
         if self._in_backward():
@@ -253,7 +257,8 @@ def _unit_trace(spec: WorkloadSpec, built, capability, total_memory_bytes) -> Un
         out.append(Unit(name, tuple(tuple(p.shape) for p in params[name]), fpre,
                         rel(marks.fwd_post.get(name), first_bwd - start),
                         rel(marks.bwd_pre.get(name), first_bwd - start),
-                        rel(marks.bwd_post.get(name), len(iteration)), tuple(marks.grad_blocks.get(name, ()))))
+                        rel(marks.bwd_post.get(name), len(iteration)), tuple(marks.grad_blocks.get(name, ())),
+                        recomputed=name in marks.recomputed))
     return UnitTrace(setup, iteration, tail, tuple(out), spec.weight_dtype, spec.weight_dtype, trace.notes)
 
 

@@ -39,10 +39,15 @@ all-gathers into one flat buffer on its unshard stream and frees it with record_
 compute stream: the free takes effect when the compute stream has passed it; the CPU runs ahead by
 at most two all-gathers (limit_all_gathers), so the free is placed two units later. Streams have
 separate pools in the replay, as in CUDACachingAllocator (a block is only reused on its stream).
+ZeRO-3 keeps a unit gathered from its forward to its backward where DeepSpeed would fetch it again
+within stage3_max_reuse_distance (zero3_kept_after_forward): the last blocks, or a small model whole.
 
 Known limitations (each said in the estimate's notes where it applies): DeepSpeed is modelled from
 its defaults, not traced (stage3_prefetch_bucket_size 5e7 elements; reduce_bucket_size 5e8
-elements unless the workload gives its own, --reduce-bucket-size); ZeRO-3's working set of gathered
+elements and stage3_max_reuse_distance 1e9 unless the workload gives its own, --reduce-bucket-size,
+--max-reuse-distance; the reuse distance per unit, not per module, and the root, which ZeRO-3
+releases after its output layer's backward, kept to the end of backward as FSDP2 keeps it: both
+err high); ZeRO-3's working set of gathered
 parameters under parameter offload is not sized (such a workload is flagged,
 workload.ZERO3_OFFLOAD_FLAG); activations are traced once and repeated. NCCL's NVLS buffers are
 added outside the allocator where the GPU type's nodes have NVSwitch (estimator.nvls_bytes). FSDP's
@@ -136,6 +141,7 @@ class Unit:
     bwd_post: int      # where its parameters' gradients are all complete
     grad_blocks: tuple[int, ...] = ()   # the traced unsharded gradients of its parameters
     is_root: bool = False
+    recomputed: bool = False   # its forward ran again in backward (activation checkpointing)
 
     @property
     def numels(self) -> tuple[int, ...]:
@@ -313,6 +319,37 @@ class _Builder:
                                           e.phase, e.category, e.module, e.detail))
 
 
+def zero3_kept_after_forward(units: Sequence[Unit], max_reuse: int) -> frozenset[str]:
+    """The units whose gathered parameters ZeRO-3 keeps from their forward to their backward.
+
+    DeepSpeed records the order in which modules fetch their parameters over one forward and
+    backward; from then on (partitioned_param_coordinator.py __params_to_release), a module's
+    parameters are released after its forward only if they are not fetched again before
+    ``max_reuse`` elements of parameters (stage3_max_reuse_distance, default 1e9:
+    WorkloadSpec.max_reuse_distance; ds_numel: the whole, unsharded sizes) have been fetched in between. The step releases everything (stage3.py step:
+    _partition_all_parameters), so a unit's backward always ends in a release. Between a unit's
+    forward and its backward are: the units after it in forward, the root's own parameters (the
+    output layer: lm_head and the final norm, or a tied embedding, fetched in forward and in
+    backward; counted once, the untied case, so a tied model errs high), and the units before it
+    in backward, twice for a unit whose forward runs again in backward (activation checkpointing:
+    its recompute fetches them, then its backward). Per unit, not per module: the distance from a
+    unit's last module, the shortest of its modules', so a unit at the boundary is kept whole."""
+    blocks = [u for u in units if not u.is_root]
+    root = sum(sum(u.numels) for u in units if u.is_root)
+    fwd = sorted(blocks, key=lambda u: u.fwd_pre)
+    bwd = sorted(blocks, key=lambda u: u.bwd_pre)
+    kept = set()
+    for i, u in enumerate(fwd):
+        between = sum(sum(v.numels) for v in fwd[i + 1:]) + root
+        for v in bwd:
+            if v is u or between >= max_reuse:
+                break
+            between += sum(v.numels) * (2 if v.recomputed else 1)
+        if between < max_reuse:
+            kept.add(u.name)
+    return frozenset(kept)
+
+
 @dataclass
 class _UnitState:
     unsharded: list = field(default_factory=list)   # blocks of its unsharded parameters
@@ -342,6 +379,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
         reshard_fwd = spec.sharding in ("full-shard", "hybrid-shard") and spec.reshard_after_forward == "on"
     else:
         reshard_fwd = spec.reshard_after_forward == "on"
+    kept_fwd = zero3_kept_after_forward(units, spec.max_reuse_distance) if zero3 and reshard_fwd else frozenset()
 
     def unit_numels(u: Unit) -> tuple[int, int]:
         """(this rank's shard numel, the padded unsharded numel) of a unit."""
@@ -541,7 +579,8 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                 if what == "fwd_pre":
                     pre(u, "forward")
                 elif what == "fwd_post":
-                    if gathers and reshard_fwd and not u.is_root:   # the root stays unsharded for backward
+                    # the root stays unsharded for backward (FSDP2), as do the units ZeRO-3 reuses soon
+                    if gathers and reshard_fwd and not u.is_root and u.name not in kept_fwd:
                         reshard(u)
                 elif what == "bwd_pre":
                     pre(u, "backward")
@@ -584,4 +623,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                         + (f" (shard group {w})" if kind == "hsdp" else ""),)
     if kind.startswith("zero"):
         notes += ("DeepSpeed modelled from its default configuration, not traced",)
+    if kept_fwd:
+        notes += (f"ZeRO-3 keeps {len(kept_fwd)} of {sum(not u.is_root for u in units)} units gathered from forward to "
+                  f"backward (used again within stage3_max_reuse_distance, {spec.max_reuse_distance:.0e} elements)",)
     return AllocTrace(tuple(b.events), steps, notes, tuple(step_ends))

@@ -155,6 +155,7 @@ class WorkloadSpec:
     offload: str = "none"              # CPU offload: none, optimizer (states and masters), params
     reshard_after_forward: str = "on"  # FSDP2 reshard_after_forward / FSDP1 FULL_SHARD vs SHARD_GRAD_OP
     reduce_bucket_size: int = 0        # DeepSpeed ZeRO-2/3 reduce_bucket_size, elements (0: DeepSpeed's default)
+    max_reuse_distance: int = 1_000_000_000   # DeepSpeed ZeRO-3 stage3_max_reuse_distance, elements (its default)
     tensor_parallel: int = 1           # dynamic analysis: the ranks of a script's parallelize_module group, each
                                        # holding its shards of the layers named (its trace is one rank's)
     flags: tuple[str, ...] = ()   # dynamic analysis: why the estimate may not be the real run's (shown with it)
@@ -195,7 +196,7 @@ class WorkloadSpec:
                      "parallelism", "alloc_conf", "steps", "weight_decay", "pre_forward", "cudnn_tf32",
                      "cudnn_benchmark", "zero_grad", "gradient_checkpointing", "sharding", "shard_group_size",
                      "gpus_per_node", "param_dtype", "reduce_dtype", "offload", "reshard_after_forward",
-                     "reduce_bucket_size"):
+                     "reduce_bucket_size", "max_reuse_distance"):
             v = getattr(self, name)
             if v != getattr(defaults, name):
                 argv += ["--" + name.replace("_", "-"), str(v)]
@@ -264,6 +265,9 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
     g.add_argument("--reshard-after-forward", default=None, help="fsdp2/hsdp/zero3: on (default) or off")
     g.add_argument("--reduce-bucket-size", default=None,
                    help="zero2/zero3: DeepSpeed's reduce_bucket_size in elements (e.g. 2e8; default DeepSpeed's 5e8)")
+    g.add_argument("--max-reuse-distance", default=None,
+                   help="zero3: DeepSpeed's stage3_max_reuse_distance in elements (default DeepSpeed's 1e9): a "
+                        "block used again within it stays gathered from its forward to its backward")
     g.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF of the job")
     g.add_argument("--steps", type=str, default=None, help="training iterations to trace (default 2)")
     g.add_argument("--pre-forward", default=None,
@@ -331,16 +335,16 @@ ZERO3_OFFLOAD_FLAG = ("DeepSpeed ZeRO-3 with parameter offload: the GPU's workin
                       "against a published run this estimate was 31% low")
 
 
-def bucket_elements(text) -> int:
-    """A DeepSpeed bucket size in elements, written as DeepSpeed configs write it (200000000, 2e8,
-    5e8); 0 is the default."""
+def bucket_elements(text, option: str = "--reduce-bucket-size") -> int:
+    """A DeepSpeed size in elements (a bucket, a reuse distance), written as DeepSpeed configs write
+    it (200000000, 2e8, 5e8); 0 is the bucket's default."""
     try:
         v = float(str(text))
     except ValueError:
         v = float("nan")
     if not (0 <= v <= 1e12 and v == int(v)):   # (nan and inf fail the range before int() sees them)
-        raise WorkloadError(f"--reduce-bucket-size {text!r} is not a whole number of elements",
-                            "give it as DeepSpeed's config does, e.g. --reduce-bucket-size 2e8")
+        raise WorkloadError(f"{option} {text!r} is not a whole number of elements",
+                            f"give it as DeepSpeed's config does, e.g. {option} 2e8")
     return int(v)
 
 
@@ -438,9 +442,14 @@ def spec_from_namespace(ns: argparse.Namespace, base: WorkloadSpec | None = None
         offload=_choice("offload", pick("offload", "none"), OFFLOADS),
         reshard_after_forward=_choice("reshard-after-forward", pick("reshard_after_forward", "on"), ON_OFF),
         reduce_bucket_size=bucket_elements(pick("reduce_bucket_size", 0)),
+        max_reuse_distance=bucket_elements(pick("max_reuse_distance", WorkloadSpec.max_reuse_distance),
+                                           "--max-reuse-distance"),
     )
     if spec.parallelism == "zero3" and spec.offload == "params" and ZERO3_OFFLOAD_FLAG not in spec.flags:
         spec = replace(spec, flags=spec.flags + (ZERO3_OFFLOAD_FLAG,))
+    if spec.max_reuse_distance != WorkloadSpec.max_reuse_distance and spec.parallelism != "zero3":
+        raise WorkloadError(f"--max-reuse-distance is DeepSpeed ZeRO-3's stage3_max_reuse_distance, not --parallelism "
+                            f"{spec.parallelism}'s", "add --parallelism zero3, or drop it")
     if spec.reduce_bucket_size and spec.parallelism not in ("zero2", "zero3"):
         raise WorkloadError(f"--reduce-bucket-size is DeepSpeed ZeRO-2/3's gradient bucket, not --parallelism "
                             f"{spec.parallelism}'s", "add --parallelism zero2 or zero3, or drop it")
