@@ -49,6 +49,18 @@ def test_host_pipeline_real_values_formatting_pinning_and_the_overlay():
     assert dict(run.observed)["zero_grad"] == "after-step" and dict(run.observed)["precision"] == "fp32"
 
 
+def test_checkpoint_copies_links_and_modes_go_to_the_scripts_own_copy():
+    """A checkpoint duplicated as savers do (os.link, shutil.copy2 and copy, whose copystat and
+    copymode chmod, utime and read the xattrs of the new file; a relative symlink read back with
+    os.readlink), each loaded back by the script: before, copy2 failed on the real path
+    (FileNotFoundError, the script blamed) and copy was refused as a chmod outside the temp dir.
+    Nothing is written into the script's directory."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("checkpoint_copies_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    assert any(p.endswith(os.path.join("ckpt_out", "best.pth")) for p in run.redirected_writes)
+
+
 def test_batch_is_the_models_not_a_transform_modules():
     """torchvision v2 transforms are nn.Modules called on one host image (3 x H x W): the batch is
     the model's (8), not the transform input's first dimension (3)."""

@@ -114,6 +114,9 @@ class Sandbox:
         sandbox = self
         real = {name: getattr(os, name) for name in ("open", "stat", "lstat", "listdir", "scandir", "rename", "replace",
                                                        "remove", "unlink", "utime", "rmdir", "makedirs", "mkdir", "access")}
+        # what shutil.copy/copy2/copystat/copymode and checkpoint savers (a hard link, else a copy)
+        # do to a file besides reading and writing it: on a file the script wrote, its copy
+        real.update({name: getattr(os, name) for name in _ON_ITS_COPY + _NEW_NAME if hasattr(os, name)})
 
         def writing_mode(mode) -> bool:
             return isinstance(mode, str) and any(c in mode for c in "wax+")
@@ -172,6 +175,13 @@ class Sandbox:
                 return real[name](sandbox.redirect(path), *a, **k)
             return fn
 
+        def new_name(name):   # link(src, dst) / symlink(src, dst): the new name is a write
+            def fn(src, dst, *a, **k):
+                if name == "symlink" and not os.path.isabs(os.fsdecode(src)):
+                    return real[name](src, sandbox.redirect(dst), *a, **k)   # relative to the link's own folder
+                return real[name](sandbox.seen(src), sandbox.redirect(dst), *a, **k)
+            return fn
+
         busy = [False]
 
         def guarded(fn, orig):
@@ -191,8 +201,12 @@ class Sandbox:
         builtins.open = open_
         io.open = open_
         os.open = os_open
-        for name in ("stat", "lstat", "access"):
-            setattr(os, name, guarded(reading(name), real[name]))
+        for name in ("stat", "lstat", "access") + _ON_ITS_COPY:
+            if name in real:   # a file outside, never written: the audit hook refuses what changes it
+                setattr(os, name, guarded(reading(name), real[name]))
+        for name in _NEW_NAME:
+            if name in real:
+                setattr(os, name, guarded(new_name(name), real[name]))
         for name in ("remove", "unlink", "rmdir"):
             # outside and never written: the audit hook refuses it
             setattr(os, name, guarded(reading(name), real[name]))
@@ -271,11 +285,18 @@ class Sandbox:
             if writing and not isinstance(path, int) and path is not None and not self.inside(path):
                 self.refused.append(f"write {path}")
                 raise Refused(f"vest: the training script tried to write {os.fsdecode(path)!r} outside the estimate's temp dir")
-        if event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.truncate", "os.chmod", "os.chown", "os.symlink", "os.link"):
-            path = args[0] if args else None
+        if event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.truncate", "os.chmod", "os.chown",
+                     "os.symlink", "os.link", "os.setxattr", "os.removexattr"):
+            # a link's new name is what it writes (args: src, dst); its source is only read
+            path = (args[1] if len(args) > 1 else None) if event in ("os.symlink", "os.link") else (args[0] if args else None)
             if path is not None and not isinstance(path, int) and not self.inside(path):
                 self.refused.append(f"{event} {path}")
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")
+
+
+# os calls on a path that go to the script's own copy where it wrote one (Sandbox.install)
+_ON_ITS_COPY = ("chmod", "chown", "truncate", "readlink", "listxattr", "getxattr", "setxattr", "removexattr")
+_NEW_NAME = ("link", "symlink")
 
 
 class _Entries:
