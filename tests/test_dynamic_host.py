@@ -61,6 +61,23 @@ def test_checkpoint_copies_links_and_modes_go_to_the_scripts_own_copy():
     assert any(p.endswith(os.path.join("ckpt_out", "best.pth")) for p in run.redirected_writes)
 
 
+def test_sync_batch_norm_runs_as_on_the_gpu():
+    """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
+    gather of the ranks' statistics, the elementwise passes and backward reductions) have fake
+    kernels, and the mask over the gathered counts keeps every rank of the fake group: before,
+    "Found no NVIDIA driver", then a refusal as data-dependent. Its weights and running stats are
+    BatchNorm's, and its activations too: the statistics it adds are a few per-channel vectors."""
+    def run(*extra):
+        cmd = parse_train_command(["torchrun", "--nproc_per_node", "2", "sync_bn_train.py", *extra])
+        (est,), r = estimate_command(cmd, [A100], cwd=SCRIPTS)
+        return dict(est.breakdown), r
+
+    sync, run_sync = run()
+    plain, _ = run("--plain")
+    assert run_sync.steps == 3 and sync["parameters"] == plain["parameters"]
+    assert 0 <= sync["live_tensor_peak"] - plain["live_tensor_peak"] < 2**16   # bytes
+
+
 def test_batch_is_the_models_not_a_transform_modules():
     """torchvision v2 transforms are nn.Modules called on one host image (3 x H x W): the batch is
     the model's (8), not the transform input's first dimension (3)."""

@@ -522,7 +522,32 @@ def patches(state) -> list[tuple]:
     import torch.distributed as dist
     if hasattr(dist, "init_device_mesh"):
         out.append((dist, "init_device_mesh", init_device_mesh))
-    return out
+    return out + _sync_batch_norm()
+
+
+def _sync_batch_norm() -> list[tuple]:
+    """nn.SyncBatchNorm's forward drops the ranks whose batch was empty with a boolean mask over the
+    gathered counts (``count_all[count_all >= 1]``), a shape that follows values a fake tensor has not.
+    Every rank of the fake group runs this rank's batch, so no count is zero (an empty batch is
+    refused as a zero-size model input), and the mask keeps them all: the forward runs as torch
+    runs it under CUDA-graph capture, where it skips the mask (torch/nn/modules/_functions.py)."""
+    import torch
+    from torch.nn.modules import _functions
+
+    cls = getattr(_functions, "SyncBatchNorm", None)
+    real = getattr(cls, "forward", None)
+    if real is None:
+        return []
+
+    def forward(*args, **kwargs):
+        capturing = torch.cuda.is_current_stream_capturing
+        torch.cuda.is_current_stream_capturing = lambda: True
+        try:
+            return real(*args, **kwargs)
+        finally:
+            torch.cuda.is_current_stream_capturing = capturing
+
+    return [(cls, "forward", staticmethod(forward))]
 
 
 def result(state) -> dict | None:

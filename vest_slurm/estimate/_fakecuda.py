@@ -443,7 +443,51 @@ def _register_kernels() -> None:
         lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax), "AutogradCUDA")
         for full in _fused_optimizer_ops_without_meta():
             lib.impl(full, _writes_in_place, "Meta")
+        for name, fn in _SYNC_BATCH_NORM_META.items():
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+                lib.impl(name, fn, "Meta")
     _LIBS.append(lib)
+
+
+# SyncBatchNorm's CUDA-only kernels (torch/nn/modules/_functions.py; ATen's cuda/Normalization.cu),
+# which torch gives no Meta kernel: their outputs as the CUDA kernels allocate them. Statistics are
+# one value per channel (dim 1) in the accumulate type of a half input (float); the elementwise
+# passes give a tensor like the input in its suggested memory format; running stats are updated in place.
+def _bn_acc(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _bn_stats(input, eps):
+    c = input.size(1)
+    return tuple(input.new_empty((c,), dtype=_bn_acc(input.dtype)) for _ in range(2))
+
+
+def _bn_gather_stats(input, mean, invstd, running_mean, running_var, momentum, eps, counts):
+    c = mean.size(1)
+    return tuple(mean.new_empty((c,), dtype=_bn_acc(mean.dtype)) for _ in range(2))
+
+
+def _bn_like_input(input, *args):
+    from torch._prims_common import suggest_memory_format
+
+    return torch.empty_like(input, memory_format=suggest_memory_format(input))
+
+
+def _bn_backward_reduce(grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g):
+    c = input.size(1)
+    sums = (torch.empty_like(mean), torch.empty_like(mean)) if input_g else (None, None)
+    like = weight if weight is not None else mean
+    return sums + tuple(like.new_empty((c,)) if g else None for g in (weight_g, bias_g))
+
+
+_SYNC_BATCH_NORM_META = {
+    "batch_norm_stats": _bn_stats,
+    "batch_norm_gather_stats_with_counts": _bn_gather_stats,
+    "batch_norm_gather_stats": _bn_gather_stats,
+    "batch_norm_elemt": lambda input, weight, bias, mean, invstd, eps: _bn_like_input(input),
+    "batch_norm_backward_reduce": _bn_backward_reduce,
+    "batch_norm_backward_elemt": lambda grad_out, input, *a: _bn_like_input(input),
+}
 
 
 def _fused_optimizer_ops_without_meta() -> list[str]:
