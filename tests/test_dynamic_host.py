@@ -61,6 +61,18 @@ def test_checkpoint_copies_links_and_modes_go_to_the_scripts_own_copy():
     assert any(p.endswith(os.path.join("ckpt_out", "best.pth")) for p in run.redirected_writes)
 
 
+def test_files_an_earlier_run_left_are_updated_in_the_overlay():
+    """A lock file an earlier run left, opened read-write by filelock (before: "Read-only file
+    system", blamed on vest), a log appended to and read back whole, a file updated in place
+    ("r+"): each is copied into the overlay on its first update (copy-on-write), the real files
+    untouched. os.statvfs of a directory the run made, and os.chdir into it, find it there."""
+    real = {n: open(os.path.join(SCRIPTS, "data", n), "rb").read() for n in ("previous.log", "cache.lock")}
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("file_updates_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    assert {n: open(os.path.join(SCRIPTS, "data", n), "rb").read() for n in real} == real
+
+
 def test_sync_batch_norm_runs_as_on_the_gpu():
     """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
     gather of the ranks' statistics, the elementwise passes and backward reductions) have fake

@@ -64,7 +64,8 @@ class Sandbox:
     later open, stat, listdir, rename, replace, move, utime or remove of such a path, Python-level
     (``open``, pathlib, shutil, numpy) or ``os``-level, finds the redirected file, so a script that
     writes a file and reads it back, or saves atomically through a temp file and ``os.replace``,
-    runs as it would. Paths it never wrote are the real ones, read-only."""
+    runs as it would. A real file it updates (append, read-write) is copied into the overlay first.
+    Paths it never wrote are the real ones, read-only."""
 
     def __init__(self, tmpdir: str):
         self.tmpdir = os.path.realpath(tmpdir)
@@ -95,6 +96,28 @@ class Sandbox:
             self.redirected.append(os.path.abspath(os.fsdecode(path)))
         return target
 
+    def update(self, path):
+        """Where an update of ``path`` goes (append, read-write without truncating): its redirected
+        copy, made from the real file on the first such open (copy-on-write, as an overlay file
+        system does), so that the script reads what was there and what it added. A lock file that
+        an earlier run left (filelock opens it read-write), a log appended to, a cache updated in
+        place. A file larger than COPY_ON_WRITE_MAX is refused, not copied."""
+        if isinstance(path, int) or self.inside(path):
+            return path
+        target = self.seen(path)
+        if target != path or not os.path.isfile(path):
+            return target if target != path else self.redirect(path)
+        size = os.path.getsize(path)
+        if size > COPY_ON_WRITE_MAX:
+            self.refused.append(f"update {path}")
+            raise Refused(f"vest: the training script opened {os.fsdecode(path)!r} ({size / 2**20:.0f} MiB) to update it "
+                          f"in place; vest copies such a file into its temp dir only up to {COPY_ON_WRITE_MAX >> 20} MiB")
+        import shutil
+
+        target = self.redirect(path)
+        shutil.copyfile(path, target)
+        return target
+
     def seen(self, path):
         """Where a read of ``path`` goes: the redirected copy where the script wrote one."""
         if isinstance(path, int) or path is None:
@@ -123,14 +146,18 @@ class Sandbox:
 
         def open_(file, mode="r", *a, **k):
             if not isinstance(file, int):
-                file = sandbox.redirect(file) if writing_mode(mode) else sandbox.seen(file)
+                if not writing_mode(mode):
+                    file = sandbox.seen(file)
+                elif "w" in mode or "x" in mode:
+                    file = sandbox.redirect(file) if sandbox.seen(file) == file else sandbox.seen(file)
+                else:   # "a", "r+": what is there stays
+                    file = sandbox.update(file)
             return real_open(file, mode, *a, **k)
 
         def os_open(path, flags, *a, **k):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
-                if not isinstance(path, int) and not sandbox.inside(path) and sandbox.seen(path) == path \
-                        and os.path.exists(path) and not flags & (os.O_CREAT | os.O_TRUNC):
-                    pass   # a write into a real file the script never wrote: the audit hook refuses it
+                if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND) and not flags & os.O_TRUNC:
+                    path = sandbox.update(path)
                 else:
                     path = sandbox.redirect(path) if sandbox.seen(path) == path else sandbox.seen(path)
             else:
@@ -215,6 +242,14 @@ class Sandbox:
         for name in ("rename", "replace"):
             setattr(os, name, guarded(moving(name), real[name]))
         os.utime = guarded(utime, real["utime"])
+        real_chdir = os.chdir
+
+        def chdir(path):   # into a directory only the overlay has (the run made it)
+            if not isinstance(path, int) and not os.path.isdir(path):
+                path = sandbox.seen(path)
+            return real_chdir(path)
+
+        os.chdir = guarded(chdir, real_chdir)
         for name in ("makedirs", "mkdir"):
             setattr(os, name, guarded(make(name), real[name]))
         self._real = real
@@ -295,7 +330,11 @@ class Sandbox:
 
 
 # os calls on a path that go to the script's own copy where it wrote one (Sandbox.install)
-_ON_ITS_COPY = ("chmod", "chown", "truncate", "readlink", "listxattr", "getxattr", "setxattr", "removexattr")
+_ON_ITS_COPY = ("chmod", "chown", "truncate", "readlink", "listxattr", "getxattr", "setxattr", "removexattr",
+                "statvfs", "pathconf")
+# the largest real file an update (append, read-write) copies into the overlay: logs, lock files,
+# small caches; a data set opened read-write is refused with its size instead
+COPY_ON_WRITE_MAX = 256 << 20
 _NEW_NAME = ("link", "symlink")
 
 
