@@ -73,6 +73,14 @@ def test_files_an_earlier_run_left_are_updated_in_the_overlay():
     assert {n: open(os.path.join(SCRIPTS, "data", n), "rb").read() for n in real} == real
 
 
+def test_datasets_preprocessing_workers_run_in_the_one_process():
+    """datasets' map / filter with num_proc (transformers' examples, --preprocessing_num_workers)
+    run in the estimate's process, as DataLoader's workers do, with the same result (the script
+    checks it): before, refused as a script starting processes (os.fork)."""
+    (est,), run = estimate_script("datasets_workers_train.py")
+    assert run.steps == 3 and run.batch_hint == 8
+
+
 def test_sync_batch_norm_runs_as_on_the_gpu():
     """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
     gather of the ranks' statistics, the elementwise passes and backward reductions) have fake

@@ -884,10 +884,13 @@ def patched(state: ScriptState):
     patches.append((ddp_mod, "DistributedDataParallel", FakeDDP))
     saved.append((ddp_mod, "DistributedDataParallel", ddp_mod.DistributedDataParallel))
     _STATE[0] = state
+    from . import post_import   # stand-ins put in place when the script imports their library
+
     try:
         for obj, attr, new in patches:
             setattr(obj, attr, new)
-        yield state
+        with post_import.installed(post_import.HOOKS):
+            yield state
     finally:
         _STATE[0] = None
         for h in hooks:

@@ -1,0 +1,96 @@
+"""Stand-ins for libraries a script may import, put in place when it imports them (not before: an
+import the script never makes costs every run its time).
+
+``installed(hooks)`` puts a finder first on ``sys.meta_path`` for the run: when the script imports
+a module named in ``hooks``, the module is loaded as usual and then handed to its hook. A module
+already imported is handed over at once.
+
+The hooks here:
+- datasets' ``Dataset.map`` / ``Dataset.filter`` with ``num_proc`` (HF examples'
+  ``--preprocessing_num_workers``; ``DatasetDict.map`` calls them per split): they would fork a pool
+  of worker processes (and a manager process) to preprocess the data set; the run has one process
+  (bootstrap.py refuses forks), so they run in it, as DataLoader's workers do (standins.py). The
+  data is the same; no GPU memory depends on where it was computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import inspect
+import sys
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, hooks: dict):
+        self.hooks = dict(hooks)
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        hook, real_exec = self.hooks.pop(name), loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            hook(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+@contextlib.contextmanager
+def installed(hooks: dict):
+    """``hooks``: module name -> fn(module), each run once, when the module is first imported."""
+    pending = {}
+    for name, hook in hooks.items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            pending[name] = hook
+    finder = _Finder(pending)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+def _in_this_process(fn):
+    """``fn`` (Dataset.map / filter) with ``num_proc`` None, however it was passed."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            bound = sig.bind_partial(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)   # the library's own error
+        if bound.arguments.get("num_proc"):
+            bound.arguments["num_proc"] = None
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
+def _datasets(module) -> None:
+    cls = getattr(module, "Dataset", None)
+    for name in ("map", "filter"):
+        fn = getattr(cls, name, None)
+        if fn is not None and "num_proc" in inspect.signature(fn).parameters:
+            setattr(cls, name, _in_this_process(fn))
+
+
+HOOKS = {"datasets.arrow_dataset": _datasets}
