@@ -81,6 +81,18 @@ def test_datasets_preprocessing_workers_run_in_the_one_process():
     assert run.steps == 3 and run.batch_hint == 8
 
 
+def test_lazy_modules_are_made_at_their_first_forward_where_they_were_moved():
+    """nn.Lazy* modules moved with .cuda() before their shapes are known, made by a dummy forward,
+    then trained: their weights are on the (fake) GPU, counted as parameters, with AdamW's two
+    states each. Before: "the raw Tensor object is already associated to a python object of type
+    FakeTensor" at the module's construction, blamed on vest."""
+    (est,), run = estimate_script("lazy_modules_train.py")
+    params = 4 * ((3 * 9 * 16 + 16) + 2 * 16 + (16 * 30 * 30 * 10 + 10))
+    buffers = 4 * 2 * 16 + 8   # BatchNorm's running mean and variance, its int64 batch count
+    b = dict(est.breakdown)
+    assert run.steps == 3 and b["parameters"] == params + buffers and b["optimizer_state"] == 2 * params
+
+
 def test_sync_batch_norm_runs_as_on_the_gpu():
     """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
     gather of the ranks' statistics, the elementwise passes and backward reductions) have fake

@@ -96,6 +96,35 @@ class ScriptState:
 
 # ---- modules: .cuda() / .to() / .half() on fake parameters -----------------------------------------
 
+_LAZY_TARGET = "_vest_moved_to"   # an uninitialized parameter's attribute: (device, dtype) it was moved to
+
+
+def _lazy_target(fn, t) -> tuple:
+    """(device, dtype) a conversion puts a tensor of ``t``'s dtype on (an uninitialized tensor
+    refuses the conversion itself)."""
+    applied = fn(torch.empty(0, dtype=t.dtype))
+    return applied.device, applied.dtype
+
+
+def _moved_once_made(original):
+    """LazyModuleMixin._infer_parameters, the pre-forward hook that makes a lazy module's
+    parameters (and buffers) from its first input: made on the host, where they stayed, then
+    converted as the .cuda() / .to() before asked (on a GPU their data had moved there; having
+    none, they stayed: _apply_overwrite), through Module._apply, which repoints the optimizers."""
+    @functools.wraps(original)
+    def infer(self, module, args, kwargs=None):
+        tensors = [t for t in itertools.chain(module._parameters.values(), module._buffers.values()) if t is not None]
+        where = next((getattr(t, _LAZY_TARGET) for t in tensors if hasattr(t, _LAZY_TARGET)), None)
+        out = original(self, module, args, kwargs)
+        if where is not None:
+            device, dtype = where
+            module._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None),
+                          recurse=False)
+        return out
+
+    return infer
+
+
 def _apply_overwrite(state: ScriptState):
     """Module._apply that puts the converted tensor in place of the old one (torch's
     overwrite_module_params_on_conversion behaviour). torch 2.14 swaps FakeTensor parameters in
@@ -127,6 +156,12 @@ def _apply_overwrite(state: ScriptState):
                 if id(p) in memo:
                     self._parameters[key] = memo[id(p)]
                     continue
+                if isinstance(p, nn.parameter.UninitializedTensorMixin):
+                    # nn.Lazy* modules' parameter, which has no shape yet: it stays, is made at its
+                    # first forward, and then goes where the conversion put it (_moved_once_made)
+                    setattr(p, _LAZY_TARGET, _lazy_target(fn, p))
+                    memo[id(p)] = p
+                    continue
                 with torch.no_grad():
                     applied = fn(p)
                 if applied is p:
@@ -141,6 +176,9 @@ def _apply_overwrite(state: ScriptState):
                 self._parameters[key] = new
             for key, b in list(self._buffers.items()):
                 if b is not None:
+                    if isinstance(b, nn.parameter.UninitializedTensorMixin):   # (as a parameter's)
+                        setattr(b, _LAZY_TARGET, _lazy_target(fn, b))
+                        continue
                     if id(b) not in memo:
                         memo[id(b)] = fn(b)
                     self._buffers[key] = memo[id(b)]
@@ -828,6 +866,8 @@ def patched(state: ScriptState):
     spawn, start_processes = _spawn()
     patches = [
         (nn.Module, "_apply", _apply_overwrite(state)),
+        (nn.modules.lazy.LazyModuleMixin, "_infer_parameters",
+         _moved_once_made(nn.modules.lazy.LazyModuleMixin._infer_parameters)),
         (nn.Module, "cuda", _as_parameters(state, nn.Module.cuda, lambda *a, **k: True)),
         (nn.Module, "to", _as_parameters(state, nn.Module.to, _to_cuda)),
         *((nn.Module, name, _as_parameters(state, getattr(nn.Module, name), lambda *a, **k: True))

@@ -997,11 +997,19 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             if pinned is not dev:
                 kwargs = dict(kwargs, device=pinned)
         if self.host_real and func not in self.HOST_RANDOM and _host_call(func, args, kwargs):
-            if not (_no_tensor_input(args, kwargs) and _in_module_constructor()):
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+            if not (_no_tensor_input(args, kwargs) and _in_module_constructor()):
                 with unset_fake_temporarily():
                     return func(*args, **kwargs)
+            # a module's weights made on the host stay fake (no host memory for a large model), but
+            # one with no elements holds nothing: real, so that a Parameter subclass can wrap it
+            # (nn.Lazy* modules' UninitializedParameter: _make_subclass of torch.empty(0))
+            out = func(*args, **kwargs)
+            if isinstance(out, FakeTensor) and out.numel() == 0 and out.fake_device.type == "cpu":
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
+            return out
         if func in self.FACTORIES and kwargs.get("device") is DEVICE:
             kwargs = dict(kwargs)
             kwargs.pop("device")
