@@ -166,6 +166,18 @@ def test_tiny_script_logs_and_checkpoints_are_redirected():
     assert any(p.endswith("train.log") for p in run.redirected_writes)
 
 
+def test_a_script_that_ends_by_itself_keeps_its_parameters_in_the_breakdown():
+    """A script that ends after one step, before the steps the estimate asks for, frees its model
+    and optimizer as it exits: the breakdown's parameters and optimizer state are those alive at
+    the end of its last step (before: 0 and 0, though the JSON's names are a contract)."""
+    params = 4 * (64 * 256 + 256 + 256 * 10 + 10)
+    for args in ((), ("--steps", "1")):
+        (est,), run = estimate_script("tiny_train.py", *args)
+        b = dict(est.breakdown)
+        assert run.steps == (1 if args else 3)
+        assert b["parameters"] == params and b["optimizer_state"] == 2 * params
+
+
 def test_vest_estimate_command_line():
     r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
                         "python", "tiny_train.py"], cwd=SCRIPTS, capture_output=True, text=True, timeout=300)

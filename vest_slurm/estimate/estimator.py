@@ -105,10 +105,21 @@ class SizedToGpu(TraceSummary):
 
 
 def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
-    # parameter / optimizer-state bytes: alive at the end; gradient: the largest set alive at once.
+    # parameter / optimizer-state bytes: alive at the end, or at the end of the last step where more
+    # (a script that ended on its own before the steps asked for freed its model and optimizer as
+    # it exited); gradient: the largest set alive at once.
     live: dict[int, AllocEvent] = {}
     grad_live = grad_max = 0
-    for e in trace.events:
+    last_step = trace.step_ends[-1] if trace.step_ends else None
+    at_step = (0, 0)
+
+    def kept() -> tuple[int, int]:
+        return (sum(e.size_bytes for e in live.values() if e.category == "parameter"),
+                sum(e.size_bytes for e in live.values() if e.category == "optimizer_state"))
+
+    for i, e in enumerate(trace.events):
+        if i == last_step:
+            at_step = kept()
         if e.action == "alloc":
             live[e.block] = e
             if e.category == "gradient":
@@ -118,8 +129,9 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
             a = live.pop(e.block, None)
             if a is not None and a.category == "gradient":
                 grad_live -= a.size_bytes
-    params = sum(e.size_bytes for e in live.values() if e.category == "parameter")
-    states = sum(e.size_bytes for e in live.values() if e.category == "optimizer_state")
+    params, states = kept()
+    if at_step[0] > params:
+        params, states = at_step
     uses_cudnn = any(e.module == "cudnn" for e in trace.events if e.category == "workspace")
     ddp = any(e.module == "ddp_buckets" for e in trace.events if e.action == "alloc")
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)

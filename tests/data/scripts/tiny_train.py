@@ -1,4 +1,5 @@
-"""A minimal training loop used by the dynamic-analysis tests; writes a log and a checkpoint in cwd."""
+"""A minimal training loop used by the dynamic-analysis tests; writes a log and a checkpoint in cwd.
+``--steps N``: N steps (default 100), then it ends by itself."""
 import sys
 
 import torch
@@ -7,7 +8,8 @@ from torch import nn
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
 opt = torch.optim.Adam(model.parameters())
 log = open("train.log", "w")
-for step in range(100):
+steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 100
+for step in range(steps):
     x = torch.randn(32, 64, device="cuda")
     y = torch.randint(0, 10, (32,), device="cuda")
     opt.zero_grad()
