@@ -97,3 +97,21 @@ def test_what_the_replay_reads_changes_the_key():
     # what no replay reads (phase, category, module name, op) does not
     assert replaycache._digest([AllocEvent("alloc", 1, 4096, 0, "backward", "temporary", "fc", op="mm"), base[1]],
                                [1]) == d
+
+
+def test_the_need_is_never_above_the_reserved_peak(monkeypatch):
+    """A cuDNN workspace of 22 MiB, freed; 2.1 MiB then 21 MiB: with the workspace the 2.1 MiB
+    is split off its cached segment and the job reserves 24 MiB; with no workspace (the capacity
+    search's events) the 2.1 MiB opens a 20 MiB segment of its own and the search needs 42 MiB.
+    The job runs at 24 MiB (its replay found room for everything there): the need says so, not 42."""
+    from vest_slurm.estimate.allocator_config import AllocatorConfig
+    from vest_slurm.estimate.trace import AllocEvent
+
+    monkeypatch.setenv("VEST_CACHE_DIR", "off")
+    ev = [AllocEvent("alloc", 0, 23072768, 0, "forward", "workspace", "cudnn"), AllocEvent("free", 0, 0),
+          AllocEvent("alloc", 1, 2199552, 0, "forward", "activation"),
+          AllocEvent("alloc", 2, 22024192, 0, "forward", "activation")]
+    full = replay(ev)
+    assert min_capacity_bytes(replaycache.zero_cudnn(ev)) > full.peak_reserved_bytes   # the search alone
+    got = replaycache.replayed(ev, [], AllocatorConfig(), lambda: (ev, full))
+    assert got.need_bytes == full.peak_reserved_bytes

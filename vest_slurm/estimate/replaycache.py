@@ -95,7 +95,10 @@ def replayed(events: Sequence[AllocEvent], step_ends: Sequence[int], config: All
         if hit is not None:
             return Replayed(hit[0], hit[1], None, lambda: with_rest_of_run()[0])
     full, result = with_rest_of_run()
-    out = Replayed(result, _need(full, config), full)
+    # The job runs where its replay reached its reserved peak (every allocation found room there,
+    # the workspaces included): the need is never above it. The search over the workspace-free
+    # events can land above it, as the allocator's splits of other sizes need not fit the same way.
+    out = Replayed(result, min(_need(full, config), result.peak_reserved_bytes), full)
     if path is not None:
         _store(path, out)
     return out
