@@ -93,6 +93,18 @@ def test_lazy_modules_are_made_at_their_first_forward_where_they_were_moved():
     assert run.steps == 3 and b["parameters"] == params + buffers and b["optimizer_state"] == 2 * params
 
 
+def test_the_workload_block_says_the_script_checkpointed_its_activations():
+    """A script that reruns its blocks in backward (torch.utils.checkpoint) is said to in the
+    workload block (and the spec that stands for it), not the command line's default 'off'."""
+    from vest_slurm.dynamic.runner import script_spec
+
+    (_,), run = estimate_script("checkpointed_train.py")
+    assert dict(run.observed)["gradient_checkpointing"] == "on"
+    assert script_spec(parse_train_command(["python", "checkpointed_train.py"]), run, 1, "").gradient_checkpointing == "on"
+    (_,), plain = estimate_script("lazy_modules_train.py")
+    assert dict(plain.observed)["gradient_checkpointing"] == "off"
+
+
 def test_sync_batch_norm_runs_as_on_the_gpu():
     """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
     gather of the ranks' statistics, the elementwise passes and backward reductions) have fake

@@ -789,7 +789,7 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
                         precision=seen.get("precision") or "fp32",
                         cudnn_benchmark="on" if seen.get("cudnn_benchmark") else "off",
                         zero_grad=seen.get("zero_grad") or "after-step", grad_accum=int(seen.get("grad_accum") or 1),
-                        flags=run.flags)
+                        gradient_checkpointing=seen.get("gradient_checkpointing") or "off", flags=run.flags)
 
 
 def _tuples(x):

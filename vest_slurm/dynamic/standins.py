@@ -45,6 +45,7 @@ class ScriptState:
     precision: str | None = None
     cudnn_benchmark: bool = False
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
+    recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
     # the stop without torch.optim (hand-written updates, or forward passes only)
     backwards: int = 0
     backwards_at_step: int = 0          # backward passes when the last optimizer step ended
@@ -710,6 +711,8 @@ def patched(state: ScriptState):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
+        if not state.recomputed and fc.current_autograd_node() is not None:
+            state.recomputed = True   # torch.utils.checkpoint reruns the forward in backward
         if tr.s.oom_pending:
             # the first call after the fake GPU ran out of memory, caught by the script (a batch-size
             # finder): the exception skipped the forward hooks that close calls, and the batch read so
