@@ -105,6 +105,18 @@ def test_the_workload_block_says_the_script_checkpointed_its_activations():
     assert dict(plain.observed)["gradient_checkpointing"] == "off"
 
 
+def test_optimizer_steps_taken_in_backward_are_one_step_per_backward():
+    """An optimizer per parameter stepped from its gradient hook (PyTorch's "optimizer step in
+    backward" recipe): the backward is one training step, however many optimizers stepped in it.
+    Before, each of them ended a step, the run stopped inside the first backward after three, and
+    the optimizer state of the other parameters was never made (1/4 of it here, unflagged)."""
+    (est,), run = estimate_script("optimizer_in_backward_train.py")
+    params = 4 * 6 * (256 * 256 + 256)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and b["parameters"] == params and b["optimizer_state"] == 2 * params
+    assert b["gradients"] < params / 2   # freed as each step takes them, never all alive
+
+
 def test_sync_batch_norm_runs_as_on_the_gpu():
     """nn.SyncBatchNorm under torchrun (--sync-bn): its CUDA-only kernels (batch_norm_stats, the
     gather of the ranks' statistics, the elementwise passes and backward reductions) have fake

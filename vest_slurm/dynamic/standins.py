@@ -46,6 +46,8 @@ class ScriptState:
     cudnn_benchmark: bool = False
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
+    in_backward: int = 0                # backward calls under way
+    step_in_backward: bool = False      # an optimizer stepped from a gradient hook in the backward under way
     # the stop without torch.optim (hand-written updates, or forward passes only)
     backwards: int = 0
     backwards_at_step: int = 0          # backward passes when the last optimizer step ended
@@ -801,7 +803,22 @@ def patched(state: ScriptState):
             state.grad_accum = max(state.grad_accum, state.backwards - state.backwards_at_step - inside + min(inside, 1))
             state.backwards_at_step, state.closure_backwards = state.backwards, 0
         state.backward_since_update = False
+        if state.in_backward:
+            # stepped from a gradient hook (an optimizer per parameter, stepped as its gradient is
+            # ready: the "optimizer step in backward" recipe): one step, which the backward's end ends
+            state.step_in_backward = True
+            tr.s.phase = "backward"
+            return
         state.end_step()
+
+    def _after_backward():
+        state.in_backward -= 1
+        tr.s.phase = "other"
+
+    def _steps_taken_in_backward():
+        if state.step_in_backward and not state.in_backward:
+            state.step_in_backward = False
+            state.end_step()
 
     orig_backward = torch.autograd.backward
     orig_grad = torch.autograd.grad
@@ -819,17 +836,23 @@ def patched(state: ScriptState):
 
     def backward(*a, **k):
         _before_backward()
+        state.in_backward += 1
         try:
-            return orig_backward(*a, **k)
+            out = orig_backward(*a, **k)
         finally:
-            tr.s.phase = "other"
+            _after_backward()
+        _steps_taken_in_backward()
+        return out
 
     def grad(*a, **k):
         _before_backward()
+        state.in_backward += 1
         try:
-            return orig_grad(*a, **k)
+            out = orig_grad(*a, **k)
         finally:
-            tr.s.phase = "other"
+            _after_backward()
+        _steps_taken_in_backward()
+        return out
 
     orig_zero_grad = torch.optim.Optimizer.zero_grad
 
