@@ -198,9 +198,10 @@ def test_cuda_api_without_stand_in_blames_vest_and_json_failure_object():
 
 
 def test_torch_func_transforms_are_vests_gap_not_the_scripts(tmp_path):
-    """torch.func.grad carries the fake tensors' CUDA device into the autograd engine's C++, which asks
-    for a CUDA context: the error says so on a GPU-less machine only, so vest must act (it was
-    reported as the script's failure)."""
+    """A model trained functionally under torch.func.grad (new weights each step, no optimizer, no
+    backward call, no in-place update) takes no step vest counts: vest must act, not the script.
+    (Before, grad's wrappers of the fake tensors were taken for host tensors and reached the
+    driver.) Per-sample gradients with vmap(grad(...)) feeding an optimizer step are estimated."""
     (tmp_path / "t.py").write_text(
         "import torch\nfrom torch.func import functional_call, grad\n"
         "m = torch.nn.Linear(64, 1).cuda()\np = {k: v.detach() for k, v in m.named_parameters()}\n"
@@ -210,7 +211,21 @@ def test_torch_func_transforms_are_vests_gap_not_the_scripts(tmp_path):
         "    p = {k: p[k] - 0.1 * g[k] for k in p}\n")
     with pytest.raises(EstimateError) as e:
         estimate_command(parse_train_command("python t.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
-    assert e.value.kind == "vest-unsupported" and "t.py:7" in str(e.value), str(e.value)
+    assert e.value.kind == "vest-unsupported" and "torch.func" in str(e.value), str(e.value)
+    (tmp_path / "per_sample.py").write_text(
+        "import torch, torch.nn.functional as F\nfrom torch.func import functional_call, vmap, grad\n"
+        "m = torch.nn.Linear(64, 10).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "def loss(p, x, y):\n"
+        "    return F.nll_loss(functional_call(m, p, (x[None],)).log_softmax(1), y[None])\n"
+        "for _ in range(3):\n"
+        "    x, y = torch.randn(32, 64, device='cuda'), torch.randint(10, (32,), device='cuda')\n"
+        "    g = vmap(grad(loss), in_dims=(None, 0, 0))(dict(m.named_parameters()), x, y)\n"
+        "    for n, p in m.named_parameters():\n"
+        "        p.grad = g[n].mean(0)\n"
+        "    opt.step()\n")
+    (est,), run = estimate_command(parse_train_command("python per_sample.py"), [get_profile("a100-40gb")],
+                                  cwd=str(tmp_path))
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (64 * 10 + 10)
 
 
 def test_a_script_that_sizes_its_batch_to_the_gpu_runs_out_where_the_gpu_would():

@@ -620,6 +620,7 @@ def run(ns) -> dict:
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
                       "followed by parameter updates, or forward passes under grad")
+        result["func_transform"] = state.func_transform
     trace = tracer.finish(state.steps, ())
     result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
                         for e in trace.events]

@@ -707,6 +707,12 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
     msg = result.get("message", "")
     api = result.get("api")
     tail = _tail(log_path) if log_path else ""
+    if status == "no-step" and result.get("func_transform"):
+        raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA: its model ran under "
+                            f"torch.func transforms (grad, vjp, vmap) and its weights were updated functionally, which "
+                            f"vest does not count as training steps ({result.get('steps', 0)} steps traced){log}",
+                            "this is vest-slurm's limit, not the script's; meanwhile " + _WORKAROUND,
+                            kind="vest-unsupported", where=where)
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",

@@ -46,6 +46,7 @@ class ScriptState:
     cudnn_benchmark: bool = False
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
+    func_transform: bool = False        # a module ran under a torch.func transform (grad, vjp, vmap)
     in_backward: int = 0                # backward calls under way
     step_in_backward: bool = False      # an optimizer stepped from a gradient hook in the backward under way
     # the stop without torch.optim (hand-written updates, or forward passes only)
@@ -715,6 +716,8 @@ def patched(state: ScriptState):
     def pre_forward(mod, args):
         if not state.recomputed and fc.current_autograd_node() is not None:
             state.recomputed = True   # torch.utils.checkpoint reruns the forward in backward
+        if not state.func_transform and torch._C._functorch.maybe_current_level() is not None:
+            state.func_transform = True
         if tr.s.oom_pending:
             # the first call after the fake GPU ran out of memory, caught by the script (a batch-size
             # finder): the exception skipped the forward hooks that close calls, and the batch read so

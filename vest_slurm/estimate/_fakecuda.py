@@ -588,12 +588,21 @@ def _names_cuda(a) -> bool:
     return isinstance(a, str) and (a == "cuda" or a.startswith("cuda:") or a.startswith("torch.cuda."))
 
 
+def _fake_at_heart(a) -> bool:
+    """A FakeTensor, or a torch.func transform's wrapper of one (vmap's BatchedTensor, grad's
+    GradTrackingTensor: their values are the fake tensor's, on its device)."""
+    while isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor) and \
+            torch._C._functorch.is_functorch_wrapped_tensor(a):
+        a = torch._C._functorch.get_unwrapped(a)
+    return isinstance(a, FakeTensor)
+
+
 def _real_host_op(leaves) -> bool:
     """An aten op on real host tensors only, with no CUDA device asked for: it runs for real
     (``leaves``: its arguments, _op_leaves)."""
     real = False
     for a in leaves:
-        if isinstance(a, FakeTensor) or _names_cuda(a):
+        if _fake_at_heart(a) or _names_cuda(a):
             return False
         real = real or isinstance(a, torch.Tensor)
     return real
@@ -1088,7 +1097,7 @@ def _host_call(func, args, kwargs) -> bool:
     if func is torch.Tensor.cuda:
         return False
     for a in pytree.tree_leaves((args, kwargs)):
-        if isinstance(a, FakeTensor) or _names_cuda(a):
+        if _fake_at_heart(a) or _names_cuda(a):
             return False
     if func is torch.Tensor.to:
         try:
