@@ -95,14 +95,18 @@ def test_lazy_modules_are_made_at_their_first_forward_where_they_were_moved():
 
 def test_the_workload_block_says_the_script_checkpointed_its_activations():
     """A script that reruns its blocks in backward (torch.utils.checkpoint) is said to in the
-    workload block (and the spec that stands for it), not the command line's default 'off'."""
+    workload block (and the spec that stands for it), not the command line's default 'off'; so is
+    the optimizer it stepped (AdamW; none for hand-written updates), not the default Adam."""
     from vest_slurm.dynamic.runner import script_spec
 
     (_,), run = estimate_script("checkpointed_train.py")
     assert dict(run.observed)["gradient_checkpointing"] == "on"
-    assert script_spec(parse_train_command(["python", "checkpointed_train.py"]), run, 1, "").gradient_checkpointing == "on"
+    spec = script_spec(parse_train_command(["python", "checkpointed_train.py"]), run, 1, "")
+    assert spec.gradient_checkpointing == "on" and spec.optimizer == "adamw"   # the script's, not the default adam
     (_,), plain = estimate_script("lazy_modules_train.py")
     assert dict(plain.observed)["gradient_checkpointing"] == "off"
+    (_,), manual = estimate_script("manual_sgd.py")
+    assert script_spec(parse_train_command(["python", "manual_sgd.py"]), manual, 1, "").optimizer.startswith("none")
 
 
 def test_optimizer_steps_taken_in_backward_are_one_step_per_backward():

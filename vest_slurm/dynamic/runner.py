@@ -790,12 +790,30 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
     if run.spec is not None:   # the run's flags with the sharded or TP spec's own
         return run.spec.with_(alloc_conf=alloc_conf, flags=tuple(dict.fromkeys(run.spec.flags + run.flags)))
     seen = dict(run.observed)
+    optimizer, impl, weight_decay = _script_optimizer(seen.get("optimizer"), run.stopped_by)
     return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
+                        optimizer=optimizer, optimizer_impl=impl, weight_decay=weight_decay,
                         parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps,
                         precision=seen.get("precision") or "fp32",
                         cudnn_benchmark="on" if seen.get("cudnn_benchmark") else "off",
                         zero_grad=seen.get("zero_grad") or "after-step", grad_accum=int(seen.get("grad_accum") or 1),
                         gradient_checkpointing=seen.get("gradient_checkpointing") or "off", flags=run.flags)
+
+
+def _script_optimizer(opt: dict | None, stopped_by: str) -> tuple[str, str, float | None]:
+    """(optimizer, optimizer_impl, weight_decay) of the workload block: the script's first optimizer
+    stepped, by vest's name where it has one (--optimizer's), else its class; without one, how the
+    run's steps were made."""
+    from .fake_dist import _OPT_NAMES
+    from ..estimate.workload import OPTIMIZER_TABLE
+
+    if not opt:
+        return f"none ({stopped_by})" if stopped_by != "optimizer steps" else "none", "auto", None
+    cls = opt["class"]
+    name = _OPT_NAMES.get((cls, bool(opt.get("momentum")) if cls == "SGD" else bool(opt.get("amsgrad"))))
+    name = name or next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw), None)
+    impl = "fused" if opt.get("fused") else ("for-loop" if opt.get("foreach") is False else "auto")
+    return name or f"{opt['module']}.{cls}", impl, opt.get("weight_decay")
 
 
 def _tuples(x):

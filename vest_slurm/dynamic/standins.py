@@ -47,6 +47,7 @@ class ScriptState:
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
     func_transform: bool = False        # a module ran under a torch.func transform (grad, vjp, vmap)
+    optimizer: dict | None = None       # the first optimizer stepped: its class and defaults (workload block)
     in_backward: int = 0                # backward calls under way
     step_in_backward: bool = False      # an optimizer stepped from a gradient hook in the backward under way
     # the stop without torch.optim (hand-written updates, or forward passes only)
@@ -791,6 +792,10 @@ def patched(state: ScriptState):
             state.forward_since_backward = True
 
     def pre_step(opt, args, kwargs):
+        if state.optimizer is None:
+            d = opt.defaults
+            state.optimizer = {"class": type(opt).__name__, "module": type(opt).__module__,
+                               **{k: d.get(k) for k in ("foreach", "fused", "weight_decay", "momentum", "amsgrad")}}
         state.in_optimizer_step += 1
         state.stepping = type(opt).__name__
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")

@@ -392,7 +392,7 @@ class Prober:
                 continue
             parts = dict(est.breakdown)
             grads = parts.get("gradients", 0)
-            if s.optimizer == spec.optimizer:
+            if s.optimizer == spec.optimizer or spec.optimizer not in OPTIMIZER_TABLE:
                 state = parts.get("optimizer_state", 0)
             else:
                 state = int(OPTIMIZER_TABLE[spec.optimizer][2] * grads)
