@@ -254,6 +254,28 @@ def test_torchrun_ddp_script_one_rank_of_the_world():
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params
 
 
+def test_ddp_communication_hooks():
+    """DDP's register_comm_hook (accelerate's comm_hook): the fp16 compression hook allreduces a
+    half-precision copy of the bucket, held until the backward's end (one per step; the peak is
+    the optimizer's, unchanged); PowerSGD is accepted and the estimate flagged (its buffers are not
+    modelled). Before: AttributeError on the stand-in, blamed on the script."""
+    def run(*extra):
+        cmd = parse_train_command(["torchrun", "--nproc_per_node", "2", "ddp_train.py", "--hidden", "2048", *extra])
+        (est,), r = estimate_command(cmd, [A100], cwd=SCRIPTS)
+        return dict(est.breakdown), r
+
+    plain, _ = run()
+    fp16, r16 = run("--comm-hook", "fp16")
+    numel = 64 * 2048 + 2048 + 2048 * 10 + 10
+    assert r16.steps == 3 and r16.flags == ()
+    copies = [i for i, e in enumerate(r16.trace.events) if e.action == "alloc" and e.size_bytes == 2 * numel]
+    assert len(copies) == 3 and fp16["live_tensor_peak"] == plain["live_tensor_peak"]
+    freed = {e.block for e in r16.trace.events if e.action == "free"}
+    assert all(r16.trace.events[i].block in freed for i in copies)
+    _, rp = run("--comm-hook", "powersgd")
+    assert rp.steps == 3 and any("DDP communication hook powerSGD_hook" in f for f in rp.flags)
+
+
 def test_building_a_huge_model_costs_no_host_memory():
     """8.6e9 parameters: 34 GB if they were real; the run stays under a 2 GiB memory limit."""
     (est,), run = estimate_script("huge_model.py", limits=Limits(memory_bytes=2 * 2**30))

@@ -549,6 +549,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       "one (cached blocks, fragmentation) a little sooner",)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
+        flags += tuple(result.get("standin_flags") or ())
         if why_not:   # the job runs other packages than those the script ran with here
             flags += (f"the job's Python ({theirs}) {why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
                       "with its packages, not the job's, whose versions may take other memory; install vest-slurm "

@@ -48,6 +48,7 @@ class ScriptState:
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
     func_transform: bool = False        # a module ran under a torch.func transform (grad, vjp, vmap)
     optimizer: dict | None = None       # the first optimizer stepped: its class and defaults (workload block)
+    flags: list = field(default_factory=list)   # what stand-ins accepted but do not model (the estimate says so)
     in_backward: int = 0                # backward calls under way
     step_in_backward: bool = False      # an optimizer stepped from a gradient hook in the backward under way
     # the stop without torch.optim (hand-written updates, or forward passes only)
@@ -292,6 +293,8 @@ class FakeDDP(nn.Module):
                                   for dtype, ps in by_dtype.items()]
         finally:
             s.category, s.module_stack = None, s.module_stack[:-1]
+        self._vest_params = list(by_dtype.values())
+        self._vest_in_flight: list = []   # what a communication hook keeps until the backward ends
         if gradient_as_bucket_view:
             for bucket, ps in zip(self._vest_buckets, by_dtype.values()):
                 offset = 0
@@ -324,6 +327,57 @@ class FakeDDP(nn.Module):
             yield
         finally:
             self._vest_sync = True
+
+    def register_comm_hook(self, state, hook):
+        """A communication hook for the buckets (accelerate's ``comm_hook``, a script's own). The
+        default hooks' compression (default_hooks.py ``fp16_compress_hook`` / ``bf16_compress_hook``)
+        allreduces a half-precision copy of each bucket, made when the bucket is ready and held by
+        its future until the Reducer waits for them all at the backward's end; ``allreduce_hook``
+        keeps nothing. Any other hook (PowerSGD's error feedback and low-rank factors, a script's
+        own) is accepted and the estimate flagged: what it keeps is not modelled."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+
+        if hook is getattr(dh, "allreduce_hook", None):
+            return
+        half = {getattr(dh, "fp16_compress_hook", None): torch.float16,
+                getattr(dh, "bf16_compress_hook", None): torch.bfloat16}.get(hook)
+        if half is None:
+            name = getattr(hook, "__qualname__", None) or type(hook).__name__
+            _STATE[0].flags.append(f"DDP communication hook {name}: what it keeps on the GPU (PowerSGD's error "
+                                   "feedback and low-rank factors, a hook's own buffers) is not modelled")
+            return
+        for bucket, ps in zip(self._vest_buckets, self._vest_params):
+            ps[-1].register_post_accumulate_grad_hook(self._compressed(bucket, half))   # the bucket's last gradient
+
+    def _compressed(self, bucket, dtype):
+        ddp = weakref.ref(self)
+
+        def hook(_p):
+            me = ddp()
+            if me is None or not me._vest_expect_hooks:
+                return
+            if not me._vest_in_flight:
+                torch.autograd.Variable._execution_engine.queue_callback(me._vest_in_flight.clear)
+            me._vest_in_flight.append(bucket.to(dtype))
+
+        return hook
+
+    def join(self, divide_by_initial_world_size=True, enable=True, throw_on_early_termination=False):
+        return contextlib.nullcontext()   # uneven inputs: every rank of the fake group has the same
+
+    def _set_static_graph(self):
+        pass
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if hasattr(nn.parallel.DistributedDataParallel, name) and not name.startswith("_vest"):
+                from ..errors import NotSupportedHere
+
+                raise NotSupportedHere(f"DistributedDataParallel.{name}",
+                                       "its stand-in (standins.FakeDDP) has no such member yet") from None
+            raise
 
 
 def _init_process_group(state: ScriptState):
