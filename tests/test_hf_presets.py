@@ -71,3 +71,26 @@ def test_ground_truth_rows_name_checkpoints_by_hub_name():
         row_to_spec(_row("AutoModelForSpeechSeq2Seq", "roberta-base"))
     with pytest.raises(RowSkip, match="no preset"):
         row_to_spec(_row("GemmaForCausalLM", "google/gemma-7b"))
+
+
+def test_a_local_config_folder_is_that_config_not_a_preset_of_its_name(tmp_path, monkeypatch):
+    """hf:DIR with a config.json (a checkpoint's folder, a job's own tiny config) builds the class
+    its "architectures" names from that config, even where the folder is named like a preset (it
+    became the preset before: BERT-base's 108 M parameters for a 2-layer config, unflagged); its
+    trace is not cached (the key cannot see the file change). A config without a class is refused."""
+    from vest_slurm.errors import WorkloadError
+    from vest_slurm.estimate import tracecache
+
+    monkeypatch.chdir(tmp_path)
+    transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                            vocab_size=500, architectures=["BertForSequenceClassification"]).save_pretrained("bert-base-cased")
+    spec = parse_workload_args(["--model", "hf:bert-base-cased", "--batch-size", "2", "--input", "seq16"])
+    built = build_model(spec)
+    assert type(built.module).__name__ == "BertForSequenceClassification"
+    assert sum(p.numel() for p in built.module.parameters()) < 200_000
+    monkeypatch.setenv("VEST_CACHE_DIR", str(tmp_path / "cache"))
+    assert tracecache.key(spec, (8, 0), 80 << 30) is None
+    assert tracecache.key(spec.with_(model="hf:bert-base-uncased"), (8, 0), 80 << 30) is not None
+    transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained("bare")
+    with pytest.raises(WorkloadError, match="architectures"):
+        build_model(parse_workload_args(["--model", "hf:bare", "--batch-size", "2", "--input", "seq16"]))

@@ -202,6 +202,29 @@ def _skip_value_checks(module) -> None:
             m.warn_if_padding_and_no_attention_mask = lambda *args, **kwargs: None
 
 
+def _local_config(name: str):
+    """(model class name, config) of ``hf:DIR`` where DIR holds a config.json, read offline: its
+    ``architectures`` names the class. None where ``name`` is no such folder (a class, a preset, a
+    hub name). A folder is never taken for a preset of the same name."""
+    import os
+
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        return None
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise WorkloadError(f"{name}/config.json: transformers cannot read it: {str(e).splitlines()[0]}",
+                            "give a config.json that transformers' AutoConfig reads") from None
+    archs = getattr(config, "architectures", None) or []
+    if not archs:
+        raise WorkloadError(f"{name}/config.json names no model class (no \"architectures\")",
+                            f"add \"architectures\": [\"{type(config).__name__.replace('Config', 'ForCausalLM')}\"] "
+                            "(or the class the job trains) to it")
+    return archs[0], config
+
+
 def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     import transformers
 
@@ -209,21 +232,28 @@ def _hf(name: str, kwargs: dict, inp: InputSpec) -> BuiltModel:
     # attention kernel: the job's transformers decides (e.g. T5 runs eagerly before transformers
     # PR #47014, 2026-07); default sdpa where the model supports it, as current transformers does
     attn = kwargs.pop("attn_implementation", None)
-    preset_key = hf_preset(name)
-    if preset_key is not None:
-        cls_name, preset = HF_PRESETS[preset_key]
-        kwargs = {**preset, **kwargs}
+    local = _local_config(name)
+    if local is not None:   # a folder with a config.json (a checkpoint's, a job's own): that config
+        cls_name, config = local
+        for k, v in kwargs.items():
+            setattr(config, k, v)
     else:
-        cls_name = name
+        preset_key = hf_preset(name)
+        if preset_key is not None:
+            cls_name, preset = HF_PRESETS[preset_key]
+            kwargs = {**preset, **kwargs}
+        else:
+            cls_name = name
     cls = getattr(transformers, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and hasattr(cls, "config_class")):
         raise WorkloadError(f"unknown transformers model {name!r}",
                             f"use a model class (e.g. hf:BertForMaskedLM, hf:GPT2LMHeadModel) or a preset: {', '.join(sorted(HF_PRESETS))}")
     config_cls = cls.config_class
-    try:
-        config = config_cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise WorkloadError(f"{config_cls.__name__} rejected {kwargs}: {e}", "check the config field names") from None
+    if local is None:
+        try:
+            config = config_cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise WorkloadError(f"{config_cls.__name__} rejected {kwargs}: {e}", "check the config field names") from None
     unknown = [k for k in kwargs if not hasattr(config, k)]
     if unknown:
         raise WorkloadError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}",
