@@ -253,6 +253,20 @@ def test_a_script_that_sizes_its_batch_to_the_gpu_runs_out_where_the_gpu_would()
     assert not any("out-of-memory" in f for f in run.flags)
 
 
+def test_a_batch_finder_that_fits_the_first_gpu_class_runs_again_on_a_smaller_one():
+    """The finder's starting batch fits an A100-80GB, not a T4: the T4's class gets a run of its
+    own, which halves its batch until it fits, and the estimate is flagged for the T4 (before, the
+    T4 took the A100's run at the starting batch: 'does not fit', no flag). The T4's requirement is
+    its settled run's: the attempts that ran out are not asked of it."""
+    a100, t4 = get_profile("a100-80gb"), get_profile("t4-16gb")
+    est, run = estimate_command(parse_train_command("python batch_finder_train.py --batch-size 131072"), [a100, t4],
+                                cwd=SCRIPTS)
+    by = {e.gpu: e for e in est}
+    assert by["a100-80gb"].fits and by["t4-16gb"].fits
+    assert any(f.startswith("on t4-16gb: the script caught CUDA out-of-memory") for f in run.flags)
+    assert by["t4-16gb"].required_bytes < by["a100-80gb"].required_bytes
+
+
 def test_an_optimizer_step_that_branches_on_gpu_values_is_flagged(tmp_path):
     """LBFGS decides its iterations and whether it keeps each update in its history (``ys > 1e-10``)
     from values on the GPU: stand-ins decide those branches here, so the estimate is flagged naming

@@ -846,6 +846,7 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
     conf = alloc_conf if alloc_conf is not None else dict(cmd.env).get(
         "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     summaries, first, gpu_class_of_first = {}, None, None
+    later: list[tuple[list, DynamicRun]] = []   # the other classes' runs: their flags are said too
     # a script that sizes itself to the GPU meets the smallest room of each class first: if it never
     # runs out there, it does not on the others either, and one run holds for the class
     sizes_itself = catches_oom(cmd, cwd)
@@ -855,7 +856,9 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
         if cls in summaries:
             continue
         same_class = [q for q in profiles if gpu_class(q) == cls]
-        if first is not None and holds_on(first.trace, p.capability) and not first.sized_to_gpu:
+        # (a script that catches out-of-memory runs per class: on a smaller GPU it may run out where
+        # the first class's run did not, and settle on another batch)
+        if first is not None and holds_on(first.trace, p.capability) and not first.sized_to_gpu and not sizes_itself:
             summaries[cls] = summaries[gpu_class_of_first]
             continue
         room = min(q.tensor_room_bytes for q in same_class) if sizes_itself else 0
@@ -870,8 +873,16 @@ def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limi
                                            lambda q: run_dynamic(cmd, q, gpus, limits, cwd, q.tensor_room_bytes))
         if first is None:
             first, gpu_class_of_first = run, cls
+        else:
+            later.append((same_class, run))
     if first is None:
         raise next(iter(summaries.values()))
+    # what only another class's run met (a batch-size finder that ran out of memory on the smaller
+    # GPU), said with the GPU types it holds for
+    extra = tuple(f"on {', '.join(q.key for q in types)}: {f}" for types, r in later for f in r.flags
+                  if f not in first.flags)
+    if extra:
+        first = replace(first, flags=first.flags + extra)
     if not num_gpus and cmd.world < 0:   # the launch's size is the job's ($SLURM_NNODES), not known here
         note = (f"{cmd.launcher}'s processes are the job's (--nnodes {'?' if cmd.nnodes < 0 else cmd.nnodes}, "
                 f"--nproc_per_node {'?' if cmd.nproc < 0 else cmd.nproc}): estimated as {gpus} GPU(s); give --num-gpus "

@@ -28,7 +28,7 @@ from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
 from .sharding import data_world, strategy_world
 from .profiles import DeviceProfile, eager_loading
-from .trace import BF16_NOTE, AllocEvent, AllocTrace, with_size
+from .trace import BF16_NOTE, CAUGHT_OOM, AllocEvent, AllocTrace, with_size
 from ..units import MiB
 from .workload import SHARDED, WorkloadSpec
 
@@ -192,6 +192,25 @@ def _largest(events: Sequence[AllocEvent], module: str, default):
     return max((e.size_bytes for e in events if e.module == module and e.action == "alloc"), default=default)
 
 
+def _settled_need(full: list[AllocEvent], config) -> int:
+    """What a script that caught CUDA out-of-memory and went on (a batch-size finder) needs: the
+    capacity search over its run from the last out-of-memory it caught (trace.CAUGHT_OOM), with what
+    was alive there. The attempts before it end in that error on a GPU too, by the script's design;
+    what they held is freed and their cached blocks released (empty_cache, or the allocator's own
+    release before it raises), so they ask nothing of the GPU the settled run does not."""
+    from .allocator import min_capacity_bytes
+    from .replaycache import zero_cudnn
+
+    last = max(i for i, e in enumerate(full) if e.module == CAUGHT_OOM)
+    alive: dict[int, AllocEvent] = {}
+    for e in full[:last]:
+        if e.action == "alloc":
+            alive[e.block] = e
+        else:
+            alive.pop(e.block, None)
+    return min_capacity_bytes(zero_cudnn(list(alive.values()) + list(full[last:])), config)
+
+
 def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
     """The peak as this GPU shows it. The replay's peak has no ceiling; where it is above what the
     GPU has but the job runs (required fits), the allocator empties its cache and retries and cuDNN
@@ -279,6 +298,8 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     events = _events_for(summary.trace.events, profile, spec, summary)
     done = _replayed(summary, events, spec, config)
     result, need = done.result, done.need_bytes
+    if any(e.module == CAUGHT_OOM for e in events):
+        need = min(need, _settled_need(done.full(), config))
     # the steps steady.py adds repeat the last one: the run's largest workspaces are the trace's
     cudnn_ws_max = _largest(events, "cudnn", default=0)
     cudnn_find_max = _largest(events, "cudnn_find", default=None)

@@ -68,6 +68,11 @@ HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they
                     "estimate runs offline): PyTorch's own layers were traced where the job may load fused ones "
                     "(RMSNorm, rotary embedding, activations), which keep as much or less for the backward pass; "
                     "set USE_HUB_KERNELS=0 in the job to run what was estimated")
+# Where a script's run caught CUDA out-of-memory and went on (a batch-size finder): a zero-size
+# allocation of this module in the trace (tracing.Tracer._out_of_memory). The job's requirement is
+# what it needs from the last one on (estimator._settled_need): each attempt before it ends in the
+# out-of-memory error the script is written to catch.
+CAUGHT_OOM = "caught_oom"
 # Which Python a dynamic run took (runner.script_python): the job's own, or vest's while the job
 # script loads software by means vest does not follow; said with the estimate.
 JOB_PYTHON_NOTE = "the script ran in the job's Python"

@@ -32,7 +32,7 @@ from .scratch import kernel_scratch
 from ..errors import EstimateError, WorkloadError
 from ..units import MiB
 from .models import BuiltModel, build_model
-from .trace import BF16_NOTE, CUDNN_RNN_NOTE, AllocEvent, AllocTrace
+from .trace import BF16_NOTE, CAUGHT_OOM, CUDNN_RNN_NOTE, AllocEvent, AllocTrace
 from .workload import OPTIMIZER_TABLE, WorkloadSpec
 
 _aten = torch.ops.aten
@@ -184,6 +184,7 @@ class Tracer:
         if s.oom is None:
             s.oom = (s.live_bytes, nbytes, where)
         s.oom_pending = True
+        self.append_free(self.append_alloc(None, 0, s.phase, "other", CAUGHT_OOM, "", ""))   # where it was raised
         fc.asked("out_of_memory", s.oom_at, None)   # the run depends on this GPU's capacity: its class only
         raise torch.cuda.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate {nbytes / MiB:.2f} MiB. GPU 0 has {s.oom_at / MiB:.0f} MiB "
