@@ -434,3 +434,20 @@ def test_parse_errors(text, needle):
         parse_alloc_conf(text)
     assert needle in str(err.value)
     assert err.value.fix
+
+
+def test_empty_cache_in_a_trace_releases_the_cached_segments():
+    """torch.cuda.empty_cache() in a script's run is marked in its trace (a zero-size allocation of
+    module trace.EMPTY_CACHE); the replay releases the cached segments there, as the real call does,
+    so an allocation that does not fit the cached segment after it takes a new one alone."""
+    from vest_slurm.estimate.trace import EMPTY_CACHE
+
+    big = 100 * 2**20
+    before = [A(1, big), F(1)]
+    after = [A(2, big + 20 * 2**20), F(2)]
+    marker = [AllocEvent("alloc", 99, 0, 0, "other", "other", EMPTY_CACHE), F(99)]
+    kept = replay(before + after)
+    emptied = replay(before + marker + after)
+    assert kept.peak_reserved_bytes == 2 * big + 20 * 2**20   # the cached segment stays beside the new one
+    assert emptied.peak_reserved_bytes == big + 20 * 2**20
+    assert min_capacity_bytes(before + marker + after) <= emptied.peak_reserved_bytes

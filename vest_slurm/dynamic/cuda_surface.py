@@ -205,6 +205,7 @@ class Answers:
 
     live_bytes: Callable[[], int]
     peak_bytes: Callable[[], int]
+    empty_cache: Callable[[], None] = lambda: None   # torch.cuda.empty_cache(): the trace marks it
 
 
 def _device_index(device) -> int:
@@ -728,6 +729,8 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         "torch.cuda.memory_stats_as_nested_dict": lambda a: _nested(_memory_stats(ans)),
         "torch.cuda.memory_summary": summary,
         "torch.cuda.get_per_process_memory_fraction": const(1.0),
+        "torch.cuda.empty_cache": lambda a: ans.empty_cache(),
+        "torch.accelerator.empty_cache": lambda a: ans.empty_cache(),
         "torch.cuda.get_allocator_backend": alloc_backend,
         "torch.cuda.host_memory_stats": lambda a: {},
         "torch.cuda.host_memory_stats_as_nested_dict": lambda a: {},

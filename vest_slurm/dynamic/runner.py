@@ -545,8 +545,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             flags += (f"the script caught CUDA out-of-memory ({asked / MiB:,.0f} MiB asked with {live / MiB:,.0f} MiB "
                       f"allocated{' in ' + module if module else ''}, {room / MiB:,.0f} MiB for tensors) and went on, as "
                       "a batch-size finder does: it sizes itself to each GPU, so each type's estimate is a run with that "
-                      "type's room (the batch shown is this run's); the fake GPU ran out at its allocated bytes, a real "
-                      "one (cached blocks, fragmentation) a little sooner",)
+                      "type's room (the batch shown is this run's); the fake GPU ran out where the caching allocator, run "
+                      "along, found no room (its segments, their splits, the cache it releases first)",)
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         flags += tuple(result.get("standin_flags") or ())

@@ -988,7 +988,8 @@ def patched(state: ScriptState):
         (par, "DistributedDataParallel", FakeDDP),
         (nn.parallel, "DistributedDataParallel", FakeDDP),
     ]
-    patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes))
+    patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes,
+                                                        tr.empty_cache))
     patches += fc.gpu_optimizer_defaults()
     patches += checkpoints.patches()   # torch.save / torch.load / safetensors of fake tensors
     patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),

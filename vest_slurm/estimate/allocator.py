@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .allocator_config import AllocatorConfig, parse_alloc_conf
-from .trace import AllocEvent
+from .trace import EMPTY_CACHE, AllocEvent
 from ..units import MiB
 
 __all__ = [
@@ -681,12 +681,22 @@ class ReplayResult:
     oom: OomPoint | None
 
 
+EMPTY_CACHE_OP = -(1 << 62)   # an op's block: torch.cuda.empty_cache() (trace.EMPTY_CACHE)
+
+
 def _compile(events: Iterable[AllocEvent]) -> list[tuple[bool, int, int, int]]:
     ops = []
+    markers = set()
     for e in events:
-        if e.action == "alloc":
+        if e.action == "alloc" and e.module == EMPTY_CACHE:
+            markers.add(e.block)
+            ops.append((False, EMPTY_CACHE_OP, 0, 0))
+        elif e.action == "alloc":
             ops.append((True, e.block, e.size_bytes, e.stream))
         elif e.action == "free":
+            if e.block in markers:
+                markers.discard(e.block)
+                continue
             ops.append((False, e.block, 0, 0))
         else:
             raise ValueError(f"unknown trace action {e.action!r} (expected 'alloc' or 'free')")
@@ -710,6 +720,8 @@ def _run(a: CachingAllocator, ops: Sequence[tuple[bool, int, int, int]], start: 
             if a.reserved_bytes > best_reserved:
                 best_reserved = a.reserved_bytes
                 frag_at_peak = best_reserved - a.allocated_bytes
+        elif block == EMPTY_CACHE_OP:
+            a.empty_cache()
         else:
             free(block)
         if check:
@@ -750,6 +762,8 @@ def _prefix_state(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorCo
             if a.reserved_bytes + growth > below_bytes:
                 return a, i
             a.malloc(block, size, stream)
+        elif block == EMPTY_CACHE_OP:
+            a.empty_cache()
         else:
             a.free(block)
     return a, len(ops)

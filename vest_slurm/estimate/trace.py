@@ -73,6 +73,9 @@ HUB_KERNELS_NOTE = ("transformers' Hub kernels were off (USE_HUB_KERNELS=0: they
 # what it needs from the last one on (estimator._settled_need): each attempt before it ends in the
 # out-of-memory error the script is written to catch.
 CAUGHT_OOM = "caught_oom"
+# torch.cuda.empty_cache() in a script's run: a zero-size allocation of this module, on which the
+# allocator replay releases its cached segments (allocator._compile), as the real call does
+EMPTY_CACHE = "empty_cache"
 # Which Python a dynamic run took (runner.script_python): the job's own, or vest's while the job
 # script loads software by means vest does not follow; said with the estimate.
 JOB_PYTHON_NOTE = "the script ran in the job's Python"

@@ -32,7 +32,7 @@ from .scratch import kernel_scratch
 from ..errors import EstimateError, WorkloadError
 from ..units import MiB
 from .models import BuiltModel, build_model
-from .trace import BF16_NOTE, CAUGHT_OOM, CUDNN_RNN_NOTE, AllocEvent, AllocTrace
+from .trace import BF16_NOTE, CAUGHT_OOM, CUDNN_RNN_NOTE, EMPTY_CACHE, AllocEvent, AllocTrace
 from .workload import OPTIMIZER_TABLE, WorkloadSpec
 
 _aten = torch.ops.aten
@@ -158,8 +158,8 @@ class Tracer:
         if self.frozen:
             return
         s = self.s
-        if s.oom_at and s.live_bytes + nbytes > s.oom_at:
-            self._out_of_memory(block, nbytes)
+        if s.oom_at:
+            self._online_malloc(block, nbytes)
         module = s.module_stack[-1] if s.module_stack else ""
         phase = s.phase
         node = fc.current_autograd_node()
@@ -175,6 +175,44 @@ class Tracer:
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
         if fc.COMPILED[0]:
             s.region_peak = max(s.region_peak, s.live_bytes)
+
+    # -- a script that catches CUDA out-of-memory (tracer.s.oom_at: the GPU's room for tensors): the
+    # caching allocator runs along with the trace, and the fake GPU runs out where it would, at
+    # its reserved bytes (segments, rounding, the cache it releases before it gives up), not at
+    # the tensors' bytes alone
+    def _online(self):
+        if getattr(self, "_online_alloc", None) is None:
+            from .allocator import CachingAllocator
+
+            self._online_alloc = CachingAllocator(capacity_bytes=self.s.oom_at)
+        return self._online_alloc
+
+    def _online_malloc(self, block: int, nbytes: int, raise_oom: bool = True) -> None:
+        from .allocator import OutOfMemory
+
+        try:
+            self._online().malloc(block, nbytes)
+        except OutOfMemory:
+            if raise_oom:
+                self._out_of_memory(block, nbytes)
+        except ValueError:
+            pass   # an id the allocator holds already (a recorded call's block again): nothing new
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache() (the script's): marked in the trace (trace.EMPTY_CACHE), where
+        the replay releases the cached segments, and done on the allocator run along, if any."""
+        if self.frozen:
+            return
+        self.append_free(self.append_alloc(None, 0, self.s.phase, "other", EMPTY_CACHE, "", ""))
+        if self.s.oom_at:
+            self._online().empty_cache()
+
+    def _online_free(self, block: int) -> None:
+        if self.s.oom_at:
+            try:
+                self._online().free(block)
+            except KeyError:
+                pass   # refused, or made before the room was set
 
     def _out_of_memory(self, block: int, nbytes: int) -> None:
         """What the caching allocator raises when the GPU has no room left (its message's words)."""
@@ -202,6 +240,7 @@ class Tracer:
             self._fold_in_place(pending)
             return
         block = s.alias.pop(block, block)
+        self._online_free(block)
         phase = "backward" if fc.current_autograd_node() is not None else s.phase
         s.freed_in[block] = phase
         info = s.blocks.get(block)
@@ -293,6 +332,7 @@ class Tracer:
         """The op's output is its first operand's storage on the GPU: undo its allocation."""
         s = self.s
         _, out_block, out_size, *_ = s.events.pop(acc.out_index)
+        self._online_free(out_block)
         s.alias[out_block] = s.alias.pop(acc.old, acc.old)
         s.live_bytes -= out_size
         s.peak_bytes = acc.peak_before
@@ -314,6 +354,8 @@ class Tracer:
             s.next_ws -= 1
         s.blocks[block] = _Block(len(s.events), phase, category, module, s.iteration)
         s.ops[block] = op
+        if s.oom_at and module not in (CAUGHT_OOM, EMPTY_CACHE):   # (a workspace that does not fit: cuDNN takes a smaller one)
+            self._online_malloc(block, nbytes, raise_oom=False)
         s.events.append(["alloc", block, nbytes, phase, category, module, detail])
         s.live_bytes += nbytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
@@ -323,6 +365,7 @@ class Tracer:
         """Append the free of a block append_alloc appended, in the phase it was allocated in."""
         s = self.s
         info = s.blocks[block]
+        self._online_free(block)
         s.freed_in[block] = info.phase
         size = s.events[info.index][2]
         s.events.append(["free", block, size, info.phase, "", ""])
