@@ -20,7 +20,7 @@ import torch  # noqa: F401
 from bnb_state import adam_8bit_state_bytes
 from vest_slurm.estimate import steady
 from vest_slurm.dynamic.runner import Limits, estimate_command
-from vest_slurm.errors import EstimateError
+from vest_slurm.errors import EstimateError, WorkloadError
 from vest_slurm.estimate.estimator import estimate
 from vest_slurm.dynamic.launch import parse_train_command
 from vest_slurm.estimate.profiles import get_profile
@@ -644,3 +644,31 @@ def test_fabric_run_launches_its_devices_with_its_settings():
     assert dict(run.observed)["precision"] == "amp-bf16"
     assert any(e.module == "ddp_buckets" for e in run.trace.events)
     assert dict(est.breakdown)["nccl"] > 0
+
+
+def test_a_packages_console_script_runs_as_the_python_file_it_is(tmp_path):
+    """A console script (pip's wrapper of an entry point: ``yolo train ...``, ``litgpt finetune``)
+    is a Python file on PATH: it runs as one, with the Python its first line names; a shell shim of
+    the same name earlier on PATH (pyenv's) is passed over. In a job script it is the training
+    command only where no Python file or module is run and it is no setup tool (pip, wandb, ...)."""
+    from vest_slurm.dynamic.launch import find_train_command
+
+    shims, bin_ = tmp_path / "shims", tmp_path / "bin"
+    shims.mkdir()
+    bin_.mkdir()
+    (shims / "tinytrain").write_text('#!/usr/bin/env bash\nexec pyenv exec "$0" "$@"\n')
+    (bin_ / "tiny_entry.py").write_text(
+        "import runpy\n\ndef main():\n"
+        f"    runpy.run_path({os.path.join(SCRIPTS, 'tiny_train.py')!r}, run_name='__main__')\n")
+    (bin_ / "tinytrain").write_text(f"#!{sys.executable}\nimport sys\nfrom tiny_entry import main\n"
+                                    "if __name__ == '__main__':\n    sys.exit(main())\n")
+    path = f"PATH={shims}{os.pathsep}{bin_}"
+    cmd = parse_train_command(f"{path} tinytrain --steps 2")
+    assert cmd.script == str(bin_ / "tinytrain") and cmd.program == sys.executable and cmd.args == ("--steps", "2")
+    (est,), run = estimate_command(cmd, [A100], cwd=str(tmp_path))
+    assert run.steps == 2 and dict(est.breakdown)["parameters"] == 4 * (64 * 256 + 256 + 256 * 10 + 10)
+    job = [f"{path} pip install -r requirements.txt", f"{path} tinytrain --steps 2"]
+    assert find_train_command(job).script == str(bin_ / "tinytrain")
+    assert find_train_command(job + ["python train.py"]).script == "train.py"
+    with pytest.raises(WorkloadError, match="not a Python training command"):
+        parse_train_command(f"{path} nosuchtool --x")

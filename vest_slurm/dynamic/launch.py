@@ -44,6 +44,10 @@ _FABRIC_FLAGS_WITH_VALUE = {
     "--accelerator", "--strategy", "--devices", "--num-nodes", "--num_nodes", "--node-rank", "--node_rank",
     "--main-address", "--main_address", "--main-port", "--main_port", "--precision",
 }
+# Python console scripts a job script runs to set itself up, not to train: a job script's training
+# command is its first Python file or module run, else its first other console script (find_train_command)
+_SETUP_TOOLS = {"pip", "pip3", "uv", "conda", "mamba", "micromamba", "huggingface-cli", "hf", "wandb", "gdown",
+                "jupyter", "tensorboard", "nvitop", "gpustat", "accelerate", "deepspeed", "vest", "vsbatch"}
 # launchers that start --nproc_per_node processes on each node through torch.distributed.run
 TORCHRUN_LIKE = ("torchrun", "fabric")
 _PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-b", "-bb", "-q", "-v"}
@@ -93,6 +97,37 @@ class TrainCommand:
 
 def _is_python(word: str) -> bool:
     return bool(re.fullmatch(r"(.*/)?python(\d(\.\d+)?)?", word))
+
+
+def console_script(name: str, path: str | None) -> tuple[str, str] | None:
+    """(the file, its Python) of a Python package's console script (pip's wrapper of an entry point:
+    ``yolo``, ``litgpt``, ``llamafactory-cli``, ``axolotl``), a file whose first line runs Python
+    (``#!/venv/bin/python``, ``#!/usr/bin/env python3``, or pip's ``#!/bin/sh`` with an ``exec`` of
+    the Python on its second line, for long paths), found as the shell would: a path as given, else
+    on PATH (a shell shim there, as pyenv's, is passed over), then beside this Python. None where
+    there is none."""
+    import sysconfig
+
+    if "/" in name:
+        candidates = [name]
+    else:
+        dirs = [d for d in (path or "").split(os.pathsep) if d] + [sysconfig.get_path("scripts")]
+        candidates = [os.path.join(d, name) for d in dirs]
+    for c in candidates:
+        try:
+            with open(c, "rb") as f:
+                head = f.read(512).decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        if not head or not head[0].startswith("#!"):
+            continue
+        words = head[0][2:].split()
+        prog = words[-1] if words and os.path.basename(words[0]) == "env" else (words[0] if words else "")
+        if not _is_python(os.path.basename(prog)) and len(head) > 1 and head[1].startswith("'''exec' "):
+            prog = head[1].split()[1].strip('"')
+        if _is_python(os.path.basename(prog)):
+            return c, prog
+    return None
 
 
 def _skip_options(words: list[str], i: int, takes_value) -> tuple[int, dict]:
@@ -241,9 +276,13 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     elif head.endswith(".py"):
         pass
     else:
-        raise WorkloadError(f"`{' '.join(words)}` is not a Python training command",
-                            "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ..., "
-                            "accelerate launch ... or fabric run ...")
+        found = console_script(head, dict(env).get("PATH", os.environ.get("PATH")))
+        if found is None:
+            raise WorkloadError(f"`{' '.join(words)}` is not a Python training command",
+                                "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ..., "
+                                "accelerate launch ..., fabric run ..., or a Python package's console script")
+        script, interpreter = found
+        return TrainCommand(script, None, tuple(words[i + 1:]), 1, "python", tuple(env), program=interpreter, srun=srun)
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
     return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
@@ -269,6 +308,7 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
         return v or ""
 
     chdir: str | None = None
+    console: TrainCommand | None = None
     for text in (seg for line in command_lines for seg in _segments(line.strip())):
         if not text or text.startswith("#"):
             continue
@@ -309,15 +349,19 @@ def find_train_command(command_lines: list[str], env: dict | None = None) -> Tra
             cmd = parse_train_command(_shell_words(text, lookup))
         except WorkloadError:
             continue
-        if cmd.module or (cmd.script and cmd.script.endswith(".py")):
-            own = dict(cmd.env)
-            # (a value only the running job computes is not the child's: it expanded where used)
-            setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own and JOB_DECIDES not in v)
-            if setup or unresolved or chdir:
-                cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved),
-                                      "chdir": chdir})
+        python_file = cmd.module or (cmd.script and cmd.script.endswith(".py"))
+        if not python_file and (console is not None or os.path.basename(cmd.script or "") in _SETUP_TOOLS):
+            continue
+        own = dict(cmd.env)
+        # (a value only the running job computes is not the child's: it expanded where used)
+        setup = tuple((k, v) for k, v in exported.items() if v is not None and k not in own and JOB_DECIDES not in v)
+        if setup or unresolved or chdir:
+            cmd = TrainCommand(**{**cmd.__dict__, "env": setup + cmd.env, "unresolved": tuple(unresolved),
+                                  "chdir": chdir})
+        if python_file:
             return cmd
-    return None
+        console = cmd   # a package's console script (yolo, litgpt, ...): where the script runs no .py itself
+    return console
 
 
 def _segments(line: str) -> list[str]:
