@@ -61,6 +61,22 @@ def test_checkpoint_copies_links_and_modes_go_to_the_scripts_own_copy():
     assert any(p.endswith(os.path.join("ckpt_out", "best.pth")) for p in run.redirected_writes)
 
 
+def test_a_trainers_housekeeping_runs_and_real_directories_stay():
+    """An EMA deepcopy of a model with a plain host tensor attribute (before: the copy ran under the
+    fake mode and failed, blamed on the script); a run folder made, shutil.rmtree'd and made again
+    (before: refused as a removal outside the temp dir); unlink(missing_ok=True) of a file that never
+    existed (refused too). shutil.rmtree of a real directory the run did not make is still refused,
+    and the directory stays."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("housekeeping_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    real = os.path.join(SCRIPTS, "data")   # (not under /tmp: the sandbox's /tmp is its own)
+    kept = sorted(os.listdir(real))
+    with pytest.raises(EstimateError, match="tried shutil.rmtree on .* outside the estimate's temp dir"):
+        estimate_script("housekeeping_train.py", "--real", real)
+    assert sorted(os.listdir(real)) == kept
+
+
 def test_files_an_earlier_run_left_are_updated_in_the_overlay():
     """A lock file an earlier run left, opened read-write by filelock (before: "Read-only file
     system", blamed on vest), a log appended to and read back whole, a file updated in place

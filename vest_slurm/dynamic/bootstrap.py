@@ -242,6 +242,17 @@ class Sandbox:
         for name in ("rename", "replace"):
             setattr(os, name, guarded(moving(name), real[name]))
         os.utime = guarded(utime, real["utime"])
+        import shutil
+
+        real_rmtree = shutil.rmtree
+
+        def rmtree(path, *a, **k):   # a directory the run made (or wrote into): its copy in the overlay
+            if not isinstance(path, int) and sandbox.seen(path) != path:
+                path = sandbox.seen(path)
+            return real_rmtree(path, *a, **k)
+
+        rmtree.avoids_symlink_attacks = real_rmtree.avoids_symlink_attacks
+        shutil.rmtree = rmtree
         real_chdir = os.chdir
 
         def chdir(path):   # into a directory only the overlay has (the run made it)
@@ -324,6 +335,10 @@ class Sandbox:
                      "os.symlink", "os.link", "os.setxattr", "os.removexattr"):
             # a link's new name is what it writes (args: src, dst); its source is only read
             path = (args[1] if len(args) > 1 else None) if event in ("os.symlink", "os.link") else (args[0] if args else None)
+            gone = event in ("os.remove", "os.rmdir", "shutil.rmtree", "os.rename") and path is not None and \
+                not isinstance(path, int) and not os.path.lexists(path)
+            if gone:
+                return   # nothing there to change: the call's own FileNotFoundError, as on the node
             if path is not None and not isinstance(path, int) and not self.inside(path):
                 self.refused.append(f"{event} {path}")
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")

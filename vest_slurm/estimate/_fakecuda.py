@@ -996,6 +996,13 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             return out
         if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
             return _deepcopy_fake(*args)
+        if func is torch.Tensor.__deepcopy__ and not _fake_at_heart(args[0]):
+            # a host tensor copied beside fake ones (deepcopy's memo holds them: a model's EMA copy
+            # with a plain tensor attribute, ultralytics' stride): a real copy of real data
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         if func is torch.Tensor.share_memory_ and isinstance(args[0], FakeTensor):
             # a no-op for CUDA tensors (shared across processes by CUDA IPC instead; _tensor.py);
             # a fake host tensor has no data to move (nn.Module.share_memory, Hogwild scripts)
