@@ -185,6 +185,25 @@ def test_vest_estimate_command_line():
     assert '"required_mib"' in r.stdout
 
 
+def test_vest_estimate_of_a_command_runs_under_the_sites_dynamic_limits(tmp_path):
+    """`vest estimate -- CMD` with a site config runs the script under the site's [dynamic] limits,
+    as vsbatch and vest check do (it ran under the defaults, and the limit error's advice, to ask the
+    site, did nothing); --steps still wins."""
+    import json
+
+    site = tmp_path / "site.toml"
+    site.write_text(open(TESTBED).read() + "\n[dynamic]\ntimeout_s = 300\nmemory_mib = 4096\nsteps = 2\n")
+
+    def steps(*extra):
+        r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--site-config", str(site), "--json",
+                            *extra, "--", "python", "tiny_train.py"], cwd=SCRIPTS, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["workload"]["steps"]
+
+    assert steps() == 2 and steps("--steps", "3") == 3
+
+
 # ---- vsbatch and vest check on job scripts without #VEST lines ---------------------------------------
 
 TESTBED = os.path.join(ROOT, "site-config", "testbed.toml")

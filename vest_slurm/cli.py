@@ -7,6 +7,7 @@ code; everything below raises.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -64,10 +65,12 @@ def cmd_estimate(ns) -> int:
         from .estimate.workload import _num_gpus
 
         gpus = _num_gpus(ns.num_gpus) if ns.num_gpus else None   # "auto": refused for a command (its launcher fixes it)
-        steps = int(ns.steps) if ns.steps else Limits().steps
+        # the site's [dynamic] limits, as vsbatch and vest check run the script (--steps wins)
+        limits = Limits.for_site(site) if site is not None else Limits()
+        if ns.steps:
+            limits = dataclasses.replace(limits, steps=int(ns.steps))
         progress.step(f"running `{cmd.display}` with fake CUDA")
-        spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, Limits(steps=steps),
-                                             alloc_conf=ns.alloc_conf)
+        spec, summaries, run = trace_command(cmd, list(targets.values()), gpus, limits, alloc_conf=ns.alloc_conf)
     elif ns.num_gpus == "auto":
         return _estimate_auto(ns, site, targets, t0)
     else:
