@@ -107,9 +107,14 @@ def test_data_dependent_work_names_file_and_line():
 
 
 def test_time_limit():
+    """A run that reaches the time limit before a training step fails with the limit; one that
+    reaches it after a step (a long sampling between steps) ends with the steps traced, flagged."""
     with pytest.raises(EstimateError) as e:
         estimate_script("sleeps.py", limits=Limits(timeout_s=20))
     assert "time limit" in str(e.value) and "20 s" in str(e.value)
+    (est,), run = estimate_script("sleeps.py", "--after-a-step", limits=Limits(timeout_s=20))
+    assert run.steps == 1 and dict(est.breakdown)["parameters"] == 4 * (4 * 4 + 4)
+    assert any(f.startswith("the run reached the time limit (20 s) after 1 training step") for f in run.flags)
 
 
 def test_memory_limit():

@@ -48,6 +48,10 @@ from . import children
 STATUS_OK = "ok"
 
 
+# what the runner sends the run when its time limit is reached (at_the_time_limit in run)
+TIME_LIMIT_SIGNAL = 10   # SIGUSR1 (signal.SIGUSR1, without importing signal at import time)
+
+
 class StopTracing(BaseException):
     """Raised after the N-th optimizer step: ends the script, keeps the trace."""
 
@@ -574,6 +578,17 @@ def run(ns) -> dict:
 
     _device_constructors()
     sandbox.install()
+    import signal
+
+    def at_the_time_limit(_signum, _frame):
+        # the runner's time limit (runner._run_dynamic): where training steps were traced, the run
+        # ends with them, as after the N-th (flagged: what the script did next was cut short)
+        if state.steps >= 1 and not tracer.frozen:
+            state.cut_at_time_limit = True
+            tracer.freeze()
+            raise StopTracing()
+
+    signal.signal(TIME_LIMIT_SIGNAL, at_the_time_limit)
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
                              device_count=ns.device_count, sm_count=ns.sm_count, l2_cache_bytes=ns.l2_cache), sp.patched(state), tracer, contextlib.ExitStack() as stack, \
@@ -626,6 +641,7 @@ def run(ns) -> dict:
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
     result["standin_flags"] = list(dict.fromkeys(state.flags))
+    result["cut_at_time_limit"] = state.cut_at_time_limit
     result["step_ends"] = list(tracer.s.step_ends)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)
     result["device_models"] = state.device_model_calls

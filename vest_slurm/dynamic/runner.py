@@ -473,6 +473,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             limit_hit = None   # (the limits' failures have kind "limit")
             pids, scanned = [], float("-inf")
+            told = None   # when the run was told its time was up (it ends with the steps traced, if any)
             while proc.poll() is None:
                 now = time.perf_counter()
                 if now - scanned >= _RESCAN_S or now - t0 < 1.0:
@@ -486,6 +487,10 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                     limit_hit = (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time"
                                  + (f" (besides {waited:.0f} s waiting for a CPU the machine's other work held)"
                                     if waited >= 1 else ""))
+                if limit_hit and limit_hit.startswith("time limit") and told is None and _tell_time_is_up(pids):
+                    told, limit_hit = time.perf_counter(), None
+                elif told is not None and time.perf_counter() - told > _TIME_UP_GRACE_S:
+                    limit_hit = limit_hit or (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time")
                 if limit_hit:
                     break
                 time.sleep(_POLL_S)
@@ -550,6 +555,10 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         # cuDNN's RNN: not sized here; transformers' Hub kernels: PyTorch's layers traced instead
         flags += tuple(n for n in trace.notes if n in (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE))
         flags += tuple(result.get("standin_flags") or ())
+        if result.get("cut_at_time_limit"):
+            flags += (f"the run reached the time limit ({limits.timeout_s:.0f} s) after {result.get('steps', 0)} training "
+                      f"step(s) of the {limits.steps} asked for: the estimate is the steps traced; what the script did "
+                      "next (sampling, an evaluation, a long setup) was cut short (a site can raise [dynamic] timeout_s)",)
         if why_not:   # the job runs other packages than those the script ran with here
             flags += (f"the job's Python ({theirs}) {why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
                       "with its packages, not the job's, whose versions may take other memory; install vest-slurm "
@@ -815,6 +824,30 @@ def _script_optimizer(opt: dict | None, stopped_by: str) -> tuple[str, str, floa
     name = name or next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw), None)
     impl = "fused" if opt.get("fused") else ("for-loop" if opt.get("foreach") is False else "auto")
     return name or f"{opt['module']}.{cls}", impl, opt.get("weight_decay")
+
+
+_TIME_UP_GRACE_S = 20.0   # how long a run told its time is up has to write what it traced
+
+
+def _tell_time_is_up(pids) -> bool:
+    """Send the run (the bootstrap's Python, under bubblewrap a grandchild) the time-limit signal:
+    with a training step traced it ends there and writes its result (bootstrap.at_the_time_limit);
+    without one it goes on until killed. Whether it was found."""
+    from .bootstrap import TIME_LIMIT_SIGNAL
+
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"vest_slurm.dynamic.bootstrap" in argv and not any(a.endswith(b"bwrap") for a in argv[:1]):
+            try:
+                os.kill(pid, TIME_LIMIT_SIGNAL)
+                return True
+            except OSError:
+                return False
+    return False
 
 
 def _tuples(x):

@@ -49,6 +49,7 @@ class ScriptState:
     func_transform: bool = False        # a module ran under a torch.func transform (grad, vjp, vmap)
     optimizer: dict | None = None       # the first optimizer stepped: its class and defaults (workload block)
     flags: list = field(default_factory=list)   # what stand-ins accepted but do not model (the estimate says so)
+    cut_at_time_limit: bool = False     # the runner's time limit ended the run after its traced steps
     in_backward: int = 0                # backward calls under way
     step_in_backward: bool = False      # an optimizer stepped from a gradient hook in the backward under way
     # the stop without torch.optim (hand-written updates, or forward passes only)
