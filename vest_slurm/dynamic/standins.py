@@ -874,15 +874,6 @@ def patched(state: ScriptState):
             return
         state.end_step()
 
-    def _after_backward():
-        state.in_backward -= 1
-        tr.s.phase = "other"
-
-    def _steps_taken_in_backward():
-        if state.step_in_backward and not state.in_backward:
-            state.step_in_backward = False
-            state.end_step()
-
     orig_backward = torch.autograd.backward
     orig_grad = torch.autograd.grad
 
@@ -897,25 +888,26 @@ def patched(state: ScriptState):
             state.param_storages = _parameter_storages(state)
         tr.s.phase = "backward"
 
-    def backward(*a, **k):
-        _before_backward()
-        state.in_backward += 1
-        try:
-            out = orig_backward(*a, **k)
-        finally:
-            _after_backward()
-        _steps_taken_in_backward()
-        return out
+    def a_backward(original):
+        """torch.autograd.backward / grad: a backward pass; optimizer steps taken from its gradient
+        hooks (post_step) make one training step, ended when it returns."""
+        @functools.wraps(original)
+        def call(*a, **k):
+            _before_backward()
+            state.in_backward += 1
+            try:
+                out = original(*a, **k)
+            finally:
+                state.in_backward -= 1
+                tr.s.phase = "other"
+            if state.step_in_backward and not state.in_backward:
+                state.step_in_backward = False
+                state.end_step()
+            return out
 
-    def grad(*a, **k):
-        _before_backward()
-        state.in_backward += 1
-        try:
-            out = orig_grad(*a, **k)
-        finally:
-            _after_backward()
-        _steps_taken_in_backward()
-        return out
+        return call
+
+    backward, grad = a_backward(orig_backward), a_backward(orig_grad)
 
     orig_zero_grad = torch.optim.Optimizer.zero_grad
 
