@@ -74,17 +74,18 @@ def test_ground_truth_rows_name_checkpoints_by_hub_name():
 
 
 def test_a_local_config_folder_is_that_config_not_a_preset_of_its_name(tmp_path, monkeypatch):
-    """hf:DIR with a config.json (a checkpoint's folder, a job's own tiny config) builds the class
-    its "architectures" names from that config, even where the folder is named like a preset (it
-    became the preset before: BERT-base's 108 M parameters for a 2-layer config, unflagged); its
-    trace is not cached (the key cannot see the file change). A config without a class is refused."""
+    """hf:./DIR (a path written as one) with a config.json (a checkpoint's folder, a job's own tiny
+    config) builds the class its "architectures" names from that config, even where the folder is
+    named like a preset (a bare name is the preset, whatever lies on the disk: before, the only way
+    to say the folder gave BERT-base's 108 M parameters for a 2-layer config); its trace is not
+    cached (the key cannot see the file change). A config without a class is refused."""
     from vest_slurm.errors import WorkloadError
     from vest_slurm.estimate import tracecache
 
     monkeypatch.chdir(tmp_path)
     transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                             vocab_size=500, architectures=["BertForSequenceClassification"]).save_pretrained("bert-base-cased")
-    spec = parse_workload_args(["--model", "hf:bert-base-cased", "--batch-size", "2", "--input", "seq16"])
+    spec = parse_workload_args(["--model", "hf:./bert-base-cased", "--batch-size", "2", "--input", "seq16"])
     built = build_model(spec)
     assert type(built.module).__name__ == "BertForSequenceClassification"
     assert sum(p.numel() for p in built.module.parameters()) < 200_000
@@ -93,4 +94,6 @@ def test_a_local_config_folder_is_that_config_not_a_preset_of_its_name(tmp_path,
     assert tracecache.key(spec.with_(model="hf:bert-base-uncased"), (8, 0), 80 << 30) is not None
     transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained("bare")
     with pytest.raises(WorkloadError, match="architectures"):
-        build_model(parse_workload_args(["--model", "hf:bare", "--batch-size", "2", "--input", "seq16"]))
+        build_model(parse_workload_args(["--model", "hf:./bare", "--batch-size", "2", "--input", "seq16"]))
+    preset = build_model(parse_workload_args(["--model", "hf:bert-base-cased", "--batch-size", "2", "--input", "seq16"]))
+    assert sum(p.numel() for p in preset.module.parameters()) > 100_000_000   # the bare name: the preset

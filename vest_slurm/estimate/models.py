@@ -202,14 +202,21 @@ def _skip_value_checks(module) -> None:
             m.warn_if_padding_and_no_attention_mask = lambda *args, **kwargs: None
 
 
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")   # hf:./DIR, hf:/abs/DIR: a folder, never a preset or hub name
+
+
 def _local_config(name: str):
-    """(model class name, config) of ``hf:DIR`` where DIR holds a config.json, read offline: its
-    ``architectures`` names the class. None where ``name`` is no such folder (a class, a preset, a
-    hub name). A folder is never taken for a preset of the same name."""
+    """(model class name, config) of ``hf:./DIR`` (a path written as one: LOCAL_PATH_PREFIXES) that
+    holds a config.json, read offline: its ``architectures`` names the class. None for any other
+    name: a class, a preset or a hub name means the built-in one, whatever lies on the disk under
+    that name (a #VEST line's model is never read from disk: allowlist.check_model refuses paths)."""
     import os
 
-    if not os.path.isfile(os.path.join(name, "config.json")):
+    if not name.startswith(LOCAL_PATH_PREFIXES):
         return None
+    name = os.path.expanduser(name)
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        raise WorkloadError(f"hf:{name}: no config.json in that folder", "give the folder of a transformers config")
     import transformers
 
     try:

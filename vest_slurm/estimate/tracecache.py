@@ -78,7 +78,7 @@ def key(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int
     the cache is off."""
     if not spec.model.startswith(_CACHED_FAMILIES) or cache_dir() is None:
         return None
-    if spec.model.startswith("hf:") and os.path.isdir(spec.model[3:]):
+    if spec.model.startswith(("hf:/", "hf:./", "hf:../", "hf:~")):
         return None   # a local config folder: the user's file, which the key cannot see change
     what = json.dumps({"format": _FORMAT, "spec": asdict(spec), "capability": list(capability),
                        "total_memory_bytes": total_memory_bytes, "code": _code_digest()},
