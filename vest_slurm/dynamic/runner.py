@@ -482,15 +482,17 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                 peak_rss = max(peak_rss, rss)
                 if rss > limits.memory_bytes:
                     limit_hit = f"memory limit: the estimate used {rss / GiB:.1f} GiB of host memory (limit {limits.memory_bytes / GiB:.1f} GiB)"
-                elif (time.perf_counter() - t0 > limits.timeout_s
-                      and time.perf_counter() - t0 - (waited := tree_cpu_wait_s(proc.pid)) > limits.timeout_s):
-                    limit_hit = (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time"
-                                 + (f" (besides {waited:.0f} s waiting for a CPU the machine's other work held)"
-                                    if waited >= 1 else ""))
-                if limit_hit and limit_hit.startswith("time limit") and told is None and _tell_time_is_up(pids):
-                    told, limit_hit = time.perf_counter(), None
+                elif told is None and (time.perf_counter() - t0 > limits.timeout_s
+                                       and time.perf_counter() - t0 - (waited := tree_cpu_wait_s(proc.pid)) > limits.timeout_s):
+                    time_up = (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time"
+                               + (f" (besides {waited:.0f} s waiting for a CPU the machine's other work held)"
+                                  if waited >= 1 else ""))
+                    if _tell_time_is_up(pids):   # with a step traced, the run ends there and writes it
+                        told = time.perf_counter()
+                    else:
+                        limit_hit = time_up
                 elif told is not None and time.perf_counter() - told > _TIME_UP_GRACE_S:
-                    limit_hit = limit_hit or (f"time limit: the estimate ran past {limits.timeout_s:.0f} s of its own time")
+                    limit_hit = time_up   # no step traced, or no result written in the grace
                 if limit_hit:
                     break
                 time.sleep(_POLL_S)
@@ -841,7 +843,7 @@ def _tell_time_is_up(pids) -> bool:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"vest_slurm.dynamic.bootstrap" in argv and not any(a.endswith(b"bwrap") for a in argv[:1]):
+        if b"vest_slurm.dynamic.bootstrap" in argv and not argv[0].endswith(b"bwrap"):
             try:
                 os.kill(pid, TIME_LIMIT_SIGNAL)
                 return True
