@@ -108,9 +108,8 @@ class Sandbox:
         place. A file larger than COPY_ON_WRITE_MAX is refused, not copied."""
         if isinstance(path, int) or self.inside(path):
             return path
-        target = self.seen(path)
-        if target != path or not os.path.isfile(path):
-            return target if target != path else self.redirect(path)
+        if self.seen(path) != path or not os.path.isfile(path):
+            return self.written(path)   # its copy already, or nothing there to keep
         size = os.path.getsize(path)
         if size > COPY_ON_WRITE_MAX:
             self.refused.append(f"update {path}")
@@ -121,6 +120,12 @@ class Sandbox:
         target = self.redirect(path)
         shutil.copyfile(path, target)
         return target
+
+    def written(self, path):
+        """Where a write that replaces ``path`` goes: the script's copy where it has one, else a new
+        one (redirect)."""
+        target = self.seen(path)
+        return target if target != path else self.redirect(path)
 
     def seen(self, path):
         """Where a read of ``path`` goes: the redirected copy where the script wrote one."""
@@ -153,7 +158,7 @@ class Sandbox:
                 if not writing_mode(mode):
                     file = sandbox.seen(file)
                 elif "w" in mode or "x" in mode:
-                    file = sandbox.redirect(file) if sandbox.seen(file) == file else sandbox.seen(file)
+                    file = sandbox.written(file)
                 else:   # "a", "r+": what is there stays
                     file = sandbox.update(file)
             return real_open(file, mode, *a, **k)
@@ -163,7 +168,7 @@ class Sandbox:
                 if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND) and not flags & os.O_TRUNC:
                     path = sandbox.update(path)
                 else:
-                    path = sandbox.redirect(path) if sandbox.seen(path) == path else sandbox.seen(path)
+                    path = sandbox.written(path)
             else:
                 path = sandbox.seen(path)
             return real["open"](path, flags, *a, **k)
@@ -251,9 +256,7 @@ class Sandbox:
         real_rmtree = shutil.rmtree
 
         def rmtree(path, *a, **k):   # a directory the run made (or wrote into): its copy in the overlay
-            if not isinstance(path, int) and sandbox.seen(path) != path:
-                path = sandbox.seen(path)
-            return real_rmtree(path, *a, **k)
+            return real_rmtree(sandbox.seen(path), *a, **k)
 
         rmtree.avoids_symlink_attacks = real_rmtree.avoids_symlink_attacks
         shutil.rmtree = rmtree
