@@ -686,17 +686,12 @@ EMPTY_CACHE_OP = -(1 << 62)   # an op's block: torch.cuda.empty_cache() (trace.E
 
 def _compile(events: Iterable[AllocEvent]) -> list[tuple[bool, int, int, int]]:
     ops = []
-    markers = set()
     for e in events:
-        if e.action == "alloc" and e.module == EMPTY_CACHE:
-            markers.add(e.block)
-            ops.append((False, EMPTY_CACHE_OP, 0, 0))
-        elif e.action == "alloc":
-            ops.append((True, e.block, e.size_bytes, e.stream))
+        if e.action == "alloc":
+            ops.append((True, e.block, e.size_bytes, e.stream))   # (an empty_cache marker: size 0, no block)
+            if e.module == EMPTY_CACHE:
+                ops.append((False, EMPTY_CACHE_OP, 0, 0))
         elif e.action == "free":
-            if e.block in markers:
-                markers.discard(e.block)
-                continue
             ops.append((False, e.block, 0, 0))
         else:
             raise ValueError(f"unknown trace action {e.action!r} (expected 'alloc' or 'free')")

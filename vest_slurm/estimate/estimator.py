@@ -198,8 +198,7 @@ def _settled_need(full: list[AllocEvent], config) -> int:
     was alive there. The attempts before it end in that error on a GPU too, by the script's design;
     what they held is freed and their cached blocks released (empty_cache, or the allocator's own
     release before it raises), so they ask nothing of the GPU the settled run does not."""
-    from .allocator import min_capacity_bytes
-    from .replaycache import zero_cudnn
+    from .replaycache import need_bytes
 
     last = max(i for i, e in enumerate(full) if e.module == CAUGHT_OOM)
     alive: dict[int, AllocEvent] = {}
@@ -208,7 +207,7 @@ def _settled_need(full: list[AllocEvent], config) -> int:
             alive[e.block] = e
         else:
             alive.pop(e.block, None)
-    return min_capacity_bytes(zero_cudnn(list(alive.values()) + list(full[last:])), config)
+    return need_bytes(list(alive.values()) + list(full[last:]), config)
 
 
 def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import WorkloadError
-from .presets import HF_PRESETS, MLP_LAYERS, hf_preset
+from .presets import HF_PRESETS, MLP_LAYERS, hf_local_path, hf_preset
 from .workload import InputSpec, WorkloadSpec
 
 @dataclass
@@ -202,17 +202,14 @@ def _skip_value_checks(module) -> None:
             m.warn_if_padding_and_no_attention_mask = lambda *args, **kwargs: None
 
 
-LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")   # hf:./DIR, hf:/abs/DIR: a folder, never a preset or hub name
-
-
 def _local_config(name: str):
-    """(model class name, config) of ``hf:./DIR`` (a path written as one: LOCAL_PATH_PREFIXES) that
+    """(model class name, config) of ``hf:./DIR`` (a path written as one: presets.hf_local_path) that
     holds a config.json, read offline: its ``architectures`` names the class. None for any other
     name: a class, a preset or a hub name means the built-in one, whatever lies on the disk under
     that name (a #VEST line's model is never read from disk: allowlist.check_model refuses paths)."""
     import os
 
-    if not name.startswith(LOCAL_PATH_PREFIXES):
+    if not hf_local_path(name):
         return None
     name = os.path.expanduser(name)
     if not os.path.isfile(os.path.join(name, "config.json")):

@@ -97,6 +97,13 @@ _PRESET_ALIASES = {
 _INSTRUCT_SUFFIXES = ("-instruct-v0.1", "-instruct", "-chat-hf", "-hf")
 
 
+def hf_local_path(name: str) -> bool:
+    """Whether ``hf:NAME`` is a folder written as a path (``./DIR``, ``/abs/DIR``, ``~/DIR``): its
+    config.json is read (models._local_config). Any other name is a class, a preset or a hub name,
+    the built-in one whatever lies on the disk under it."""
+    return name.startswith(("/", "./", "../", "~"))
+
+
 def hf_preset(name: str) -> str | None:
     """The preset a name or hub checkpoint ("org/name", any case; "-Instruct"/"-chat" tunings have
     their base model's architecture) stands for, or None."""

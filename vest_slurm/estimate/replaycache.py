@@ -71,7 +71,8 @@ def zero_cudnn(events: Sequence[AllocEvent]) -> list[AllocEvent]:
     return [with_size(e, 0) if e.module in _CUDNN_MODULES and e.action == "alloc" else e for e in events]
 
 
-def _need(full: list[AllocEvent], config: AllocatorConfig) -> int:
+def need_bytes(full: list[AllocEvent], config: AllocatorConfig) -> int:
+    """The capacity search over ``full`` with no cuDNN workspace (zero_cudnn), kept by digest."""
     zeroed = zero_cudnn(full)
     k = _digest(zeroed, repr(config))
     if k not in _NEEDS:
@@ -98,7 +99,7 @@ def replayed(events: Sequence[AllocEvent], step_ends: Sequence[int], config: All
     # The job runs where its replay reached its reserved peak (every allocation found room there,
     # the workspaces included): the need is never above it. The search over the workspace-free
     # events can land above it, as the allocator's splits of other sizes need not fit the same way.
-    out = Replayed(result, min(_need(full, config), result.peak_reserved_bytes), full)
+    out = Replayed(result, min(need_bytes(full, config), result.peak_reserved_bytes), full)
     if path is not None:
         _store(path, out)
     return out

@@ -37,6 +37,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import EstimateError, VestError, WorkloadError
+from .presets import hf_local_path
 from .trace import AllocEvent, AllocTrace
 from .workload import WorkloadSpec
 
@@ -78,7 +79,7 @@ def key(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int
     the cache is off."""
     if not spec.model.startswith(_CACHED_FAMILIES) or cache_dir() is None:
         return None
-    if spec.model.startswith(("hf:/", "hf:./", "hf:../", "hf:~")):
+    if spec.model.startswith("hf:") and hf_local_path(spec.model[3:]):
         return None   # a local config folder: the user's file, which the key cannot see change
     what = json.dumps({"format": _FORMAT, "spec": asdict(spec), "capability": list(capability),
                        "total_memory_bytes": total_memory_bytes, "code": _code_digest()},
