@@ -115,3 +115,15 @@ def test_the_need_is_never_above_the_reserved_peak(monkeypatch):
     assert min_capacity_bytes(replaycache.zero_cudnn(ev)) > full.peak_reserved_bytes   # the search alone
     got = replaycache.replayed(ev, [], AllocatorConfig(), lambda: (ev, full))
     assert got.need_bytes == full.peak_reserved_bytes
+
+
+def test_an_empty_cache_marker_is_its_own_key():
+    """The replay releases its cached segments at an empty_cache marker (trace.EMPTY_CACHE), a
+    zero-size allocation: the answers kept by digest tell it from an ordinary zero-size one."""
+    from vest_slurm.estimate.trace import EMPTY_CACHE, AllocEvent
+
+    ev = [AllocEvent("alloc", 1, 100 << 20, 0), AllocEvent("free", 1, 0), AllocEvent("alloc", 2, 0, 0),
+          AllocEvent("free", 2, 0), AllocEvent("alloc", 3, 120 << 20, 0)]
+    marked = ev[:2] + [AllocEvent("alloc", 2, 0, 0, "other", "other", EMPTY_CACHE)] + ev[3:]
+    assert replaycache._digest(ev) != replaycache._digest(marked)
+    assert replay(ev).peak_reserved_bytes > replay(marked).peak_reserved_bytes

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 from .allocator import OomPoint, ReplayResult, min_capacity_bytes
 from .allocator_config import AllocatorConfig
-from .trace import AllocEvent, with_size
+from .trace import EMPTY_CACHE, AllocEvent, with_size
 
 _FORMAT = 1
 MAX_ENTRIES = 4000   # the most recently used answers kept on disk (~300 bytes each)
@@ -57,7 +57,8 @@ def _digest(events: Sequence[AllocEvent], *extra) -> str:
     """What the replay, steady.py and the capacity search read of each event, and ``extra``."""
     flat = array("q")
     for e in events:
-        flag = (1 if e.module in _CUDNN_MODULES else 0) | (2 if e.module == "ddp_buckets" else 0)
+        flag = ((1 if e.module in _CUDNN_MODULES else 0) | (2 if e.module == "ddp_buckets" else 0)
+                | (4 if e.module == EMPTY_CACHE else 0))   # (the replay releases the cache there)
         flat.extend((e.action == "alloc", e.block, e.size_bytes, e.stream, flag))
     h = hashlib.sha256(flat.tobytes())
     h.update(json.dumps([_FORMAT, *extra], default=str).encode())
