@@ -100,7 +100,6 @@ def _from_ds_json(doc: dict, source: str, args=()) -> DeepSpeedPlan:
     precision = "bf16" if on("bf16") else ("fp16" if on("fp16") else None)
     # a number (2e8 is a float in JSON), checked as --reduce-bucket-size checks it; "auto" is
     # transformers' hidden_size squared, not known here: DeepSpeed's default stands
-    # "auto" (transformers' hidden_size squared for the bucket) is not known here: DeepSpeed's default stands
     return DeepSpeedPlan(source, stage, offload, precision, _elements(zero.get("reduce_bucket_size")) or 0,
                          _elements(zero.get("stage3_max_reuse_distance")))
 

@@ -152,11 +152,7 @@ class FsdpRecord:
 
     def _first_step(self, o, _args, _kwargs):
         if self.optimizer is None and self.wrapped:
-            d = o.defaults
-            self.optimizer = {"class": type(o).__name__, "module": type(o).__module__,
-                              "foreach": d.get("foreach"), "fused": d.get("fused"),
-                              "weight_decay": d.get("weight_decay"), "momentum": d.get("momentum"),
-                              "amsgrad": d.get("amsgrad"), "centered": d.get("centered")}
+            self.optimizer = describe_optimizer(o)
 
     def fully_shard(self, module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
                     mp_policy=None, offload_policy=None, ignored_params=None, **_kw):
@@ -561,18 +557,32 @@ _OPT_NAMES = {("SGD", False): "sgd", ("SGD", True): "sgd-momentum", ("Adam", Fal
               ("Adam", True): "adam-amsgrad", ("AdamW", True): "adamw-amsgrad"}
 
 
+def describe_optimizer(o) -> dict:
+    """What the workload needs of a script's optimizer (read at its first step: the object is gone
+    once the script stops): its class and the defaults that decide its state and kernels."""
+    d = o.defaults
+    return {"class": type(o).__name__, "module": type(o).__module__,
+            **{k: d.get(k) for k in ("foreach", "fused", "weight_decay", "momentum", "amsgrad", "centered")}}
+
+
+def optimizer_vest_name(opt: dict) -> str | None:
+    """--optimizer's name of an optimizer describe_optimizer described, or None where vest has none."""
+    from ..estimate.workload import OPTIMIZER_TABLE
+
+    cls = opt["class"]
+    flag = bool(opt.get("momentum")) if cls == "SGD" else bool(opt.get("amsgrad"))
+    return _OPT_NAMES.get((cls, flag)) or next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw),
+                                               None)
+
+
 def _optimizer_name(opt: dict | None) -> tuple[str, str, float | None]:
     """(--optimizer, --optimizer-impl, weight_decay) of the script's optimizer."""
     from ..errors import EstimateError
-    from ..estimate.workload import OPTIMIZER_TABLE
 
     if opt is None:
         raise EstimateError("the FSDP2 script made no optimizer before its first step", "this is a bug in vest-slurm; report it")
     cls = opt["class"]
-    flag = bool(opt.get("momentum")) if cls == "SGD" else bool(opt.get("amsgrad"))
-    name = _OPT_NAMES.get((cls, flag))
-    if name is None:
-        name = next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw), None)
+    name = optimizer_vest_name(opt)
     if name is None:
         raise EstimateError(f"the script's optimizer {opt['module']}.{cls} is not one the per-rank model traces on shards",
                             "describe the workload with #VEST --model ... --optimizer ...")

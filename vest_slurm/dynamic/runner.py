@@ -816,16 +816,12 @@ def _script_optimizer(opt: dict | None, stopped_by: str) -> tuple[str, str, floa
     """(optimizer, optimizer_impl, weight_decay) of the workload block: the script's first optimizer
     stepped, by vest's name where it has one (--optimizer's), else its class; without one, how the
     run's steps were made."""
-    from .fake_dist import _OPT_NAMES
-    from ..estimate.workload import OPTIMIZER_TABLE
+    from .fake_dist import optimizer_vest_name
 
     if not opt:
         return f"none ({stopped_by})" if stopped_by != "optimizer steps" else "none", "auto", None
-    cls = opt["class"]
-    name = _OPT_NAMES.get((cls, bool(opt.get("momentum")) if cls == "SGD" else bool(opt.get("amsgrad"))))
-    name = name or next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw), None)
     impl = "fused" if opt.get("fused") else ("for-loop" if opt.get("foreach") is False else "auto")
-    return name or f"{opt['module']}.{cls}", impl, opt.get("weight_decay")
+    return optimizer_vest_name(opt) or f"{opt['module']}.{opt['class']}", impl, opt.get("weight_decay")
 
 
 _TIME_UP_GRACE_S = 20.0   # how long a run told its time is up has to write what it traced

@@ -297,7 +297,7 @@ class FakeDDP(nn.Module):
         self._vest_params = list(by_dtype.values())
         self._vest_in_flight: list = []   # what a communication hook keeps until the backward ends
         if gradient_as_bucket_view:
-            for bucket, ps in zip(self._vest_buckets, by_dtype.values()):
+            for bucket, ps in zip(self._vest_buckets, self._vest_params):
                 offset = 0
                 for p in ps:
                     view = bucket[offset:offset + p.numel()].view(p.shape)
@@ -766,6 +766,8 @@ def _aliases(patches: list[tuple]) -> list[tuple]:
 
 @contextlib.contextmanager
 def patched(state: ScriptState):
+    from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts); the optimizer's description
+
     tr = state.tracer
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -848,9 +850,7 @@ def patched(state: ScriptState):
 
     def pre_step(opt, args, kwargs):
         if state.optimizer is None:
-            d = opt.defaults
-            state.optimizer = {"class": type(opt).__name__, "module": type(opt).__module__,
-                               **{k: d.get(k) for k in ("foreach", "fused", "weight_decay", "momentum", "amsgrad")}}
+            state.optimizer = fake_dist.describe_optimizer(opt)
         state.in_optimizer_step += 1
         state.stepping = type(opt).__name__
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")
@@ -987,8 +987,6 @@ def patched(state: ScriptState):
     patches += checkpoints.patches()   # torch.save / torch.load / safetensors of fake tensors
     patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),
                               lambda t: t.fake_mode.written_outside(t) if hasattr(t.fake_mode, "written_outside") else None)
-    from . import fake_dist   # fully_shard / init_device_mesh stand-ins (FSDP2 scripts)
-
     patches += fake_dist.patches(state)
     from . import fake_tp   # parallelize_module (tensor parallelism): one rank's shards
 

@@ -126,6 +126,7 @@ class Tracer:
         self.capability = capability
         self.recorder = fc.Recorder(on_alloc=self._alloc, on_free=self._free, on_op=self._op)
         self._rnn_hook = None
+        self._online_alloc = None   # the caching allocator run along (_online), for a run with s.oom_at
 
     # ``with tracer:`` around the traced region: the global module hook that sees RNNs lives only
     # there, so a trace that raises leaves no hook behind in a long-lived process (the bridge's worker)
@@ -181,7 +182,7 @@ class Tracer:
     # its reserved bytes (segments, rounding, the cache it releases before it gives up), not at
     # the tensors' bytes alone
     def _online(self):
-        if getattr(self, "_online_alloc", None) is None:
+        if self._online_alloc is None:
             from .allocator import CachingAllocator
 
             self._online_alloc = CachingAllocator(capacity_bytes=self.s.oom_at)
