@@ -183,11 +183,23 @@ def test_a_script_that_ends_by_itself_keeps_its_parameters_in_the_breakdown():
         assert b["parameters"] == params and b["optimizer_state"] == 2 * params
 
 
-def test_vest_estimate_command_line():
-    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
-                        "python", "tiny_train.py"], cwd=SCRIPTS, capture_output=True, text=True, timeout=300)
+def test_vest_estimate_command_line_imports_no_torch_beside_the_script():
+    """`vest estimate -- CMD`: the script runs (and imports torch) in its own process; the estimate's
+    process replays its trace and names its optimizer without torch (before, naming the optimizer
+    imported torch after the script had ended: 3 s of wall time on every script estimate)."""
+    import json
+
+    code = ("import sys, io, contextlib\nfrom vest_slurm.cli import main\n"
+            "sys.argv = ['vest', 'estimate', '--gpu', 'a100-40gb', '--json', '--', 'python', 'tiny_train.py']\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "print(out.getvalue())\nprint('torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=SCRIPTS, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, VEST_CACHE_DIR="off"))
     assert r.returncode == 0, r.stderr
-    assert '"required_mib"' in r.stdout
+    doc, imported = r.stdout.rsplit("\n", 2)[0], r.stdout.split()[-1]
+    assert '"required_mib"' in doc and json.loads(doc)["workload"]["optimizer"] == "adam"
+    assert imported == "False"
 
 
 def test_vest_estimate_of_a_command_runs_under_the_sites_dynamic_limits(tmp_path):
@@ -696,3 +708,25 @@ def test_a_packages_console_script_runs_as_the_python_file_it_is(tmp_path):
     assert find_train_command(job + ["python train.py"]).script == "train.py"
     with pytest.raises(WorkloadError, match="not a Python training command"):
         parse_train_command(f"{path} nosuchtool --x")
+
+
+def test_a_scripts_optimizer_is_named_by_the_settings_that_decide_its_state():
+    """The workload block (and the per-rank FSDP model) names a script's optimizer by --optimizer's
+    table: the entry of its class whose state-deciding settings it has (momentum, amsgrad, centered),
+    the most specific; None where two fit equally or the class is not torch's (an "Adam" of another
+    package may keep other state)."""
+    import torch
+
+    from vest_slurm.dynamic.fake_dist import describe_optimizer
+    from vest_slurm.estimate.workload import optimizer_name
+
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    named = {name: optimizer_name(describe_optimizer(o)) for name, o in {
+        "sgd": torch.optim.SGD(p, lr=0.1), "sgd-momentum": torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        "adamw-amsgrad": torch.optim.AdamW(p, amsgrad=True), "adam": torch.optim.Adam(p),
+        "rmsprop-centered": torch.optim.RMSprop(p, centered=True), "both": torch.optim.RMSprop(p, momentum=0.9, centered=True),
+        "adafactor": torch.optim.Adafactor(p)}.items()}
+    assert named.pop("both") is None
+    assert named == {k: k for k in named}
+    assert optimizer_name({"class": "Adam", "module": "someones.optim"}) is None
+    assert optimizer_name({"class": "AdamW8bit", "module": "bitsandbytes.optim.adamw"}) == "adamw-8bit"

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ..estimate.trace import AllocEvent
+from ..estimate.workload import optimizer_name
 
 _DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # FSDPModule's methods, each decided (the class a module becomes under fully_shard, _as_fsdp_module).
@@ -553,26 +554,12 @@ def result(state) -> dict | None:
 
 # ---- parent side ---------------------------------------------------------------------------------
 
-_OPT_NAMES = {("SGD", False): "sgd", ("SGD", True): "sgd-momentum", ("Adam", False): "adam", ("AdamW", False): "adamw",
-              ("Adam", True): "adam-amsgrad", ("AdamW", True): "adamw-amsgrad"}
-
-
 def describe_optimizer(o) -> dict:
     """What the workload needs of a script's optimizer (read at its first step: the object is gone
     once the script stops): its class and the defaults that decide its state and kernels."""
     d = o.defaults
     return {"class": type(o).__name__, "module": type(o).__module__,
             **{k: d.get(k) for k in ("foreach", "fused", "weight_decay", "momentum", "amsgrad", "centered")}}
-
-
-def optimizer_vest_name(opt: dict) -> str | None:
-    """--optimizer's name of an optimizer describe_optimizer described, or None where vest has none."""
-    from ..estimate.workload import OPTIMIZER_TABLE
-
-    cls = opt["class"]
-    flag = bool(opt.get("momentum")) if cls == "SGD" else bool(opt.get("amsgrad"))
-    return _OPT_NAMES.get((cls, flag)) or next((k for k, (c, kw, _) in OPTIMIZER_TABLE.items() if c == cls and not kw),
-                                               None)
 
 
 def _optimizer_name(opt: dict | None) -> tuple[str, str, float | None]:
@@ -582,7 +569,7 @@ def _optimizer_name(opt: dict | None) -> tuple[str, str, float | None]:
     if opt is None:
         raise EstimateError("the FSDP2 script made no optimizer before its first step", "this is a bug in vest-slurm; report it")
     cls = opt["class"]
-    name = optimizer_vest_name(opt)
+    name = optimizer_name(opt)
     if name is None:
         raise EstimateError(f"the script's optimizer {opt['module']}.{cls} is not one the per-rank model traces on shards",
                             "describe the workload with #VEST --model ... --optimizer ...")

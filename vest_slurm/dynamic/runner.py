@@ -816,12 +816,12 @@ def _script_optimizer(opt: dict | None, stopped_by: str) -> tuple[str, str, floa
     """(optimizer, optimizer_impl, weight_decay) of the workload block: the script's first optimizer
     stepped, by vest's name where it has one (--optimizer's), else its class; without one, how the
     run's steps were made."""
-    from .fake_dist import optimizer_vest_name
+    from ..estimate.workload import optimizer_name
 
     if not opt:
         return f"none ({stopped_by})" if stopped_by != "optimizer steps" else "none", "auto", None
     impl = "fused" if opt.get("fused") else ("for-loop" if opt.get("foreach") is False else "auto")
-    return optimizer_vest_name(opt) or f"{opt['module']}.{opt['class']}", impl, opt.get("weight_decay")
+    return optimizer_name(opt) or f"{opt['module']}.{opt['class']}", impl, opt.get("weight_decay")
 
 
 _TIME_UP_GRACE_S = 20.0   # how long a run told its time is up has to write what it traced

@@ -46,6 +46,25 @@ OPTIMIZER_TABLE: dict[str, tuple[str, dict, float]] = {
     "adamw-8bit": ("bitsandbytes.optim:AdamW8bit", {}, 0.5),
 }
 OPTIMIZERS = tuple(OPTIMIZER_TABLE)
+
+
+def optimizer_name(opt: dict) -> str | None:
+    """--optimizer's name of a script's optimizer, described as ``{"class": ..., <its defaults>}``
+    (fake_dist.describe_optimizer): the table's entry of that class whose memory-relevant arguments
+    (momentum, amsgrad, centered) the optimizer has, the most specific where several do; None where
+    the table has no such entry or two fit equally (RMSprop with momentum and centered)."""
+    def same_class(cls: str) -> bool:   # "SGD" (torch.optim) or "package.module:Class"
+        where, _, name = cls.rpartition(":")
+        return name == opt.get("class") and (str(opt.get("module", "")).startswith(where) if where else
+                                              str(opt.get("module", "torch.optim")).startswith("torch.optim"))
+
+    fits = [(len(kw), name) for name, (cls, kw, _) in OPTIMIZER_TABLE.items()
+            if same_class(cls) and all(bool(opt.get(k)) == bool(v) for k, v in kw.items())]
+    fits.sort(reverse=True)
+    if not fits or (len(fits) > 1 and fits[0][0] == fits[1][0]):
+        return None
+    return fits[0][1]
+
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "bf16", "fp16")
 LOSSES = ("auto", "cross-entropy", "mse", "model")
