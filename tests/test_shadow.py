@@ -139,3 +139,37 @@ def test_writes_keep_views_in_step_or_forget_the_storage():
         fresh = torch.empty(6, dtype=torch.long, device="cuda")
         fresh.copy_(torch.arange(6))                   # a whole overwrite from the host: known again
         assert fresh.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_layout_only_template_keeps_the_result_known():
+    """``feats.new_full((n, 1), 8.0)`` or ``zeros_like(activations)`` reads only the template's layout:
+    the result's values are the fill's, known on the GPU too, though the template (computed from the
+    model) has none; ``empty_like`` of it stays unknown (uninitialised memory)."""
+    with fake_gpu():
+        feats = nn.Linear(4, 8, device="cuda")(torch.randn(2, 4, device="cuda"))
+        assert _shadow.of(feats) is None
+        stride = feats.new_full((16, 1), 8.0)
+        ids = torch.zeros_like(feats, dtype=torch.long)
+        assert stride.flatten().tolist() == [8.0] * 16 and ids.sum().item() == 0
+        pts = torch.arange(16, dtype=torch.float32).view(16, 1).cuda() * stride
+        assert (pts > 60).nonzero().shape == (8, 2)   # a real shape, as on the GPU
+        assert _shadow.of(torch.empty_like(feats)) is None and _shadow.of(feats + 1) is None
+
+
+def test_a_write_at_distinct_integer_indices_is_mirrored_and_a_racy_one_is_not():
+    """``out[img, slot] = boxes`` with host indices: where the (img, slot) pairs are distinct (negative
+    positions counted from the end), each element is written once and the CPU's result is the GPU's;
+    where a pair repeats, the GPU's last writer is not defined and the target forgets its values."""
+    with fake_gpu():
+        boxes = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]).cuda()
+        out = torch.zeros(4, 2, 2, device="cuda")
+        out[torch.tensor([0, 0, 2]).cuda(), torch.tensor([0, 1, -1]).cuda()] = boxes
+        assert out[..., 0].gt(0).nonzero().tolist() == [[0, 0], [0, 1], [2, 1]]
+        racy = torch.zeros(4, 2, 2, device="cuda")
+        racy[torch.tensor([0, 0, 2]).cuda(), torch.tensor([1, -1, 0]).cuda()] = boxes   # (0, 1) twice
+        assert _shadow.of(racy) is None
+        with pytest.raises(DynamicOutputShapeException):
+            racy.gt(0).nonzero()
+        summed = torch.zeros(4, device="cuda").index_put_((torch.tensor([1, 1]).cuda(),),
+                                                          torch.tensor([2.0, 3.0]).cuda(), accumulate=True)
+        assert summed.tolist() == [0.0, 5.0, 0.0, 0.0]   # accumulation has no race

@@ -42,8 +42,10 @@ What keeps a shadow exact (never a silent wrong value, sampled ones flagged):
   ``randint``/``randn`` on the device, ``bernoulli``) and uninitialised memory (``empty``) make
   no exact shadow (a random factory's draw a sampled one, above); nor do ops whose result on the GPU may differ from the CPU kernel's beyond rounding:
   the order of ties (``topk``, ``sort`` unless stable, ``kthvalue``, ``mode``, ``median`` with
-  indices) and writes where duplicate indices race (``scatter``/``index_put``/``index_copy``/
-  ``put`` of several values without accumulation). ``unique`` is sorted on CUDA whatever
+  indices) and writes where duplicate indices race (``scatter``/``index_copy``/``put`` of several
+  values without accumulation; ``index_put`` only where its integer indices repeat, checked on
+  their shadows). An op that reads only its template's layout (``new_full``, ``zeros_like``) is
+  mirrored though the template has no shadow. ``unique`` is sorted on CUDA whatever
   ``sorted`` says (ATen's CUDA kernel sorts), so its shadow is computed sorted;
 - a write to a device tensor's storage by an op that is not mirrored (an input without a shadow)
   forgets every shadow of that storage (a token per storage); a mirrored in-place op writes the
@@ -77,6 +79,9 @@ _TIE_ORDER_WITH_DIM = frozenset({"median", "nanmedian"})   # their .default over
 # writes where duplicate indices race on the GPU (the last writer is not defined)
 _RACY_WRITES = frozenset({"scatter", "scatter_", "index_put", "index_put_", "_index_put_impl_", "index_copy",
                           "index_copy_", "put", "put_"})
+# ops that take only the layout (shape, strides, dtype) of their first argument, not its values: the
+# result is known wherever the other arguments are (``feats.new_full((n, 1), stride)``)
+_LAYOUT_ONLY = frozenset({"new_full", "new_zeros", "new_ones", "zeros_like", "ones_like", "full_like"})
 
 
 # random draws that may get a sampled shadow: factories (the device's generator decides every
@@ -132,8 +137,25 @@ def worthy(t: torch.Tensor, sampled: bool = False) -> bool:
     return t.numel() * t.element_size() <= MAX_TENSOR_BYTES
 
 
-def _exact_on_the_gpu(func, args, kwargs) -> bool:
-    """Whether the CPU kernel gives the values the GPU's would (see the module docstring)."""
+def _distinct_places(self_shape, indices) -> bool:
+    """Whether integer ``indices`` (``aten.index_put``'s list: None for a whole dimension, else a
+    host tensor of positions along that dimension) name each element of the target at most once:
+    then no two writes race and the CPU's result is the GPU's."""
+    dims = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if not dims or any(i.dtype == torch.bool or i.dtype.is_floating_point for _, i in dims):
+        return False
+    try:
+        idx = torch.broadcast_tensors(*(i for _, i in dims))
+    except RuntimeError:
+        return False
+    flat = torch.stack([(t.reshape(-1) % self_shape[d]) for (d, _), t in zip(dims, idx)])   # -1 is size-1
+    return flat.shape[1] == 0 or torch.unique(flat, dim=1).shape[1] == flat.shape[1]
+
+
+def _exact_on_the_gpu(func, args, kwargs, reals=None) -> bool:
+    """Whether the CPU kernel gives the values the GPU's would (see the module docstring);
+    ``reals``: the op's arguments with shadows for fake tensors, where known, so that a write whose
+    indices turn out distinct is exact."""
     if torch.Tag.nondeterministic_seeded in func.tags:
         return False
     name = func.overloadpacket.__name__
@@ -147,7 +169,9 @@ def _exact_on_the_gpu(func, args, kwargs) -> bool:
             values = args[2] if len(args) > 2 else kwargs.get("values")
             one_value = isinstance(values, torch.Tensor) and values.numel() == 1
             masks = all(i is None or i.dtype == torch.bool for i in args[1])   # a mask selects each place once
-            return bool(accumulate) or one_value or masks
+            if accumulate or one_value or masks:
+                return True
+            return reals is not None and _distinct_places(args[0].shape, reals[0][1])
         if name.startswith("scatter"):
             return func._overloadname.startswith("value") or "reduce" in func._overloadname
         return False
@@ -283,6 +307,10 @@ class Shadows:
         first = args[0] if args else None
         if torch.Tag.nondeterministic_seeded in func.tags and self._sample(func, args, kwargs, out, written):
             return
+        if func.overloadpacket.__name__ in _LAYOUT_ONLY and isinstance(first, FakeTensor) and self.get(first) is None:
+            with unset_fake_temporarily():   # its values are not read: any tensor of its layout will do
+                first = torch.empty_strided(first.shape, first.stride(), dtype=first.dtype)
+            args = (first,) + tuple(args[1:])
         if isinstance(first, FakeTensor) and func is not aten.copy_.default and self.get(first) is None:
             for w in written:   # the common case, an op on the model's tensors: one look-up
                 self.forget(w)
@@ -301,11 +329,11 @@ class Shadows:
         if func is aten.copy_.default and self.get(args[0]) is None:
             self._copy_into(args[0], args[1])
             return
-        if not _exact_on_the_gpu(func, args, kwargs):
+        reals = self._reals(args, kwargs)
+        if not _exact_on_the_gpu(func, args, kwargs, reals):
             for w in written:
                 self.forget(w)
             return
-        reals = self._reals(args, kwargs)
         try:
             with unset_fake_temporarily(), torch.no_grad():
                 real_out = func(*reals[0], **reals[1])
