@@ -730,3 +730,20 @@ def test_a_scripts_optimizer_is_named_by_the_settings_that_decide_its_state():
     assert named == {k: k for k in named}
     assert optimizer_name({"class": "Adam", "module": "someones.optim"}) is None
     assert optimizer_name({"class": "AdamW8bit", "module": "bitsandbytes.optim.adamw"}) == "adamw-8bit"
+
+
+def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds():
+    """A script that trains in stages (backbone frozen, unfrozen after some epochs) is traced in its
+    first stage: the optimizer holds the frozen parameters, whose gradients and Adam state a later
+    stage adds; the estimate says so with the size (before: the first stage's figure, unflagged).
+    An optimizer over the trainable parameters alone (a permanent freeze, LoRA) is not flagged."""
+    frozen = (256 * 1024 + 1024) + (1024 * 1024 + 1024)   # the backbone's elements, fp32
+    (est,), run = estimate_script("staged_finetune_train.py")
+    note = [f for f in run.flags if "frozen" in f]
+    assert len(note) == 1 and "holds 4 parameter tensor(s)" in note[0], run.flags
+    assert f"({frozen * 4 / 2**20:,.0f} MiB)" in note[0] and f"about {frozen * 4 * 3 / 2**20:,.0f} MiB more" in note[0]
+    assert dict(est.breakdown)["optimizer_state"] == 2 * 4 * (1024 * 10 + 10)   # the head's, as traced
+    (_, ), alone = estimate_script("staged_finetune_train.py", "--head-only-optimizer")
+    assert not [f for f in alone.flags if "frozen" in f]
+    (_, ), unfrozen = estimate_script("staged_finetune_train.py", "--unfreeze-at", "0")
+    assert not [f for f in unfrozen.flags if "frozen" in f]

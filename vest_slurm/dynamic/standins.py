@@ -22,6 +22,7 @@ from ..estimate import _shadow
 from . import checkpoints, cuda_surface
 from .grad_scaler import FakeCudaGradScaler, FakeGradScaler, FakeShardedGradScaler
 from . import tracked
+from ..estimate.workload import optimizer_name
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ScriptState:
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
     func_transform: bool = False        # a module ran under a torch.func transform (grad, vjp, vmap)
     optimizer: dict | None = None       # the first optimizer stepped: its class and defaults (workload block)
+    # optimizer (id) -> (its class, its --optimizer name, parameters frozen at its last step, their bytes)
+    frozen: dict = field(default_factory=dict)
     flags: list = field(default_factory=list)   # what stand-ins accepted but do not model (the estimate says so)
     cut_at_time_limit: bool = False     # the runner's time limit ended the run after its traced steps
     in_backward: int = 0                # backward calls under way
@@ -708,6 +711,41 @@ def _top_level_forward(state: ScriptState, mod) -> None:
             raise state.stop()
 
 
+def _note_frozen(state: ScriptState, opt) -> None:
+    """The parameters an optimizer holds that are frozen (``requires_grad=False``) at its step: a
+    script training in stages (a frozen backbone, unfrozen after some epochs) steps them later, with
+    their gradients and optimizer state, which the traced steps do not hold (frozen_note)."""
+    from . import fake_dist
+
+    frozen = {id(p): p for g in opt.param_groups for p in g["params"]
+              if isinstance(p, torch.Tensor) and not p.requires_grad}
+    if frozen or id(opt) in state.frozen:
+        state.frozen[id(opt)] = (type(opt).__name__, optimizer_name(fake_dist.describe_optimizer(opt)), len(frozen),
+                                 sum(p.numel() * p.element_size() for p in frozen.values()),
+                                 sum(p.numel() for p in frozen.values()))
+
+
+def frozen_note(state: ScriptState) -> str | None:
+    """The flag for parameters frozen at an optimizer's last traced step but held by it
+    (_note_frozen), with what a stage that unfreezes them would add: their gradients (the
+    parameters' bytes) and the optimizer's state (--optimizer's table: states per element, in fp32)."""
+    from ..estimate.workload import OPTIMIZER_TABLE
+
+    held = [f for f in state.frozen.values() if f[2]]
+    if not held:
+        return None
+    count, nbytes = sum(f[2] for f in held), sum(f[3] for f in held)
+    names = ", ".join(sorted({f[0] for f in held}))
+    if all(f[1] in OPTIMIZER_TABLE for f in held):
+        more = nbytes + sum(int(OPTIMIZER_TABLE[f[1]][2] * 4 * f[4]) for f in held)
+        what = f"about {more / 2**20:,.0f} MiB more (their gradients and {names}'s state)"
+    else:
+        what = f"their gradients ({nbytes / 2**20:,.0f} MiB) and {names}'s state besides"
+    return (f"the {names} optimizer holds {count} parameter tensor(s) ({nbytes / 2**20:,.0f} MiB) that were frozen "
+            f"(requires_grad=False) in the traced steps: if the script unfreezes them later (fine-tuning in stages), "
+            f"that stage needs {what}, which this estimate does not include")
+
+
 def _parameter_storages(state: ScriptState) -> set:
     """The storages of the parameters that take gradients in the models the script called (the
     models trained), as the first backward pass starts: an in-place write to one outside an
@@ -851,6 +889,7 @@ def patched(state: ScriptState):
     def pre_step(opt, args, kwargs):
         if state.optimizer is None:
             state.optimizer = fake_dist.describe_optimizer(opt)
+        _note_frozen(state, opt)
         state.in_optimizer_step += 1
         state.stepping = type(opt).__name__
         tr.mark([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], "gradient")

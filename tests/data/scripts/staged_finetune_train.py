@@ -1,0 +1,30 @@
+"""Transfer learning in stages, as tutorials teach it: the backbone frozen for the first epochs
+(only the head learns), then unfrozen; one optimizer over every parameter from the start.
+--head-only-optimizer builds the optimizer over the head alone (a permanent freeze)."""
+import argparse
+
+import torch
+from torch import nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--epochs", type=int, default=4)
+p.add_argument("--unfreeze-at", type=int, default=2)
+p.add_argument("--head-only-optimizer", action="store_true")
+args = p.parse_args()
+
+backbone = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()).cuda()
+head = nn.Linear(1024, 10).cuda()
+for prm in backbone.parameters():
+    prm.requires_grad = False
+params = head.parameters() if args.head_only_optimizer else list(backbone.parameters()) + list(head.parameters())
+opt = torch.optim.Adam(params, lr=1e-3)
+for epoch in range(args.epochs):
+    if epoch == args.unfreeze_at:
+        for prm in backbone.parameters():
+            prm.requires_grad = True
+    for _ in range(5):
+        x, y = torch.randn(32, 256).cuda(), torch.randint(0, 10, (32,)).cuda()
+        loss = nn.functional.cross_entropy(head(backbone(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
