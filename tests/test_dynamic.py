@@ -747,3 +747,22 @@ def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds
     assert not [f for f in alone.flags if "frozen" in f]
     (_, ), unfrozen = estimate_script("staged_finetune_train.py", "--unfreeze-at", "0")
     assert not [f for f in unfrozen.flags if "frozen" in f]
+
+
+def test_the_run_waits_for_every_optimizer_to_step_and_says_when_one_never_did():
+    """A critic stepped n_critic = 5 times per generator step: stopped at the first 3 steps (the
+    critic's), the generator's Adam state and gradients were missing without a word. The run goes on
+    until the generator has stepped; one that steps later than WAIT_FOR_OPTIMIZERS times the steps
+    is flagged with its size."""
+    from vest_slurm.dynamic.standins import WAIT_FOR_OPTIMIZERS
+
+    g = (64 * 512 + 512) + (512 * 1024 + 1024)
+    d = (1024 * 128 + 128) + (128 + 1)
+    (est,), run = estimate_script("critic_steps_train.py")
+    assert run.steps == 6 and dict(est.breakdown)["optimizer_state"] == 2 * 4 * (g + d)
+    assert not [f for f in run.flags if "did not step" in f]
+    late = 3 * WAIT_FOR_OPTIMIZERS + 1
+    (est,), run = estimate_script("critic_steps_train.py", "--n-critic", str(late))
+    assert run.steps == 3 * WAIT_FOR_OPTIMIZERS and dict(est.breakdown)["optimizer_state"] == 2 * 4 * d
+    note = [f for f in run.flags if "did not step" in f]
+    assert len(note) == 1 and f"over {g * 4 / 2**20:,.0f} MiB of parameters" in note[0] and "(Adam" in note[0]

@@ -25,6 +25,13 @@ from . import tracked
 from ..estimate.workload import optimizer_name
 
 
+# The run goes on past its steps, up to this many times as many, until every optimizer the script
+# made has stepped: optimizers that step at different rates (WGAN's critic steps n_critic = 5 times
+# per generator step, as the WGAN and WGAN-GP papers set it) keep what the later one adds (its state,
+# its model's gradients) out of a run stopped at the first steps; the rest is said (unstepped_note).
+WAIT_FOR_OPTIMIZERS = 4
+
+
 @dataclass
 class ScriptState:
     tracer: object
@@ -39,6 +46,8 @@ class ScriptState:
     batch_hint_no_grad: bool = False   # read in a forward under no_grad: setup, until one under grad
     first_forward_done: bool = False
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
+    stepped: weakref.WeakSet = field(default_factory=weakref.WeakSet)    # those that stepped
+    waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
     input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
     first_input_shape: tuple | None = None   # of the tensor batch_hint was read from
@@ -93,8 +102,16 @@ class ScriptState:
         tr.s.iteration = self.steps
         tr.step_end()
         if stop and self.steps >= self.max_steps:
+            if self.optimizer_steps and self.steps < WAIT_FOR_OPTIMIZERS * self.max_steps and self.unstepped():
+                return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)
+            self.waited_for = unstepped_note(self)   # (said now: the script's objects go as it unwinds)
             tr.freeze()   # what the script frees while it unwinds is not part of the run
             raise self.stop()
+
+    def unstepped(self) -> list:
+        """The script's optimizers over parameters that take gradients which have not stepped yet."""
+        return [o for o in list(self.optimizers) if o not in self.stepped
+                and any(getattr(p, "requires_grad", False) for g in o.param_groups for p in g["params"])]
 
     def close_manual_step(self, stop: bool = True) -> None:
         """A backward followed by in-place updates of the parameters (no torch.optim step) was one
@@ -746,6 +763,20 @@ def frozen_note(state: ScriptState) -> str | None:
             f"that stage needs {what}, which this estimate does not include")
 
 
+def unstepped_note(state: ScriptState) -> str | None:
+    """The flag for optimizers the script made that did not step in the traced steps (ScriptState.
+    unstepped, after the run waited WAIT_FOR_OPTIMIZERS times its steps for them)."""
+    waiting = state.unstepped() if state.optimizer_steps else []
+    if not waiting:
+        return None
+    params = {id(p): p for o in waiting for g in o.param_groups for p in g["params"] if isinstance(p, torch.Tensor)}
+    nbytes = sum(p.numel() * p.element_size() for p in params.values())
+    names = ", ".join(sorted({type(o).__name__ for o in waiting}))
+    return (f"{len(waiting)} optimizer(s) the script made ({names}, over {nbytes / 2**20:,.0f} MiB of parameters) did not "
+            f"step in the {state.steps} traced steps: their state and the gradients they step are not in this estimate "
+            "(an optimizer stepped every n-th iteration, or one kept for later); the job may need more")
+
+
 def _parameter_storages(state: ScriptState) -> set:
     """The storages of the parameters that take gradients in the models the script called (the
     models trained), as the first backward pass starts: an in-place write to one outside an
@@ -896,6 +927,7 @@ def patched(state: ScriptState):
         tr.s.phase = "optimizer"
 
     def post_step(opt, args, kwargs):
+        state.stepped.add(opt)
         tr.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)], "optimizer_state")
         state.optimizer_steps += 1
         state.in_optimizer_step = max(0, state.in_optimizer_step - 1)
