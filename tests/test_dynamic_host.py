@@ -723,3 +723,15 @@ def test_fsdps_sharded_grad_scaler_has_a_stand_in(tmp_path):
         "    opt.zero_grad()\n")
     (est,), run = estimate_command(parse_train_command("python t.py"), [A100], cwd=str(tmp_path))
     assert run.steps == 3 and dict(run.observed)["precision"] == "amp-fp16"
+
+
+def test_flops_counted_on_a_meta_copy_before_training():
+    """A backward on the meta device (Fabric's measure_flops, litgpt's pretrain) makes host scalars
+    in its formulas (cross-entropy's ``where(target != ignore_index, target, 0)``): they stay off the
+    GPU, as the weights nearest the node are meta tensors (before: moved to the fake GPU, "meta and
+    cuda:0", and every `litgpt pretrain` refused). The meta pass allocates nothing; the real model's
+    steps are the estimate, Adam's state and all."""
+    (est,), run = estimate_script("meta_flops_train.py")
+    params = 1000 * 256 + (256 * 1000 + 1000)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and b["parameters"] == 4 * params and b["optimizer_state"] == 2 * 4 * params

@@ -565,11 +565,12 @@ def _is_real_host(t) -> bool:
 
 
 def _backward_on_the_host(limit: int = 64) -> bool:
-    """Whether the backward node running now computes a model kept on the host (a CPU-only script,
-    a model never moved to the GPU): the weights nearest to it in the graph (its own, else its
-    inputs') are fake host tensors. C++ reads every fake tensor's device as the host's, so the
-    node's own metadata cannot say; a node that reaches no weight within ``limit`` nodes counts
-    as the GPU's."""
+    """Whether the backward node running now computes a model that is not on the GPU: one kept on
+    the host (a CPU-only script, a model never moved to the GPU) or one on the meta device (FLOP
+    counting on a meta copy: Lightning's measure_flops, litgpt): the weights nearest to it in the
+    graph (its own, else its inputs') are fake host tensors or meta tensors. C++ reads every fake
+    tensor's device as the host's, so the node's own metadata cannot say; a node that reaches no
+    weight within ``limit`` nodes counts as the GPU's."""
     node = torch._C._current_autograd_node()
     todo, seen = [node] if node is not None else [], 0
     while todo and seen < limit:
@@ -577,7 +578,9 @@ def _backward_on_the_host(limit: int = 64) -> bool:
         seen += 1
         var = getattr(n, "variable", None)   # AccumulateGrad: a leaf that takes a gradient
         if isinstance(var, FakeTensor):
-            return var.fake_device.type == "cpu"
+            return var.fake_device.type != "cuda"
+        if isinstance(var, torch.Tensor) and var.is_meta:
+            return True
         todo.extend(f for f, _ in getattr(n, "next_functions", ()) if f is not None)
     return False
 
