@@ -766,3 +766,19 @@ def test_the_run_waits_for_every_optimizer_to_step_and_says_when_one_never_did()
     assert run.steps == 3 * WAIT_FOR_OPTIMIZERS and dict(est.breakdown)["optimizer_state"] == 2 * 4 * d
     note = [f for f in run.flags if "did not step" in f]
     assert len(note) == 1 and f"over {g * 4 / 2**20:,.0f} MiB of parameters" in note[0] and "(Adam" in note[0]
+
+
+def test_backward_passes_before_any_optimizer_are_a_phase_of_their_own():
+    """Gradients estimated at batch 2 before the optimizer is made, then training at batch 64 with two
+    micro-batches per step: the workload is the training's (batch 64, accumulation 2), not the first
+    forward's batch with every earlier backward counted as accumulation (before: batch 2, 6, and a
+    flag that the estimate was for batch 2)."""
+    import json
+
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
+                        "python", "pre_phase_train.py", "--batch-size", "64"], cwd=SCRIPTS, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, VEST_CACHE_DIR="off"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["workload"]["batch_size"], doc["workload"]["grad_accum"]) == (64, 2)
+    assert not [f for f in doc.get("flags") or () if "batch" in f], doc.get("flags")

@@ -996,6 +996,13 @@ def patched(state: ScriptState):
     def opt_init(self, *a, **k):
         orig_opt_init(self, *a, **k)
         state.optimizers.add(self)
+        if state.optimizer_steps == 0 and state.backwards > state.backwards_at_step and not state.in_backward:
+            # backward passes before any optimizer existed were a phase of their own (gradients
+            # estimated for an initialisation, importance scores, a dry run): the training's batch
+            # and accumulation are read from its own passes, which start here
+            state.backwards_at_step, state.closure_backwards = state.backwards, 0
+            state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
+            state.first_forward_done = state.batch_hint_no_grad = False
 
     orig_dl_init = torch.utils.data.DataLoader.__init__
 
