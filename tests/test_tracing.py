@@ -668,3 +668,15 @@ def test_a_model_that_asks_where_its_tensors_are_is_told_the_gpu():
     assert any(e.size_bytes == 4 * gru and e.category == "parameter" for e in trace.events if e.action == "alloc")
     params, buffers = param_bytes(s)
     assert live_at_end(trace, "parameter") == params + buffers
+
+
+@pytest.mark.parametrize("form", ["tensor", "dict", "tuple"])
+def test_loss_model_takes_a_loss_returned_as_a_tensor_a_dict_or_first_in_a_tuple(form):
+    """``--loss model`` took only an output's ``.loss`` (transformers'); a model returning its loss
+    itself (a diffusion model's forward) was refused. Its backward is traced: the weights get
+    gradients of their size."""
+    s = spec("--model", f"{USER}:returns_its_loss", "--model-arg", f"form={form}", "--batch-size", "8",
+             "--input", "tensor:64", "--loss", "model")
+    trace = trace_training(s)
+    params, _ = param_bytes(s)
+    assert sum(e.size_bytes for e in trace.events if e.action == "alloc" and e.category == "gradient") >= params

@@ -266,3 +266,22 @@ class _AsksItsDevice(nn.Module):
 
 def asks_its_device():
     return _AsksItsDevice()
+
+
+class _ReturnsItsLoss(nn.Module):
+    """A model whose forward computes its own training loss (a diffusion model's denoising loss, a
+    research model's wrapper): returned as a tensor, in a dict, or first in a tuple."""
+
+    def __init__(self, features: int = 64, form: str = "tensor"):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, 4 * features), nn.GELU(), nn.Linear(4 * features, features))
+        self.form = form
+
+    def forward(self, x):
+        noise = torch.randn_like(x)
+        loss = nn.functional.mse_loss(self.net(x + noise), noise)
+        return {"tensor": loss, "dict": {"loss": loss}, "tuple": (loss, noise)}[self.form]
+
+
+def returns_its_loss(features: int = 64, form: str = "tensor"):
+    return _ReturnsItsLoss(features, form)

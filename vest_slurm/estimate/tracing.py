@@ -513,8 +513,15 @@ def _make_batch(built: BuiltModel, spec: WorkloadSpec, float_dtype: torch.dtype,
 def _loss(spec: WorkloadSpec, built: BuiltModel, out, target_kind, device: torch.device):
     if _model_computes_loss(spec, built):
         loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, Mapping):   # {"loss": ...}
+            loss = out.get("loss")
+        if loss is None and isinstance(out, (tuple, list)) and out:   # (loss, logits, ...)
+            out = out[0]
+        if loss is None and isinstance(out, torch.Tensor) and out.numel() == 1:   # the loss itself
+            loss = out
         if loss is None:
-            raise EstimateError(f"{spec.model} returned no loss",
+            raise EstimateError(f"{spec.model} returned no loss (--loss model takes an output's .loss or ['loss'], a "
+                                "one-element tensor, or one first in a tuple)",
                                 "use --loss cross-entropy (on the model's output scores) or a model class with a head "
                                 "that computes a loss (e.g. ...ForMaskedLM)")
         return loss
