@@ -735,3 +735,11 @@ def test_flops_counted_on_a_meta_copy_before_training():
     params = 1000 * 256 + (256 * 1000 + 1000)
     b = dict(est.breakdown)
     assert run.steps == 3 and b["parameters"] == 4 * params and b["optimizer_state"] == 2 * 4 * params
+
+
+def test_a_host_model_with_a_backward_and_no_step_is_said_not_to_use_the_gpu():
+    """A model kept on the host, one backward and no optimizer: nothing reached the GPU, which is
+    what to say (no-gpu), not that no forward pass ran under grad (script-error)."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("host_backward_only.py")
+    assert e.value.kind == "no-gpu" and "(Sequential) ran with its weights on the host" in str(e.value)

@@ -725,6 +725,14 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             f"vest does not count as training steps ({result.get('steps', 0)} steps traced){log}",
                             "this is vest-slurm's limit, not the script's; meanwhile " + _WORKAROUND,
                             kind="vest-unsupported", where=where)
+    if status == "no-step" and result.get("host_models") and not result.get("device_models") and \
+            not any(e[0] == "a" for e in result.get("events") or ()):
+        # a model kept on the host ran (and maybe a backward) but nothing reached the GPU
+        raise EstimateError(f"{cmd.display}: the script does not use the GPU: the model ({', '.join(result['host_models'])}) "
+                            "ran with its weights on the host, and nothing was allocated on the GPU; a GPU given to "
+                            f"this job would sit idle{log}",
+                            "if it should train on the GPU, move the model and each batch there (model.to('cuda'), "
+                            "x.to('cuda')); else submit it without --gres/--gpus, to a CPU partition", kind="no-gpu")
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",
