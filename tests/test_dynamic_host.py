@@ -743,3 +743,12 @@ def test_a_host_model_with_a_backward_and_no_step_is_said_not_to_use_the_gpu():
     with pytest.raises(EstimateError) as e:
         estimate_script("host_backward_only.py")
     assert e.value.kind == "no-gpu" and "(Sequential) ran with its weights on the host" in str(e.value)
+
+
+
+def test_a_tensor_made_from_device_scalars_reads_them_as_stand_ins():
+    """torch.tensor([meter.sum, meter.count], device=...) where the sum is a 0-d device tensor: the
+    C++ constructor reads each element with Python dispatch off, which reached the real GPU ("Found no
+    NVIDIA driver", refused as vest's gap); it reads the value the fake mode would give, listed."""
+    (est,), run = estimate_script("meter_reduce_train.py")
+    assert run.steps == 3

@@ -527,13 +527,23 @@ def _read_through(orig, kind: str, ledger, state=None):
     branch (bool) read inside an optimizer's step is noted with the optimizer: LBFGS's convergence
     tests and its history update (``if ys > 1e-10``) decide how many iterations run and how much
     state it keeps, and a stand-in decides them here."""
+    convert = {"bool": bool, "float": float}.get(kind, int)
+
     def method(self, *a):
-        if isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None \
-                and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None:
+        fake = isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None
+        if fake and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None:
             ledger.read(kind, None)
             if state is not None and state.in_optimizer_step and state.stepping:
                 state.step_branches[state.stepping] = tracked.script_frame()
-        return orig(self, *a)
+        if not fake or not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
+            return orig(self, *a)
+        # called from C++ with Python dispatch off (torch.tensor([loss, n]) reads each 0-d element
+        # so): the read would reach the real GPU; answer it as the fake mode would
+        known = self.fake_mode.fill_of(self)
+        real = _shadow.read_of(self) if known is None else None
+        value = known if known is not None else real.item() if real is not None and real.numel() == 1 \
+            else _stand_in_scalar(self)
+        return convert(value)
 
     return method
 
