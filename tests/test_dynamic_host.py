@@ -745,6 +745,18 @@ def test_a_host_model_with_a_backward_and_no_step_is_said_not_to_use_the_gpu():
     assert e.value.kind == "no-gpu" and "(Sequential) ran with its weights on the host" in str(e.value)
 
 
+def test_a_spawned_worker_writes_into_the_overlay_and_one_using_the_gpu_is_vests_limit():
+    """multiprocessing's spawn starts its child through _posixsubprocess (no audit event): the child
+    ran outside the file overlay, its write into the job's directory failed, and the script was
+    blamed. It now runs under the same sandbox: what it writes the parent reads. A worker that puts
+    a tensor on the GPU (vest fakes the GPU in the script's own process only) is vest's limit."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("spawn_prep_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    with pytest.raises(EstimateError) as e:
+        estimate_script("spawn_prep_train.py", "--child-uses-gpu")
+    assert e.value.kind == "vest-unsupported" and "started with multiprocessing used the GPU" in str(e.value)
+
 
 def test_a_tensor_made_from_device_scalars_reads_them_as_stand_ins():
     """torch.tensor([meter.sum, meter.count], device=...) where the sum is a 0-d device tensor: the

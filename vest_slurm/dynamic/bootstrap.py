@@ -19,13 +19,17 @@ memory limit. Here:
   the launch's world size).
 - DataLoader workers are forced to 0: only the batches used are read, in this process.
 - A PEP 578 audit hook refuses network connections and new processes; writes outside the temp dir
-  go into it, behind an overlay the script reads back through (Sandbox).
+  go into it, behind an overlay the script reads back through (Sandbox); multiprocessing's spawn
+  and forkserver children run under the same overlay (spawned.py).
 - A no-grad call of the model that repeats an earlier one exactly (evaluation batches, sampled
   tokens) is replayed from its trace instead of run (repeats.py says when; Python state outside
   the model's modules that such a call changes is not seen).
 - The script is stopped after N training steps (StopTracing, a BaseException the script's own
   ``except Exception`` does not catch): optimizer steps; without torch.optim, backward passes each
-  followed by in-place updates of the parameters; or, with neither, forward passes under grad.
+  followed by in-place updates of the parameters; or, with neither, forward passes under grad;
+  each optimizer the script made steps at least once (WAIT_FOR_OPTIMIZERS). Where a DataLoader
+  feeds those steps, the run first goes on to the end of the epoch (its evaluation, sampling,
+  saving: DRAIN_BATCHES) and stops at the next training step.
   The trace is written as JSON for the parent, with what the script did (precision, cudnn.benchmark,
   zero_grad placement, the batch seen) and, on failure, who must act (classify).
 """
@@ -285,7 +289,7 @@ class Sandbox:
 
         sandbox = self
         for name, where in (("PyTorchFileReader", self.seen), ("PyTorchFileWriter", self.redirect)):
-            real = getattr(torch, name, None)
+            real = getattr(torch._C, name, None)
             if real is None:
                 continue
 
@@ -293,7 +297,11 @@ class Sandbox:
                 return _real(_where(f) if isinstance(f, (str, os.PathLike)) else f, *a, **k)
 
             opened.__name__ = opened.__qualname__ = name
-            setattr(torch, name, opened)
+            # torch.serialization calls torch._C's (a process without vest's torch.save stand-in:
+            # a spawned worker, spawned.py); others the name torch exports
+            for owner in (torch, torch._C):
+                if getattr(owner, name, None) is real:
+                    setattr(owner, name, opened)
         try:
             import safetensors
         except ImportError:
@@ -581,6 +589,9 @@ def run(ns) -> dict:
 
     _device_constructors()
     sandbox.install()
+    from . import spawned
+
+    spawned.install(ns.tmpdir)   # multiprocessing's spawn/forkserver children run under the sandbox too
     import signal
 
     def at_the_time_limit(_signum, _frame):
@@ -626,6 +637,15 @@ def run(ns) -> dict:
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
                       missing=missing_import(e) if kind == "missing-import" else None)
+    failures = spawned.spawned_failures(ns.tmpdir)
+    if failures and result["status"] in ("script-error", "script-exit"):
+        gpu = spawned.used_the_gpu(failures)
+        if gpu:   # a child without the fake GPU reached for one: vest's limit, not the script's
+            result.update(status="vest-unsupported", api="multiprocessing (spawn, forkserver)", message=(
+                f"a process the script started with multiprocessing used the GPU, which vest fakes in the "
+                f"script's own process only: {gpu}"))
+        else:
+            result["message"] = f"{result.get('message', '')} (a process it started with multiprocessing failed: {failures[0]})"
     if state.input_problem and result["status"] == STATUS_OK:
         place = state.input_problem.split(" at ", 1)[1].split(";")[0] if " at " in state.input_problem else None
         result.update(status="data-dependent", message=state.input_problem, where=place or (

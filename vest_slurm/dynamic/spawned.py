@@ -1,0 +1,103 @@
+"""Processes a training script starts with multiprocessing's spawn or forkserver method, run under
+the estimate's sandbox.
+
+Such a child is a fresh interpreter that multiprocessing starts through ``_posixsubprocess``
+directly, which raises no audit event: the sandbox's process policy (children.py) never sees it,
+and without this module it ran outside the file overlay (bootstrap.Sandbox), so a preprocessing
+worker's write into the job's directories (litdata's ``optimize``, a spawn Pool tokenising files)
+hit the read-only file system and the script failed here though it runs on the node. ``install``
+points multiprocessing at a launcher that runs the child under a Sandbox of the same temp dir: the
+overlay is a folder (``tmpdir/redirected/<path>``), so parent and children see the same files.
+
+The child has no fake GPU: host work (the workers' usual job) runs as it would. A child that
+fails records its error in ``tmpdir/spawned/<pid>.err``; an error of CUDA there (the driver
+missing) is vest's limit, said as such (``spawned_failures``, bootstrap.classify's caller), since
+the estimate traces the script's own process only.
+
+    python -m vest_slurm.dynamic.spawned TMPDIR [interpreter options] -c CODE [args]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_CUDA_WORDS = ("CUDA", "NVIDIA", "cuda", "nvidia")
+
+
+def install(tmpdir: str) -> str:
+    """Make multiprocessing start spawn and forkserver children through this module (in the
+    script's process, after the sandbox is installed); returns the launcher's path."""
+    import multiprocessing
+
+    folder = os.path.join(tmpdir, "bin")
+    os.makedirs(folder, exist_ok=True)
+    launcher = os.path.join(folder, "vest-spawned-python")
+    with open(launcher, "w") as f:
+        f.write(f"#!/bin/sh\nexec {_quote(sys.executable)} -m vest_slurm.dynamic.spawned {_quote(tmpdir)} \"$@\"\n")
+    os.chmod(launcher, 0o755)
+    multiprocessing.set_executable(launcher)
+    return launcher
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def spawned_failures(tmpdir: str) -> list[str]:
+    """The errors the spawned children recorded (their first lines)."""
+    folder = os.path.join(tmpdir, "spawned")
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        try:
+            with open(os.path.join(folder, name)) as f:
+                out.append(f.read().strip()[:300])
+        except OSError:
+            continue
+    return out
+
+
+def used_the_gpu(failures: list[str]) -> str | None:
+    """The first failure of a child that reached for the GPU it does not have, if any."""
+    return next((f for f in failures if any(w in f for w in _CUDA_WORDS)), None)
+
+
+def _record_failures(tmpdir: str) -> None:
+    """A child's target that raises: its error into ``tmpdir/spawned/<pid>.err`` (multiprocessing
+    prints the traceback and exits 1; the parent sees only the exit code)."""
+    from multiprocessing import process
+
+    real_run = process.BaseProcess.run
+
+    def run(self):
+        try:
+            return real_run(self)
+        except BaseException as e:
+            folder = os.path.join(tmpdir, "spawned")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{os.getpid()}.err"), "w") as f:
+                f.write(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                        f"(in {getattr(self, '_target', None) and getattr(self._target, '__qualname__', '?')})")
+            raise
+
+    process.BaseProcess.run = run
+
+
+def main(argv: list[str]) -> None:
+    tmpdir, rest = argv[0], argv[1:]
+    if "-c" not in rest:
+        raise SystemExit(f"vest: a spawned child without -c CODE: {rest!r}")
+    i = rest.index("-c")
+    code, args = rest[i + 1], rest[i + 2:]
+    from .bootstrap import Sandbox
+
+    Sandbox(tmpdir).install()
+    _record_failures(tmpdir)
+    sys.argv = ["-c", *args]
+    import __main__
+
+    exec(compile(code, "<string>", "exec"), __main__.__dict__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
