@@ -782,3 +782,23 @@ def test_backward_passes_before_any_optimizer_are_a_phase_of_their_own():
     doc = json.loads(r.stdout)
     assert (doc["workload"]["batch_size"], doc["workload"]["grad_accum"]) == (64, 2)
     assert not [f for f in doc.get("flags") or () if "batch" in f], doc.get("flags")
+
+
+def test_the_run_goes_on_to_the_epochs_end_where_the_script_evaluates():
+    """After its traced steps the run ends the training loader's epoch and goes on: the evaluation
+    at batch 256 under no_grad (the first conv's output alone 32 MiB) is in the estimate, as it is in
+    the job's peak; the next epoch's training forward ends the run. Before: the run stopped at the
+    third step and the estimate was the training's (about 1 MiB of tensors), unflagged. Where the
+    epoch's end fails here, the traced steps stand and the estimate says what was not traced."""
+    from vest_slurm.dynamic.standins import DRAIN_BATCHES
+
+    conv1 = 256 * 32 * 32 * 32 * 4
+    (est,), run = estimate_script("epoch_end_eval_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["live_tensor_peak"] >= conv1
+    assert not [f for f in run.flags if "end of the epoch" in f]
+    evals = [e for e in run.trace.events if e.action == "alloc" and e.size_bytes == conv1]
+    assert 2 <= len(evals) <= 2 * DRAIN_BATCHES   # conv and ReLU outputs; 8 batches cut to the first ones
+    (est,), run = estimate_script("epoch_end_eval_train.py", "--eval-fails")
+    note = [f for f in run.flags if "end of the epoch" in f]
+    assert len(note) == 1 and "the evaluation's metric failed" in note[0] and "epoch_end_eval_train.py:" in note[0]
+    assert dict(est.breakdown)["live_tensor_peak"] >= conv1

@@ -621,9 +621,22 @@ def run(ns) -> dict:
                 pass
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if code != 0:
+                if code != 0 and state.draining:   # at the epoch's end, after the traced steps
+                    state.draining, state.drain_note = False, f"it exited with status {code}"
+                    tracer.freeze()
+                elif code != 0:
                     result.update(status="script-exit", message=f"{target} exited with status {code}"
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
+            except Exception as e:
+                if not state.draining:
+                    raise
+                # what the script does at its epoch's end failed here (vest's gap or the script's):
+                # the traced steps stand, and the estimate says what was not traced
+                traceback.print_exc()
+                where, _ = _user_frame(e.__traceback__, ns.script)
+                state.draining, state.drain_note = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}" + (
+                    f" at {where}" if where else "")
+                tracer.freeze()
             state.finish()
             # what the run asked of the GPU, each question with its answer (trace.holds_on: another
             # GPU class answering them alike makes the same run, so it is not run again there)
@@ -663,7 +676,7 @@ def run(ns) -> dict:
     result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
-    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in (sp.frozen_note(state), state.waited_for) if f]))
+    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in (sp.frozen_note(state), state.waited_for, sp.drain_note(state)) if f]))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     result["step_ends"] = list(tracer.s.step_ends)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)

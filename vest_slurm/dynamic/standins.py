@@ -30,6 +30,13 @@ from ..estimate.workload import optimizer_name
 # per generator step, as the WGAN and WGAN-GP papers set it) keep what the later one adds (its state,
 # its model's gradients) out of a run stopped at the first steps; the rest is said (unstepped_note).
 WAIT_FOR_OPTIMIZERS = 4
+# After its traced steps the run goes on to the end of the epoch, where scripts evaluate, sample and
+# save (an eval batch larger than the training one, a sampling loop: often the job's peak): the
+# training loader's epoch ends at once, and each loader iterated from then on yields this many
+# batches (the first shows the evaluation's tensors, the second the allocator's layout with them
+# cached; repeats.py replays identical calls). The next training forward, backward or optimizer
+# step ends the run.
+DRAIN_BATCHES = 2
 
 
 @dataclass
@@ -48,6 +55,10 @@ class ScriptState:
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
     stepped: weakref.WeakSet = field(default_factory=weakref.WeakSet)    # those that stepped
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
+    # the end of the epoch after the traced steps (DRAIN_BATCHES)
+    loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
+    draining: bool = False          # the traced steps are done; the script runs to its epoch's end
+    drain_note: str | None = None   # what ended that early, where it was not the next training step
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
     input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
     first_input_shape: tuple | None = None   # of the tensor batch_hint was read from
@@ -105,8 +116,28 @@ class ScriptState:
             if self.optimizer_steps and self.steps < WAIT_FOR_OPTIMIZERS * self.max_steps and self.unstepped():
                 return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)
             self.waited_for = unstepped_note(self)   # (said now: the script's objects go as it unwinds)
+            if self.start_drain():
+                return
             tr.freeze()   # what the script frees while it unwinds is not part of the run
             raise self.stop()
+
+    def start_drain(self) -> bool:
+        """Go on to the end of the epoch (DRAIN_BATCHES) where the training batches come from a
+        DataLoader iterator the script still holds; False where there is none."""
+        it = self.loader_iter() if self.loader_iter is not None else None
+        if it is None or self.draining:
+            return False
+        it._vest_end = True
+        self.draining = True
+        return True
+
+    def end_drain(self, why: str | None = None) -> None:
+        """The run ends here: the next training step began (``why`` None), or what the script did
+        at the epoch's end could not go on (``why``, said with the estimate)."""
+        self.draining = False
+        self.drain_note = why
+        self.tracer.freeze()
+        raise self.stop()
 
     def unstepped(self) -> list:
         """The script's optimizers over parameters that take gradients which have not stepped yet."""
@@ -787,6 +818,15 @@ def unstepped_note(state: ScriptState) -> str | None:
             "(an optimizer stepped every n-th iteration, or one kept for later); the job may need more")
 
 
+def drain_note(state: ScriptState) -> str | None:
+    """The flag for an epoch's end that could not run to the next training step (DRAIN_BATCHES)."""
+    if not state.drain_note:
+        return None
+    return (f"after the {state.steps} traced steps the run went on to the end of the epoch, where the script "
+            f"evaluates, samples or saves, and stopped there: {state.drain_note}; what the script does from there "
+            "until the next epoch is not in this estimate")
+
+
 def _parameter_storages(state: ScriptState) -> set:
     """The storages of the parameters that take gradients in the models the script called (the
     models trained), as the first backward pass starts: an in-place write to one outside an
@@ -851,6 +891,8 @@ def patched(state: ScriptState):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
+        if state.draining and state.depth == 0 and mod in state.models and mod.training and torch.is_grad_enabled():
+            state.end_drain()   # the next epoch's training: the run is over
         if not state.recomputed and fc.current_autograd_node() is not None:
             state.recomputed = True   # torch.utils.checkpoint reruns the forward in backward
         if not state.func_transform and torch._C._functorch.maybe_current_level() is not None:
@@ -895,6 +937,8 @@ def patched(state: ScriptState):
             state.device_model_calls += 1
             tr.s.phase = "forward"
             problem = tracked.input_problem(state.ledger, args)
+            if problem and state.draining:
+                state.end_drain(f"its model input depends on values a fake tensor does not have ({problem})")
             if problem and state.input_problem is None:
                 state.input_problem = problem
                 raise state.stop()
@@ -928,6 +972,8 @@ def patched(state: ScriptState):
             state.forward_since_backward = True
 
     def pre_step(opt, args, kwargs):
+        if state.draining:
+            state.end_drain()
         if state.optimizer is None:
             state.optimizer = fake_dist.describe_optimizer(opt)
         _note_frozen(state, opt)
@@ -959,6 +1005,8 @@ def patched(state: ScriptState):
     orig_grad = torch.autograd.grad
 
     def _before_backward():
+        if state.draining:
+            state.end_drain()
         if state.manual_step_pending:
             state.close_manual_step()
         state.backwards += 1
@@ -1033,7 +1081,23 @@ def patched(state: ScriptState):
     import torch.nn.parallel as par
 
     spawn, start_processes = _spawn()
+    loader_iter = torch.utils.data.dataloader._BaseDataLoaderIter
+    orig_dl_next = loader_iter.__next__
+
+    @functools.wraps(orig_dl_next)
+    def dl_next(self):
+        if state.draining:
+            drawn = getattr(self, "_vest_drawn", 0)
+            if getattr(self, "_vest_end", False) or drawn >= DRAIN_BATCHES:
+                raise StopIteration   # the epoch ends (DRAIN_BATCHES)
+            self._vest_drawn = drawn + 1
+            return orig_dl_next(self)
+        out = orig_dl_next(self)
+        state.loader_iter = weakref.ref(self)
+        return out
+
     patches = [
+        (loader_iter, "__next__", dl_next),
         (nn.Module, "_apply", _apply_overwrite(state)),
         (nn.modules.lazy.LazyModuleMixin, "_infer_parameters",
          _moved_once_made(nn.modules.lazy.LazyModuleMixin._infer_parameters)),
