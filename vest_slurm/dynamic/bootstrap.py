@@ -749,6 +749,12 @@ def _die_with_parent() -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--spawned"]:   # a child the script started with multiprocessing's spawn
+        from . import spawned
+
+        spawned.child_main(argv[1:], Sandbox)
+        return 0
     _die_with_parent()
     p = argparse.ArgumentParser(prog="vest_slurm.dynamic.bootstrap")
     p.add_argument("--out", required=True)

@@ -14,7 +14,7 @@ fails records its error in ``tmpdir/spawned/<pid>.err``; an error of CUDA there 
 missing) is vest's limit, said as such (``spawned_failures``, bootstrap.classify's caller), since
 the estimate traces the script's own process only.
 
-    python -m vest_slurm.dynamic.spawned TMPDIR [interpreter options] -c CODE [args]
+    python -m vest_slurm.dynamic.bootstrap --spawned TMPDIR [interpreter options] -c CODE [args]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def install(tmpdir: str) -> str:
     os.makedirs(folder, exist_ok=True)
     launcher = os.path.join(folder, "vest-spawned-python")
     with open(launcher, "w") as f:
-        f.write(f"#!/bin/sh\nexec {_quote(sys.executable)} -m vest_slurm.dynamic.spawned {_quote(tmpdir)} \"$@\"\n")
+        f.write(f"#!/bin/sh\nexec {_quote(sys.executable)} -m vest_slurm.dynamic.bootstrap --spawned {_quote(tmpdir)} \"$@\"\n")
     os.chmod(launcher, 0o755)
     multiprocessing.set_executable(launcher)
     return launcher
@@ -83,21 +83,17 @@ def _record_failures(tmpdir: str) -> None:
     process.BaseProcess.run = run
 
 
-def main(argv: list[str]) -> None:
+def child_main(argv: list[str], sandbox) -> None:
+    """The spawned child (bootstrap.py --spawned): ``sandbox``, bootstrap's Sandbox class, over the
+    parent's temp dir, then multiprocessing's own code line as __main__."""
     tmpdir, rest = argv[0], argv[1:]
     if "-c" not in rest:
         raise SystemExit(f"vest: a spawned child without -c CODE: {rest!r}")
     i = rest.index("-c")
     code, args = rest[i + 1], rest[i + 2:]
-    from .bootstrap import Sandbox
-
-    Sandbox(tmpdir).install()
+    sandbox(tmpdir).install()
     _record_failures(tmpdir)
     sys.argv = ["-c", *args]
     import __main__
 
     exec(compile(code, "<string>", "exec"), __main__.__dict__)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
