@@ -431,6 +431,9 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str, oracles: bool = True)
         e = est[0]
         row.update(outcome="estimated", kind="", peak_mib=e["peak_mib"],
                    live_mib=e["breakdown"]["live_tensor_peak"],
+                   # the training steps' own (where the run went on to the epoch's end): what a
+                   # declarative estimate of the training describes
+                   steps_live_mib=e["breakdown"].get("live_tensor_peak_steps", e["breakdown"]["live_tensor_peak"]),
                    flags="; ".join(str(f) for f in (dyn["json"].get("flags") or dyn["json"].get("warnings") or [])),
                    message="")
     else:
@@ -453,10 +456,10 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str, oracles: bool = True)
                 # the replay after its single-GPU trace (estimator.py, "ddp_buckets"), not to its
                 # live tensors; the script's run traces DDP's Reducer, whose buckets are tensors.
                 lo = round(lo + dest[0]["breakdown"]["gradients"], 1)
-            gap = row["live_mib"] - lo
+            gap = row["steps_live_mib"] - lo
             diff = 100 * gap / lo if lo else 0.0
             agree = abs(gap) <= RESOLUTION_MIB or abs(gap) <= AGREE * lo
-            row.update(oracle_kind="declarative", oracle_est_live_mib=row["live_mib"], oracle_live_mib=lo,
+            row.update(oracle_kind="declarative", oracle_est_live_mib=row["steps_live_mib"], oracle_live_mib=lo,
                        oracle_diff_pct=round(diff, 1), declarative_s=round(dec["seconds"], 1),
                        time_ratio=round(dyn["seconds"] / dec["seconds"], 2), oracle="agree" if agree else "DISAGREE")
         else:
@@ -477,14 +480,15 @@ def _live_oracle(entry: dict, row: dict, vest: list[str], workdir: str) -> None:
     from vest_slurm.dynamic.runner import DEFAULT_STEPS
 
     command = entry.get("live_oracle") or entry["command"]
-    est_live = row["live_mib"]
+    est_live = row["steps_live_mib"]   # the oracle's run stops at its steps (no epoch's end)
     if command != entry["command"]:   # vest at the reduced size too
         red = measure(vest + ["--", *shlex.split(command)], workdir, entry.get("env"))
         est = (red["json"] or {}).get("estimates") if red["rc"] == 0 else None
         if not est:
             row["oracle"] = "live-oracle: vest failed at the reduced size: " + _error_text(red["stderr"])[:120]
             return
-        est_live = est[0]["breakdown"]["live_tensor_peak"]
+        b = est[0]["breakdown"]
+        est_live = b.get("live_tensor_peak_steps", b["live_tensor_peak"])
     res = run_command(command, workdir, DEFAULT_STEPS, user_env=user_env(workdir, entry.get("env")))   # what vest was given
     row["oracle_kind"] = "live-cpu"
     row["oracle_s"] = round(res.get("seconds", 0.0), 1)

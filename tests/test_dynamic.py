@@ -759,6 +759,7 @@ def test_the_run_waits_for_every_optimizer_to_step_and_says_when_one_never_did()
     g = (64 * 512 + 512) + (512 * 1024 + 1024)
     d = (1024 * 128 + 128) + (128 + 1)
     (est,), run = estimate_script("critic_steps_train.py")
+    assert "live_tensor_peak_steps" not in dict(est.breakdown)   # no loader: the run stopped at its steps
     assert run.steps == 6 and dict(est.breakdown)["optimizer_state"] == 2 * 4 * (g + d)
     assert not [f for f in run.flags if "did not step" in f]
     late = 3 * WAIT_FOR_OPTIMIZERS + 1
@@ -794,7 +795,9 @@ def test_the_run_goes_on_to_the_epochs_end_where_the_script_evaluates():
 
     conv1 = 256 * 32 * 32 * 32 * 4
     (est,), run = estimate_script("epoch_end_eval_train.py")
-    assert run.steps == 3 and dict(est.breakdown)["live_tensor_peak"] >= conv1
+    b = dict(est.breakdown)
+    assert run.steps == 3 and b["live_tensor_peak"] >= conv1
+    assert b["live_tensor_peak_steps"] < conv1 / 8   # the training's own, beside (batch 4)
     assert not [f for f in run.flags if "end of the epoch" in f]
     evals = [e for e in run.trace.events if e.action == "alloc" and e.size_bytes == conv1]
     assert 2 <= len(evals) <= 2 * DRAIN_BATCHES   # conv and ReLU outputs; 8 batches cut to the first ones

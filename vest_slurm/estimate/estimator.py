@@ -333,6 +333,12 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         ("allocator_peak_reserved", result.peak_reserved_bytes),
         ("allocator_required", need),
     )
+    trace = summary.trace
+    if trace.step_ends and any(e.action == "alloc" for e in trace.events[trace.step_ends[-1]:]):
+        # a script's run went on past its training steps (the epoch's end: evaluation, sampling):
+        # the steps' own live peak, beside the whole run's, for what describes the training alone
+        at = [k for k, _ in breakdown].index("live_tensor_peak") + 1
+        breakdown = breakdown[:at] + (("live_tensor_peak_steps", trace.live_peak_bytes(trace.step_ends[-1])),) + breakdown[at:]
     placement = 0
     if summary.uses_cudnn:
         breakdown += (("cudnn_workspace_max", cudnn_ws_max),)

@@ -21,6 +21,7 @@ _BREAKDOWN_LABELS = {
     "gradients": "gradients (largest set alive)",
     "optimizer_state": "optimizer state",
     "live_tensor_peak": "live-tensor peak (tensors alone)",
+    "live_tensor_peak_steps": "live-tensor peak in the training steps alone",
     "allocator_peak_allocated": "allocator peak allocated (rounded blocks)",
     "allocator_peak_reserved": "allocator peak reserved (segments)",
     "allocator_required": "allocator need after flush-and-retry",

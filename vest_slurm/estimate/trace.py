@@ -96,13 +96,13 @@ class AllocTrace:
     # the GPU class it was made for). See holds_on.
     gpu_asked: tuple[tuple, ...] | None = None
 
-    def live_peak_bytes(self) -> int:
+    def live_peak_bytes(self, end: int | None = None) -> int:
         """Peak of the sum of live tensor sizes: what a FakeTensor / MemTracker count reports. The
         workspaces and kernel scratch the tracer adds (category ``workspace``) are not tensors
-        such a count sees, so they are left out."""
+        such a count sees, so they are left out. ``end``: of the events before it only."""
         live = peak = 0
         sizes: dict[int, int] = {}
-        for e in self.events:
+        for e in self.events[:end]:
             if e.category == "workspace":
                 continue
             if e.action == "alloc":
