@@ -764,3 +764,13 @@ def test_a_tensor_made_from_device_scalars_reads_them_as_stand_ins():
     NVIDIA driver", refused as vest's gap); it reads the value the fake mode would give, listed."""
     (est,), run = estimate_script("meter_reduce_train.py")
     assert run.steps == 3
+
+
+def test_a_native_write_past_the_overlay_is_vests_gap_not_the_scripts():
+    """Compiled code (a fast tokenizer's Rust save) opens its path itself, past the Python-level
+    overlay, and misses the folder the script made there: on the node the save succeeds, so the
+    failure is vest's to say (before: "the script failed", fix the script)."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("native_save_train.py")
+    assert e.value.kind == "vest-unsupported" and "past vest's file overlay" in str(e.value)
+    assert e.value.where.endswith("native_save_train.py:18")

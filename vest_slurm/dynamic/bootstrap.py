@@ -511,6 +511,22 @@ def missing_import(e: BaseException) -> dict | None:
     return None
 
 
+def past_the_overlay(e: BaseException, sandbox: Sandbox) -> str | None:
+    """How a write the overlay never saw failed, where the error says so: compiled code (Rust's
+    tokenizers, Arrow, C++) opens its path itself, past the Python-level overlay, and meets the
+    read-only file system (EROFS: Rust prints "(os error 30)") or misses a folder the script made,
+    which exists in the overlay only (ENOENT, "(os error 2)" where the overlay holds writes). On
+    the node the same write succeeds: vest's gap, not the script's."""
+    import errno
+
+    text = str(e)
+    if (isinstance(e, OSError) and e.errno == errno.EROFS) or "Read-only file system" in text or "(os error 30)" in text:
+        return "reached the read-only file system"
+    if "(os error 2)" in text and sandbox.redirected:
+        return "missed a folder the script made (it is in the overlay)"
+    return None
+
+
 def classify(e: BaseException) -> str:
     """Who must act on a failure: ``vest-unsupported`` (it failed inside vest's fake CUDA or a
     stand-in, on a fake tensor, or at a CUDA API with no stand-in: the same script would run on a
@@ -650,6 +666,10 @@ def run(ns) -> dict:
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
                       missing=missing_import(e) if kind == "missing-import" else None)
+        past = past_the_overlay(e, sandbox)
+        if kind == "script-error" and past:
+            result.update(status="vest-unsupported", message=f"a write that went past vest's file overlay (compiled "
+                          f"code opening the path itself: a tokenizer's or an Arrow writer's save) {past}: {result['message']}")
     failures = spawned.spawned_failures(ns.tmpdir)
     if failures and result["status"] in ("script-error", "script-exit"):
         gpu = spawned.used_the_gpu(failures)
