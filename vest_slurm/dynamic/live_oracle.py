@@ -22,8 +22,9 @@ live-tensor peak (AllocTrace.live_peak_bytes) counts, before the caching allocat
 Marked tensors report ``device`` cuda:0 and ``is_cuda`` (so ``x.to(param.device)`` and torch's own
 foreach choice in torch.optim see a GPU); the GPU's identity and queries are answered by the same
 stand-ins as the estimate's (cuda_surface, _fakecuda.cuda_answers). The run stops as the
-estimate's does: after N optimizer steps, or, without torch.optim, at the start of the (N+1)-th
-backward pass (N hand-written updates done). DataLoader workers are 0 and ``torch.compile`` runs
+estimate's does: after N optimizer steps (and every optimizer's first, standins.WAIT_FOR_OPTIMIZERS),
+or, without torch.optim, at the start of the (N+1)-th backward pass (N hand-written updates done);
+not on to the epoch's end (the estimate's ``live_tensor_peak_steps`` is what compares). DataLoader workers are 0 and ``torch.compile`` runs
 eagerly, as in the estimate, so both run the same program.
 
 Known limitations (where this count and a GPU's differ, and the estimate models the GPU):
@@ -337,15 +338,25 @@ def _patched(census: Census, steps: int, state: dict):
 
     from ..estimate import _fakecuda as fc
     from . import cuda_surface
-    from .standins import _compile, triton_patches
+    from .standins import WAIT_FOR_OPTIMIZERS, _compile, triton_patches
 
     import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
+
+    made, stepped = weakref.WeakSet(), weakref.WeakSet()
+    real_opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init(self, *a, **k):
+        real_opt_init(self, *a, **k)
+        made.add(self)
 
     def post_step(opt, args, kwargs):
         state["optimizer_steps"] += 1
         state["steps"] = state["optimizer_steps"]
-        if state["steps"] >= steps:
-            census.frozen = True
+        stepped.add(opt)
+        waiting = [o for o in list(made) if o not in stepped
+                   and any(getattr(p, "requires_grad", False) for g in o.param_groups for p in g["params"])]
+        if state["steps"] >= steps and not (waiting and state["steps"] < WAIT_FOR_OPTIMIZERS * steps):
+            census.frozen = True   # as the estimate stops: every optimizer stepped (standins.WAIT_FOR_OPTIMIZERS)
             raise StopRun()
 
     orig_backward = torch.autograd.backward
@@ -442,6 +453,7 @@ def _patched(census: Census, steps: int, state: dict):
 
     real_device = torch._C.TensorBase.device
     patches = [
+        (torch.optim.Optimizer, "__init__", opt_init),
         (torch, "load", load),
         (BackwardCFunction, "apply", custom_backward),
         (threading.Thread, "run", thread_run),
