@@ -29,7 +29,9 @@ EXAMPLES = os.path.join(ROOT, "scripts", "examples")
 CASES = [
     ("imagenet resnet50 sgd bf16 b64",
      ["python", "train_imagenet.py", "--arch", "resnet50", "--batch-size", "64", "--optimizer", "sgd", "--amp", "bf16"],
-     ["--model", "torchvision:resnet50", "--batch-size", "64", "--optimizer", "sgd-momentum", "--precision", "amp-bf16"]),
+     # as the script runs it: cudnn.benchmark on, zero_grad at the step's start (the workload block says so)
+     ["--model", "torchvision:resnet50", "--batch-size", "64", "--optimizer", "sgd-momentum", "--precision", "amp-bf16",
+      "--cudnn-benchmark", "on", "--zero-grad", "before-backward"]),
     ("gpt2-small lm bf16 b8 s1024",
      ["python", "train_lm.py", "--n-layer", "12", "--n-embd", "768", "--n-head", "12", "--seq-len", "1024",
       "--batch-size", "8", "--amp", "bf16"],
@@ -41,22 +43,16 @@ CASES = [
       "--optimizer", "sgd-momentum", "--loss", "mse"]),
 ]
 
-_MEASURE = (
-    "import json, resource, subprocess, sys, time\n"
-    "t = time.perf_counter()\n"
-    "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-    "dt = time.perf_counter() - t\n"
-    "print(json.dumps({'rc': r.returncode, 'seconds': dt, 'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
-    " 'stdout': r.stdout, 'stderr': r.stderr[-2000:]}))\n"
-)
-
-
 def measure(argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], cwd=EXAMPLES, capture_output=True, text=True)
-    doc = json.loads(out.stdout)
+    """One `vest estimate` (bench_scripts.measure: the process tree's peak resident set, sampled,
+    so that the script's child counts; the getrusage of children it replaced saw only the estimating
+    process, as bubblewrap's pid-namespace init reaps the script's)."""
+    from bench_scripts import measure as measure_tree   # scripts/ is this script's sys.path[0]
+
+    doc = measure_tree(argv, EXAMPLES)
     if doc["rc"] != 0:
         raise SystemExit(f"failed: {' '.join(argv)}\n{doc['stderr']}")
-    doc["estimate"] = json.loads(doc["stdout"])["estimates"][0]
+    doc["estimate"] = doc["json"]["estimates"][0]
     return doc
 
 
