@@ -774,3 +774,13 @@ def test_a_native_write_past_the_overlay_is_vests_gap_not_the_scripts():
         estimate_script("native_save_train.py")
     assert e.value.kind == "vest-unsupported" and "past vest's file overlay" in str(e.value)
     assert e.value.where.endswith("native_save_train.py:18")
+
+
+def test_a_thread_inside_a_file_call_does_not_let_another_past_the_overlay():
+    """The overlay's guard against its own recursion was one flag for the process: while a logger's
+    thread sat inside a file call, the training thread's makedirs went to the real path, read-only
+    here (diffusers' save_pretrained beside accelerate's TensorBoard writer). It is per thread."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("thread_io_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    assert any(p.endswith(os.path.join("run_out", "step1.txt")) for p in run.redirected_writes)

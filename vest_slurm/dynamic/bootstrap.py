@@ -222,18 +222,20 @@ class Sandbox:
                 return real[name](sandbox.seen(src), sandbox.redirect(dst), *a, **k)
             return fn
 
-        busy = [False]
+        # per thread: another thread inside the sandbox's own work (a TensorBoard writer's thread
+        # flushing its event file) must not let this one's calls past the overlay
+        busy = threading.local()
 
         def guarded(fn, orig):
             """The sandbox's own path work (realpath, makedirs) calls the real functions."""
             def call(*a, **k):
-                if busy[0]:
+                if getattr(busy, "on", False):
                     return orig(*a, **k)
-                busy[0] = True
+                busy.on = True
                 try:
                     return fn(*a, **k)
                 finally:
-                    busy[0] = False
+                    busy.on = False
             return call
 
         open_ = guarded(open_, real_open)
