@@ -58,6 +58,9 @@ class ScriptState:
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
     draining: bool = False          # the traced steps are done; the script runs to its epoch's end
+    epoch_ended: bool = False       # a loader's epoch has ended since
+    drain_armed: bool = False       # and a loader was iterated anew: the next training step ends the run
+    drain_extra: int = 0            # steps trained while draining, before that (a batch fetched ahead)
     drain_note: str | None = None   # what ended that early, where it was not the next training step
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
     input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
@@ -112,6 +115,15 @@ class ScriptState:
         self.steps += 1
         tr.s.iteration = self.steps
         tr.step_end()
+        if stop and self.draining:
+            # a step while draining, before a loader was iterated anew: the batch a wrapper had
+            # fetched ahead (accelerate's DataLoaderShard, Lightning's fetcher hold the next one),
+            # trained as the job does; one such is the epoch's last, a second means the loop does
+            # not end with its loader
+            if self.drain_armed or self.drain_extra:
+                self.end_drain()
+            self.drain_extra += 1
+            return
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and self.steps < WAIT_FOR_OPTIMIZERS * self.max_steps and self.unstepped():
                 return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)
@@ -128,7 +140,7 @@ class ScriptState:
         if it is None or self.draining:
             return False
         it._vest_end = True
-        self.draining = True
+        self.draining, self.epoch_ended, self.drain_armed, self.drain_extra = True, False, False, 0
         return True
 
     def end_drain(self, why: str | None = None) -> None:
@@ -891,7 +903,8 @@ def patched(state: ScriptState):
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre_forward(mod, args):
-        if state.draining and state.depth == 0 and mod in state.models and mod.training and torch.is_grad_enabled():
+        if state.draining and state.drain_armed and state.depth == 0 and mod in state.models and mod.training \
+                and torch.is_grad_enabled():
             state.end_drain()   # the next epoch's training: the run is over
         if not state.recomputed and fc.current_autograd_node() is not None:
             state.recomputed = True   # torch.utils.checkpoint reruns the forward in backward
@@ -972,7 +985,7 @@ def patched(state: ScriptState):
             state.forward_since_backward = True
 
     def pre_step(opt, args, kwargs):
-        if state.draining:
+        if state.draining and state.drain_armed:
             state.end_drain()
         if state.optimizer is None:
             state.optimizer = fake_dist.describe_optimizer(opt)
@@ -1005,7 +1018,7 @@ def patched(state: ScriptState):
     orig_grad = torch.autograd.grad
 
     def _before_backward():
-        if state.draining:
+        if state.draining and state.drain_armed:
             state.end_drain()
         if state.manual_step_pending:
             state.close_manual_step()
@@ -1087,11 +1100,22 @@ def patched(state: ScriptState):
     @functools.wraps(orig_dl_next)
     def dl_next(self):
         if state.draining:
+            # the epoch's end: the training loader's epoch ends; a loader iterated anew after that
+            # (the evaluation's, the next epoch's) arms the end of the run at the next training step
+            # (not before: a wrapper that fetched the next batch ahead, accelerate's DataLoaderShard
+            # or Lightning's fetcher, still trains on it, as the job does)
             drawn = getattr(self, "_vest_drawn", 0)
             if getattr(self, "_vest_end", False) or drawn >= DRAIN_BATCHES:
+                state.epoch_ended = True
                 raise StopIteration   # the epoch ends (DRAIN_BATCHES)
+            if drawn == 0 and state.epoch_ended:
+                state.drain_armed = True
             self._vest_drawn = drawn + 1
-            return orig_dl_next(self)
+            try:
+                return orig_dl_next(self)
+            except StopIteration:   # a loader shorter than that: its epoch ended too
+                state.epoch_ended = True
+                raise
         out = orig_dl_next(self)
         state.loader_iter = weakref.ref(self)
         return out
