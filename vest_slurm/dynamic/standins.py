@@ -112,18 +112,18 @@ class ScriptState:
     def end_step(self, stop: bool = True) -> None:
         tr = self.tracer
         tr.s.phase = "other"
-        self.steps += 1
-        tr.s.iteration = self.steps
-        tr.step_end()
         if stop and self.draining:
             # a step while draining, before a loader was iterated anew: the batch a wrapper had
             # fetched ahead (accelerate's DataLoaderShard, Lightning's fetcher hold the next one),
-            # trained as the job does; one such is the epoch's last, a second means the loop does
-            # not end with its loader
+            # trained as the job does, as part of the epoch's end (not one of the traced steps);
+            # one such is the epoch's last, a second means the loop does not end with its loader
             if self.drain_armed or self.drain_extra:
                 self.end_drain()
             self.drain_extra += 1
             return
+        self.steps += 1
+        tr.s.iteration = self.steps
+        tr.step_end()
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and self.steps < WAIT_FOR_OPTIMIZERS * self.max_steps and self.unstepped():
                 return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)

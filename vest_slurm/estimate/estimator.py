@@ -105,9 +105,9 @@ class SizedToGpu(TraceSummary):
 
 
 def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
-    # parameter / optimizer-state bytes: alive at the end, or at the end of the last step where more
-    # (a script that ended on its own before the steps asked for freed its model and optimizer as
-    # it exited); gradient: the largest set alive at once.
+    # parameter / optimizer-state bytes: each the more of what is alive at the end and at the end of
+    # the last step (a script that ended on its own freed its model and optimizer as it exited; one
+    # that ran on to its epoch's end, its optimizer's state); gradient: the largest set alive at once.
     live: dict[int, AllocEvent] = {}
     grad_live = grad_max = 0
     last_step = trace.step_ends[-1] if trace.step_ends else None
@@ -129,9 +129,7 @@ def summarize(trace: AllocTrace, seconds: float) -> TraceSummary:
             a = live.pop(e.block, None)
             if a is not None and a.category == "gradient":
                 grad_live -= a.size_bytes
-    params, states = kept()
-    if at_step[0] > params:
-        params, states = at_step
+    params, states = (max(a, b) for a, b in zip(kept(), at_step))
     uses_cudnn = any(e.module == "cudnn" for e in trace.events if e.category == "workspace")
     ddp = any(e.module == "ddp_buckets" for e in trace.events if e.action == "alloc")
     return TraceSummary(trace, seconds, uses_cudnn, trace.live_peak_bytes(), params, grad_max, states, ddp)
