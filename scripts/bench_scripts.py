@@ -392,6 +392,12 @@ def _last_json(text: str):
         return None
 
 
+def _steps_live(breakdown: dict) -> float:
+    """The live-tensor peak of the training steps alone (where the run went on to the epoch's end),
+    what an oracle of the training describes; else the run's."""
+    return breakdown.get("live_tensor_peak_steps", breakdown["live_tensor_peak"])
+
+
 def _kind(message: str, doc) -> str:
     """The failure's kind: from the JSON when vest gives one, else from the message's words."""
     if isinstance(doc, dict) and doc.get("kind"):
@@ -431,9 +437,7 @@ def run_one(entry: dict, mirror: str, work: str, gpu: str, oracles: bool = True)
         e = est[0]
         row.update(outcome="estimated", kind="", peak_mib=e["peak_mib"],
                    live_mib=e["breakdown"]["live_tensor_peak"],
-                   # the training steps' own (where the run went on to the epoch's end): what a
-                   # declarative estimate of the training describes
-                   steps_live_mib=e["breakdown"].get("live_tensor_peak_steps", e["breakdown"]["live_tensor_peak"]),
+                   steps_live_mib=_steps_live(e["breakdown"]),
                    flags="; ".join(str(f) for f in (dyn["json"].get("flags") or dyn["json"].get("warnings") or [])),
                    message="")
     else:
@@ -487,8 +491,7 @@ def _live_oracle(entry: dict, row: dict, vest: list[str], workdir: str) -> None:
         if not est:
             row["oracle"] = "live-oracle: vest failed at the reduced size: " + _error_text(red["stderr"])[:120]
             return
-        b = est[0]["breakdown"]
-        est_live = b.get("live_tensor_peak_steps", b["live_tensor_peak"])
+        est_live = _steps_live(est[0]["breakdown"])
     res = run_command(command, workdir, DEFAULT_STEPS, user_env=user_env(workdir, entry.get("env")))   # what vest was given
     row["oracle_kind"] = "live-cpu"
     row["oracle_s"] = round(res.get("seconds", 0.0), 1)

@@ -338,7 +338,7 @@ def _patched(census: Census, steps: int, state: dict):
 
     from ..estimate import _fakecuda as fc
     from . import cuda_surface
-    from .standins import WAIT_FOR_OPTIMIZERS, _compile, triton_patches
+    from .standins import _compile, triton_patches, waits_for_optimizers
 
     import torch._dynamo  # noqa: F401  torch imports it lazily, and it reads torch.cuda's real functions
 
@@ -353,10 +353,8 @@ def _patched(census: Census, steps: int, state: dict):
         state["optimizer_steps"] += 1
         state["steps"] = state["optimizer_steps"]
         stepped.add(opt)
-        waiting = [o for o in list(made) if o not in stepped
-                   and any(getattr(p, "requires_grad", False) for g in o.param_groups for p in g["params"])]
-        if state["steps"] >= steps and not (waiting and state["steps"] < WAIT_FOR_OPTIMIZERS * steps):
-            census.frozen = True   # as the estimate stops: every optimizer stepped (standins.WAIT_FOR_OPTIMIZERS)
+        if state["steps"] >= steps and not waits_for_optimizers(state["steps"], steps, made, stepped):
+            census.frozen = True   # as the estimate stops
             raise StopRun()
 
     orig_backward = torch.autograd.backward

@@ -39,6 +39,18 @@ WAIT_FOR_OPTIMIZERS = 4
 DRAIN_BATCHES = 2
 
 
+def unstepped(made, stepped) -> list:
+    """The optimizers among ``made`` over parameters that take gradients which are not in ``stepped``."""
+    return [o for o in list(made) if o not in stepped
+            and any(getattr(p, "requires_grad", False) for g in o.param_groups for p in g["params"])]
+
+
+def waits_for_optimizers(steps: int, max_steps: int, made, stepped) -> bool:
+    """Whether a run at ``steps`` of its ``max_steps`` goes on for an optimizer yet to step
+    (WAIT_FOR_OPTIMIZERS): the estimate's rule, and the live oracle's, which counts the same steps."""
+    return steps < WAIT_FOR_OPTIMIZERS * max_steps and bool(unstepped(made, stepped))
+
+
 @dataclass
 class ScriptState:
     tracer: object
@@ -125,7 +137,7 @@ class ScriptState:
         tr.s.iteration = self.steps
         tr.step_end()
         if stop and self.steps >= self.max_steps:
-            if self.optimizer_steps and self.steps < WAIT_FOR_OPTIMIZERS * self.max_steps and self.unstepped():
+            if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
                 return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)
             self.waited_for = unstepped_note(self)   # (said now: the script's objects go as it unwinds)
             if self.start_drain():
@@ -150,11 +162,6 @@ class ScriptState:
         self.drain_note = why
         self.tracer.freeze()
         raise self.stop()
-
-    def unstepped(self) -> list:
-        """The script's optimizers over parameters that take gradients which have not stepped yet."""
-        return [o for o in list(self.optimizers) if o not in self.stepped
-                and any(getattr(p, "requires_grad", False) for g in o.param_groups for p in g["params"])]
 
     def close_manual_step(self, stop: bool = True) -> None:
         """A backward followed by in-place updates of the parameters (no torch.optim step) was one
@@ -817,9 +824,9 @@ def frozen_note(state: ScriptState) -> str | None:
 
 
 def unstepped_note(state: ScriptState) -> str | None:
-    """The flag for optimizers the script made that did not step in the traced steps (ScriptState.
-    unstepped, after the run waited WAIT_FOR_OPTIMIZERS times its steps for them)."""
-    waiting = state.unstepped() if state.optimizer_steps else []
+    """The flag for optimizers the script made that did not step in the traced steps (unstepped,
+    after the run waited WAIT_FOR_OPTIMIZERS times its steps for them)."""
+    waiting = unstepped(state.optimizers, state.stepped) if state.optimizer_steps else []
     if not waiting:
         return None
     params = {id(p): p for o in waiting for g in o.param_groups for p in g["params"] if isinstance(p, torch.Tensor)}
