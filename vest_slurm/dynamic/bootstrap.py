@@ -640,8 +640,7 @@ def run(ns) -> dict:
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if code != 0 and state.draining:   # at the epoch's end, after the traced steps
-                    state.draining, state.drain_note = False, f"it exited with status {code}"
-                    tracer.freeze()
+                    state.stop_draining(f"it exited with status {code}")
                 elif code != 0:
                     result.update(status="script-exit", message=f"{target} exited with status {code}"
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
@@ -652,9 +651,8 @@ def run(ns) -> dict:
                 # the traced steps stand, and the estimate says what was not traced
                 traceback.print_exc()
                 where, _ = _user_frame(e.__traceback__, ns.script)
-                state.draining, state.drain_note = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}" + (
-                    f" at {where}" if where else "")
-                tracer.freeze()
+                state.stop_draining(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                                    + (f" at {where}" if where else ""))
             state.finish()
             # what the run asked of the GPU, each question with its answer (trace.holds_on: another
             # GPU class answering them alike makes the same run, so it is not run again there)

@@ -523,11 +523,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         allocates = any(e.action == "alloc" for e in events)
         on_host = _host_training(result, allocates)
         if on_host and not allocates:
-            raise EstimateError(f"{cmd.display}: the script does not use the GPU: {on_host}, and nothing was "
-                                "allocated on the GPU; a GPU given to this job would sit idle",
-                                "if it should train on the GPU, move the model and each batch there "
-                                "(model.to('cuda'), x.to('cuda')); else submit it without --gres/--gpus, to a CPU "
-                                "partition", kind="no-gpu")
+            raise _no_gpu(cmd, on_host)
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
         batch, flags = batch_and_flags(cmd, result)
@@ -707,6 +703,14 @@ def _host_training(result: dict, allocates: bool) -> str:
             "with its weights on the host")
 
 
+def _no_gpu(cmd: TrainCommand, what: str, log: str = "") -> EstimateError:
+    """The refusal of a script that trains on the host and puts nothing on the GPU (``what`` says so)."""
+    return EstimateError(f"{cmd.display}: the script does not use the GPU: {what}, and nothing was allocated on the "
+                         f"GPU; a GPU given to this job would sit idle{log}",
+                         "if it should train on the GPU, move the model and each batch there (model.to('cuda'), "
+                         "x.to('cuda')); else submit it without --gres/--gpus, to a CPU partition", kind="no-gpu")
+
+
 def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None,
                       python: str = sys.executable, theirs: str | None = None, why_not: str = "") -> None:
     status = result.get("status")
@@ -728,11 +732,7 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
     if status == "no-step" and result.get("host_models") and not result.get("device_models") and \
             not any(e[0] == "a" for e in result.get("events") or ()):
         # a model kept on the host ran (and maybe a backward) but nothing reached the GPU
-        raise EstimateError(f"{cmd.display}: the script does not use the GPU: the model ({', '.join(result['host_models'])}) "
-                            "ran with its weights on the host, and nothing was allocated on the GPU; a GPU given to "
-                            f"this job would sit idle{log}",
-                            "if it should train on the GPU, move the model and each batch there (model.to('cuda'), "
-                            "x.to('cuda')); else submit it without --gres/--gpus, to a CPU partition", kind="no-gpu")
+        raise _no_gpu(cmd, f"the model ({', '.join(result['host_models'])}) ran with its weights on the host", log)
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",

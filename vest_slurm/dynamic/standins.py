@@ -155,12 +155,16 @@ class ScriptState:
         self.draining, self.epoch_ended, self.drain_armed, self.drain_extra = True, False, False, 0
         return True
 
-    def end_drain(self, why: str | None = None) -> None:
-        """The run ends here: the next training step began (``why`` None), or what the script did
-        at the epoch's end could not go on (``why``, said with the estimate)."""
+    def stop_draining(self, why: str | None = None) -> None:
+        """The epoch's end is over: the next training step began (``why`` None), or what the script
+        did there could not go on (``why``, said with the estimate); what follows is not traced."""
         self.draining = False
         self.drain_note = why
         self.tracer.freeze()
+
+    def end_drain(self, why: str | None = None) -> None:
+        """stop_draining, and the run ends here."""
+        self.stop_draining(why)
         raise self.stop()
 
     def close_manual_step(self, stop: bool = True) -> None:
