@@ -148,6 +148,20 @@ def test_child_env_starts_from_the_users_environment_given(tmp_path):
     assert env["HF_HUB_CACHE"] == "/data/hub" and "CUDA_VISIBLE_DEVICES" not in env and env["PATH"] == "/usr/bin"
 
 
+def test_the_estimates_child_computes_the_host_work_on_one_thread(tmp_path):
+    """The host's work decides no device memory: one OpenMP/MKL thread, whatever the user's shell
+    set (a login node's cores are shared); the live oracle, which computes the model, keeps the
+    user's setting."""
+    from vest_slurm.dynamic.runner import _child_env
+
+    user = {"OMP_NUM_THREADS": "8", "PATH": "/usr/bin"}
+    cmd = parse_train_command("python train.py")
+    env = _child_env(cmd, str(tmp_path), 1, user_env=user)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("1", "1")
+    oracle = _child_env(cmd, str(tmp_path), 1, user_env=user, host_threads=False)
+    assert oracle["OMP_NUM_THREADS"] == "8" and "MKL_NUM_THREADS" not in oracle
+
+
 def test_an_environment_the_job_script_activates_is_the_commands_python(tmp_path):
     from vest_slurm.dynamic.launch import find_train_command
 

@@ -584,7 +584,7 @@ def run_command(command: str, cwd: str, steps: int, timeout_s: float = 600.0, us
             out = os.path.join(tmp, f"result-{rank}.json")
             argv = [sys.executable, "-m", "vest_slurm.dynamic.live_oracle", "--out", out, "--steps", str(steps)]
             argv += ["--module", cmd.module, "--", *cmd.args] if cmd.module else ["--", cmd.script, *cmd.args]
-            env = _child_env(cmd, tmp, ranks, user_env=user_env)
+            env = _child_env(cmd, tmp, ranks, user_env=user_env, host_threads=False)
             if cmd.launcher == "torchrun":
                 env.update(RANK=str(rank), LOCAL_RANK=str(rank))
             log = open(os.path.join(tmp, f"log-{rank}.txt"), "w+")

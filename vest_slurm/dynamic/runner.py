@@ -123,11 +123,21 @@ def _vest_only_path(tmpdir: str) -> str:
     return d
 
 
+# The host work of a run (data loading, transforms, metrics: real tensors) on one thread. What it
+# computes decides no device memory, and on a login node shared by many users (or by an estimate's
+# own cuDNN workers) OpenMP's pool of one thread per core spins against the other processes: a
+# normalisation of one 224x224 image took 24 ms with torch's 2 threads on this 2-core machine at
+# load 3, 0.13 ms with one. torchrun sets the same for each process it starts.
+HOST_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
-               user_env: dict | None = None, vest_path: str | None = None) -> dict:
+               user_env: dict | None = None, vest_path: str | None = None, host_threads: bool = True) -> dict:
     """The child's environment: the user's (``user_env``, default this process's) less the GPU's and
     the launchers' own variables, with the caches, offline switches and temp dir of the run.
-    ``vest_path``: where the child (the job's own Python) finds vest_slurm, else this package's root."""
+    ``vest_path``: where the child (the job's own Python) finds vest_slurm, else this package's root.
+    ``host_threads``: the host's compute on one thread (HOST_THREADS); the live oracle, which
+    computes the model on the CPU, keeps the user's."""
     base = os.environ if user_env is None else user_env
     env = {k: v for k, v in base.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
     env.update(dict(cmd.env))
@@ -141,6 +151,8 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
     })
     env.update(_rank_env(cmd, world_size, accelerate_config))
+    if host_threads:
+        env.update(HOST_THREADS)
     if cmd.launcher == "fabric":   # sizes the job decides ($SLURM_NNODES): the world estimated, as Fabric() parses them
         per_node = _per_node(cmd, world_size)
         for var, value in (("LT_DEVICES", per_node), ("LT_NUM_NODES", max(1, -(-world_size // per_node)))):
