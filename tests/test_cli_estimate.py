@@ -140,3 +140,27 @@ def test_a_gpu_class_the_model_refuses_is_reported_and_the_others_estimated():
     assert "not estimated on v100-16gb" in r.stderr and "sm80+" in r.stderr
     r = vest("estimate", "--model", f"{USER}:needs_sm80", "--batch-size", "8", "--input", "16", "--gpu", "v100-16gb")
     assert r.returncode != 0 and "sm80+" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_a_model_built_sees_the_gpu_it_is_traced_on():
+    """A layer that picks its path when built (torch.cuda asked in __init__) is built for the GPU
+    class it is traced on: sm80's wider projection on the A100, the plain one on the V100 (the
+    question asked at construction keeps the two classes' traces apart). Before, it was built
+    with the host's answer (no GPU) and failed when called on the fake one."""
+    r = vest("estimate", "--model", f"{USER}:picks_its_kernel_when_built", "--batch-size", "8", "--input", "1024",
+             "--gpu", "v100-16gb", "--gpu", "a100-40gb", "--json")
+    assert r.returncode == 0, r.stderr
+    v100, a100 = (e["breakdown"]["parameters"] for e in json.loads(r.stdout)["estimates"])
+    mib = 4 / 2**20   # float32 weights and biases: (features x width + width) + (width x 10 + 10)
+    assert a100 == pytest.approx((1024 * 4096 + 4096 + 4096 * 10 + 10) * mib, abs=0.05)
+    assert v100 == pytest.approx((1024 * 1024 + 1024 + 1024 * 10 + 10) * mib, abs=0.05)
+
+
+def test_a_declarative_failure_says_who_must_act_in_json():
+    r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--input", "5x32x32", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode != 0 and doc["kind"] == "script-error" and "--input" in doc["fix"]
+    r = vest("estimate", "--model", f"{USER}:data_dependent", "--batch-size", "8", "--input", "16", "--json")
+    doc = json.loads(r.stdout)
+    line = next(i for i, text in enumerate(open(USER), 1) if "if x.sum() > 0" in text)
+    assert doc["kind"] == "data-dependent" and doc["where"].endswith(f"user_models.py:{line}")

@@ -285,3 +285,25 @@ class _ReturnsItsLoss(nn.Module):
 
 def returns_its_loss(features: int = 64, form: str = "tensor"):
     return _ReturnsItsLoss(features, form)
+
+
+class _PicksItsKernelWhenBuilt(nn.Module):
+    """Chooses its GPU path when built, as flash-attention layers do (lucidrains' Attend): on a GPU
+    of sm80 or newer a wider fused projection, on older ones the plain one; called on a GPU it
+    was not built for, it fails."""
+
+    def __init__(self, features: int = 1024):
+        super().__init__()
+        self.built_for = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        wide = self.built_for is not None and self.built_for >= (8, 0)
+        self.proj = nn.Linear(features, (4 if wide else 1) * features)
+        self.head = nn.Linear((4 if wide else 1) * features, 10)
+
+    def forward(self, x):
+        if x.is_cuda and self.built_for is None:
+            raise RuntimeError("built without a GPU but called on one")
+        return self.head(self.proj(x))
+
+
+def picks_its_kernel_when_built():
+    return _PicksItsKernelWhenBuilt()

@@ -729,38 +729,32 @@ def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), tot
 
 def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> AllocTrace:
     t0 = time.perf_counter()
-    built = build_model(spec)
     tracer = Tracer(capability)
     mode = fc.FakeCudaMode(tracer.recorder)
-    model = built.module
     try:
-        with (cudnn_flags(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
-                                                    scalar_draws_at_the_top=True), tracer, mode,
-              fc.CudaFactoryMode()):
-            tracer.s.category = "parameter"
-            fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
-            tracer.s.category = None
-            module_hooks = _module_hooks(tracer, model)
-            try:
-                opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
-                tracer.freeze()   # the run is over: what is released from here on is not part of it
-                asked = fc.gpu_asked()   # what it asked of the GPU (trace.holds_on)
-                del opt
-            finally:
-                for h in module_hooks:
-                    h.remove()
+        # the model is built seeing the GPU it is traced on, as in the job: a layer that picks its
+        # kernels at construction (torch.cuda.is_available(), the capability: flash-attention
+        # configurations) takes its GPU path, and what it asked counts for the trace (holds_on)
+        with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability, scalar_draws_at_the_top=True):
+            built = build_model(spec)
+            model = built.module
+            with cudnn_flags(spec), tracer, mode, fc.CudaFactoryMode():
+                asked = _traced_steps(tracer, mode, model, built, spec)
     except EstimateError:
         raise
     except fc.DataDependentOutputException as e:
         raise EstimateError(f"{spec.model}: the model's shapes depend on the data ({e})",
-                            "the estimator cannot trace data-dependent control flow; describe a model without it or use the dynamic mode") from None
+                            "the estimator cannot trace data-dependent control flow; describe a model without it or use the dynamic mode",
+                            kind="data-dependent", where=_model_frame(e, spec)) from None
     except fc.DynamicOutputShapeException as e:
         raise EstimateError(f"{spec.model}: an output's size depends on the data ({e}: a boolean mask, nonzero, unique)",
                             "the estimator cannot size it without data; turn off the feature that selects by value "
-                            "(e.g. SpecAugment's mask_time_prob=0) or estimate a model without it") from None
+                            "(e.g. SpecAugment's mask_time_prob=0) or estimate a model without it",
+                            kind="data-dependent", where=_model_frame(e, spec)) from None
     except fc.UnsupportedOperatorException as e:
         raise EstimateError(f"{spec.model}: operator {e.func} cannot run on fake tensors",
-                            "report it; meanwhile estimate a similar model without that operator") from None
+                            "report it; meanwhile estimate a similar model without that operator",
+                            kind="vest-unsupported", where=_model_frame(e, spec)) from None
     except (KeyboardInterrupt, SystemExit):
         raise
     except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, NotImplementedError, AssertionError) as e:
@@ -768,9 +762,40 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
             raise
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise EstimateError(f"tracing {spec.model} failed: {type(e).__name__}: {msg}",
-                            "check that --input matches the model (shape, channels, sequence length) and --loss fits its output") from None
+                            "check that --input matches the model (shape, channels, sequence length) and --loss fits its output",
+                            kind="script-error", where=_model_frame(e, spec)) from None
     notes = (f"traced in {time.perf_counter() - t0:.2f} s",)
     return tracer.finish(spec.steps, notes, asked)
+
+
+def _model_frame(e: BaseException, spec: WorkloadSpec) -> str | None:
+    """file:line of the innermost frame in the user's model file (``--model FILE.py:FACTORY``)."""
+    import os
+    import traceback
+
+    if ".py:" not in spec.model:
+        return None
+    path = os.path.realpath(spec.model.rsplit(":", 1)[0])
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == path]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+
+
+def _traced_steps(tracer: Tracer, mode, model, built, spec: WorkloadSpec):
+    """The parameters materialised and the training loop run, under the trace: what the run
+    asked of the GPU."""
+    tracer.s.category = "parameter"
+    fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
+    tracer.s.category = None
+    module_hooks = _module_hooks(tracer, model)
+    try:
+        opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
+        tracer.freeze()   # the run is over: what is released from here on is not part of it
+        asked = fc.gpu_asked()   # what it asked of the GPU (trace.holds_on)
+        del opt
+    finally:
+        for h in module_hooks:
+            h.remove()
+    return asked
 
 
 class _null:
