@@ -147,7 +147,9 @@ def unit_trace(cspec: WorkloadSpec, capability: tuple[int, int], total_memory_by
     """The unsharded model's one traced iteration with its units marked (kept in memory). A stack of
     at least block_scaling.MIN_BLOCKS identical blocks is traced cut to 4 and 5 blocks and scaled
     (block_scaling.py), where the 4-block trace repeated gives the 5-block one exactly; else whole."""
-    with _transformers_quiet(cspec):
+    # the model is built seeing the GPU it is traced on (tracing._trace_training)
+    with _transformers_quiet(cspec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
+                                                     scalar_draws_at_the_top=True):
         built = build_model(cspec)
         names = [n for n, _m in wrap_units(built.module)]
         stack = bs.stack_of(names)
