@@ -784,3 +784,25 @@ def test_a_thread_inside_a_file_call_does_not_let_another_past_the_overlay():
     (est,), run = estimate_script("thread_io_train.py")
     assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
     assert any(p.endswith(os.path.join("run_out", "step1.txt")) for p in run.redirected_writes)
+
+
+def test_work_a_training_loop_does_every_k_steps_past_the_traced_ones_is_said():
+    """`if step % eval_every == 0: evaluate()` inside the training loop, with the period past the
+    traced steps: the evaluation (batch 4,096) is not in the trace, so the estimate says which
+    branch was not reached, in the script's own module (periodic_loop.py) or in the script; its
+    logging on a period and a branch behind a switch that is off are not said. With a period
+    the steps reach, the evaluation is traced and nothing is said."""
+    eval_out = 4096 * 1024 * 4   # the evaluation's hidden layer
+    (est,), run = estimate_script("periodic_eval_train.py")
+    said = [f for f in run.flags if "not reached" in f]
+    assert len(said) == 1 and "periodic_loop.py:32" in said[0] and "calls evaluate" in said[0]
+    assert dict(est.breakdown)["live_tensor_peak"] < eval_out
+    (est,), run = estimate_script("periodic_eval_train.py", "--here")
+    said = [f for f in run.flags if "not reached" in f]
+    assert len(said) == 1 and "periodic_eval_train.py:45" in said[0] and "`if it % args.eval_every == 0:`" in said[0]
+    (est,), run = estimate_script("periodic_eval_train.py", "--sample")   # the switch on: its period said too
+    said = [f for f in run.flags if "not reached" in f]
+    assert len(said) == 1 and "periodic_loop.py:32" in said[0] and "periodic_loop.py:35" in said[0]
+    (est,), run = estimate_script("periodic_eval_train.py", "--eval-every", "2")
+    assert not [f for f in run.flags if "not reached" in f]
+    assert dict(est.breakdown)["live_tensor_peak"] >= eval_out

@@ -588,8 +588,12 @@ def run(ns) -> dict:
     tracer = Tracer(tuple(ns.capability))
     tracer.s.oom_at = ns.oom_at
     sandbox = Sandbox(ns.tmpdir)
+    from .branches import Branches, installed as branches_installed
+
+    # the if bodies of the user's own loops (the script's folder, or the working directory of -m)
+    branches = Branches([os.path.dirname(os.path.abspath(ns.script)) if ns.script else os.getcwd()])
     state = sp.ScriptState(tracer=tracer, max_steps=ns.steps, stop=StopTracing, tmpdir=ns.tmpdir,
-                           world_size=ns.world_size)
+                           world_size=ns.world_size, branches=branches)
     result: dict = {"status": STATUS_OK, "steps": 0}
     target = ns.module or ns.script
     sys.argv = [ns.script or ns.module] + list(ns.args)
@@ -624,7 +628,7 @@ def run(ns) -> dict:
     try:
         with fc.cuda_answers(total_memory_bytes=ns.total_memory, name=ns.gpu_name, capability=tuple(ns.capability),
                              device_count=ns.device_count, sm_count=ns.sm_count, l2_cache_bytes=ns.l2_cache), sp.patched(state), tracer, contextlib.ExitStack() as stack, \
-                threads_carry(modes), repeats.installed():
+                threads_carry(modes), repeats.installed(), branches_installed(branches):
             for m in modes:
                 stack.enter_context(m)
             try:
@@ -696,7 +700,8 @@ def run(ns) -> dict:
     result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
-    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in (sp.frozen_note(state), state.waited_for, sp.drain_note(state)) if f]))
+    notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps))
+    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f]))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     result["step_ends"] = list(tracer.s.step_ends)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)

@@ -115,6 +115,7 @@ class ScriptState:
     device_model_calls: int = 0   # top-level calls of a model on the device
     # per trained model (id): len(events) at its forward passes under grad, while no backward yet
     forward_marks: dict = field(default_factory=dict)
+    branches: object = None   # the if bodies of the user's training loops (branches.Branches)
 
     def finish(self) -> None:
         if self.manual_step_pending:
@@ -122,6 +123,8 @@ class ScriptState:
         self.tracer.s.phase = "other"
 
     def end_step(self, stop: bool = True) -> None:
+        if self.branches is not None:
+            self.branches.at_step()   # the user's lines this step came from: its training loops
         tr = self.tracer
         tr.s.phase = "other"
         if stop and self.draining:

@@ -1,0 +1,79 @@
+"""The markers the dynamic analysis compiles into the user's loops (vest_slurm/dynamic/branches.py):
+the program is the same program (line numbers, annotations, __future__ imports), and which if
+bodies of a training loop were entered, and why not, is known."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import traceback
+
+from vest_slurm.dynamic.branches import MARK, OPERAND, Branches
+
+SOURCE = '''from __future__ import division
+import math, time
+def train(n, every, resume):
+    step = 0
+    for _ in range(n):
+        step += 1
+        on_step()
+        if step % every == 0:
+            evaluate()
+        if step % 7 == 0:
+            print(step)
+        if resume and step > 10:
+            evaluate()
+        if step % 5 == 0:
+            log_progress()
+        if step == 2:
+            raise ValueError("at step 2")
+
+def log_progress():
+    print(math.exp(1.0), time.ctime())
+
+def annotated(x: int) -> int:
+    return x
+'''
+
+
+def _run(tmp_path, n, every, resume=False):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    b = Branches([str(tmp_path)])
+    code = b.compile(path.read_bytes(), str(path))
+    calls = []
+    ns = {"evaluate": lambda: calls.append("eval"), "on_step": b.at_step}
+    setattr(builtins, MARK, b.reach)
+    setattr(builtins, OPERAND, b.operand)
+    try:
+        exec(code, ns)
+        try:
+            ns["train"](n, every, resume)
+        except ValueError as e:
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            assert (frame.lineno, frame.line) == (17, 'raise ValueError("at step 2")')   # the file's own lines
+    finally:
+        delattr(builtins, MARK)
+        delattr(builtins, OPERAND)
+    assert ns["annotated"].__annotations__["x"] is int   # not this test module's `annotations` future
+    return b, calls
+
+
+def test_a_period_the_steps_do_not_reach_is_said_logging_and_switches_off_are_not(tmp_path):
+    b, calls = _run(tmp_path, 2, 1000)
+    # not said: the print-only branch (line 10), the one whose function of the same file only
+    # logs (line 14), the one behind a switch of the configuration that was off (line 12)
+    assert not calls and [x.line for x in b.unreached()] == [8]
+    note = b.note(2)
+    assert "train.py:8 (`if step % every == 0:`, which calls evaluate)" in note and "2 step(s)" in note
+    b, calls = _run(tmp_path, 2, 2)
+    assert calls == ["eval"] and b.unreached() == []
+    b, calls = _run(tmp_path, 2, 2, resume=True)   # the switch on: its step (> 10) is past the run
+    assert [x.line for x in b.unreached()] == [12]
+
+
+def test_only_the_users_files_are_marked(tmp_path):
+    b = Branches([str(tmp_path)])
+    assert b.owns(str(tmp_path / "train.py")) and not b.owns(str(tmp_path / "lib" / "site-packages" / "x.py"))
+    assert not b.owns(sys.executable) and not b.owns(str(tmp_path / "data.txt"))
+    assert b.compile(b"def broken(:\n", str(tmp_path / "bad.py")) is None   # the real compile raises it
