@@ -806,3 +806,15 @@ def test_work_a_training_loop_does_every_k_steps_past_the_traced_ones_is_said():
     (est,), run = estimate_script("periodic_eval_train.py", "--eval-every", "2")
     assert not [f for f in run.flags if "not reached" in f]
     assert dict(est.breakdown)["live_tensor_peak"] >= eval_out
+
+
+def test_weights_from_a_checkpoint_and_weights_built_here_are_assigned_into_each_other():
+    """`param.data = value` between a weight read from a file (a real host tensor) and one a
+    module built here (fake): transformers' resize_token_embeddings after from_pretrained
+    (`old.weight.data = new.weight.data`), then the rows averaged on the host; and a tensor of a
+    safetensors file assigned into a built layer by hand. Both were "vest cannot yet run this"."""
+    params = lambda vocab: 4 * (2 * vocab * 64 + 64 * 64 + 64)   # fp32: embedding, Linear(64, 64), head
+    (est,), run = estimate_script("resize_embeddings_train.py")   # 1,000 rows grown by 24
+    assert dict(est.breakdown)["parameters"] == params(1024) and run.steps == 3
+    (est,), run = estimate_script("resize_embeddings_train.py", "--by-hand")
+    assert dict(est.breakdown)["parameters"] == params(1000) and dict(est.breakdown)["optimizer_state"] == 2 * params(1000)

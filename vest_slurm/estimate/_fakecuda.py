@@ -1006,6 +1006,8 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
 
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
+        if func == _SET_DATA and len(args) == 2:
+            return _set_data(*args)
         if func is torch.Tensor.share_memory_ and isinstance(args[0], FakeTensor):
             # a no-op for CUDA tensors (shared across processes by CUDA IPC instead; _tensor.py);
             # a fake host tensor has no data to move (nn.Module.share_memory, Hogwild scripts)
@@ -1099,6 +1101,30 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 return host
             return out
         return func(*args, **kwargs)
+
+
+_SET_DATA = torch.Tensor.data.__set__   # `t.data = v` (a new method-wrapper each time: compared with ==)
+
+
+def _set_data(target, value):
+    """``target.data = value`` where one of the two is a fake host tensor (a module's weights made
+    on the host are fake) and the other a real one (weights a checkpoint file gave: from_pretrained,
+    torch.load): the value made of the target's kind, so the parameter stays what it was.
+    transformers' ``resize_token_embeddings`` after ``from_pretrained`` ends with ``old.weight.data =
+    new.weight.data`` (a fake new embedding into the real loaded one): the real parameter takes real
+    zeros of the new shape (a fake value has none; the job's values decide no device memory); a
+    real tensor assigned into a fake weight (a state dict copied in by hand) becomes fake, as the
+    fake mode converts any real tensor it meets."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
+        if isinstance(target, FakeTensor) and not _fake_at_heart(value):
+            value = target.fake_mode.from_tensor(value)
+        elif isinstance(value, FakeTensor) and not _fake_at_heart(target) and value.fake_device.type == "cpu":
+            with unset_fake_temporarily():
+                value = torch.zeros(value.shape, dtype=value.dtype, requires_grad=value.requires_grad)
+    with unset_fake_temporarily():
+        return _SET_DATA(target, value)
 
 
 def _host_call(func, args, kwargs) -> bool:
