@@ -818,3 +818,16 @@ def test_weights_from_a_checkpoint_and_weights_built_here_are_assigned_into_each
     assert dict(est.breakdown)["parameters"] == params(1024) and run.steps == 3
     (est,), run = estimate_script("resize_embeddings_train.py", "--by-hand")
     assert dict(est.breakdown)["parameters"] == params(1000) and dict(est.breakdown)["optimizer_state"] == 2 * params(1000)
+
+
+def test_device_memory_that_grows_with_the_steps_is_said():
+    """Outputs kept on the GPU every step (a metric at the epoch's end): the live tensors at the
+    step ends grow by 2 MiB a step (512 x 1024 float32), so the estimate of the first steps is
+    FLAGGED; kept on the host, nothing grows and nothing is said."""
+    (est,), run = estimate_script("kept_outputs_train.py")
+    said = [f for f in run.flags if "grew" in f]
+    assert len(said) == 1 and "a loss kept with its graph" in said[0]
+    ends = run.trace.live_at_step_ends()
+    assert [b - a for a, b in zip(ends[-3:], ends[-2:])] == [512 * 1024 * 4] * 2
+    (est,), run = estimate_script("kept_outputs_train.py", "--keep", "host")
+    assert not [f for f in run.flags if "grew" in f]

@@ -32,7 +32,8 @@ from . import accelerate_env
 from . import nvidia_smi
 from .launch import TORCHRUN_LIKE, TrainCommand
 from ..estimate.profiles import DeviceProfile
-from ..estimate.trace import CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE, AllocEvent, AllocTrace
+from ..estimate.trace import (CUDNN_RNN_NOTE, HUB_KERNELS_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE, AllocEvent, AllocTrace,
+                              growth_note)
 from ..units import GiB, MiB
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -555,6 +556,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             flags += (f"the script's torch.compile'd code ran eagerly here, and its calls allocated up to {transient / MiB:,.0f} "
                       "MiB of intermediates they freed before returning: compiled, fused kernels may never write them "
                       f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
+        if (growth := growth_note(trace)) is not None:
+            flags += (growth,)
         if result.get("oom"):
             live, asked, module = result["oom"]
             flags += (f"the script caught CUDA out-of-memory ({asked / MiB:,.0f} MiB asked with {live / MiB:,.0f} MiB "

@@ -114,6 +114,49 @@ class AllocTrace:
         return peak
 
 
+    def live_at_step_ends(self) -> list[int]:
+        """The bytes of live tensors (workspaces left out, as in live_peak_bytes) at the end of
+        each training step (step_ends)."""
+        ends, out = set(self.step_ends), []
+        live, sizes = 0, {}
+        if 0 in ends:
+            out.append(0)
+        for i, e in enumerate(self.events, 1):
+            if e.category != "workspace":
+                if e.action == "alloc":
+                    sizes[e.block] = e.size_bytes
+                    live += e.size_bytes
+                else:
+                    live -= sizes.pop(e.block, 0)
+            if i in ends:
+                out.append(live)
+        return out
+
+
+# A training loop holds the same tensors at the end of each step (the parameters, their gradients
+# or none, the optimizer's state): what is left over grows with the steps only where the loop keeps
+# something of each step (outputs or losses gathered in a list, a loss kept with its graph, a replay
+# buffer filling). Said where the live bytes at the step ends rose at each of the last two traced
+# steps, by at least this share of them a step: a job of 100 steps, shorter than most epochs, then
+# holds twice what the traced steps did.
+GROWTH_PER_STEP = 0.01
+
+
+def growth_note(trace: "AllocTrace") -> str | None:
+    """The flag for device memory that grows from step to step (GROWTH_PER_STEP), or None."""
+    ends = trace.live_at_step_ends()
+    if len(ends) < 3:
+        return None
+    a, b, c = ends[-3:]
+    if not (min(b - a, c - b) >= GROWTH_PER_STEP * c):
+        return None
+    return (f"the tensors alive on the GPU at the end of each training step grew ({a / 2**20:,.1f}, {b / 2**20:,.1f}, "
+            f"{c / 2**20:,.1f} MiB at the last 3 traced steps): the loop keeps something of every step on "
+            "the GPU (outputs or losses gathered in a list, a loss kept with its graph, a buffer filling), so the job "
+            "needs more with each step than this estimate of the first ones; keep such values on the host "
+            "(.item(), .cpu()) or .detach() them, or allow for the growth over the job's steps")
+
+
 def gpu_answer(question: str, arg, capability: tuple[int, int]):
     """What a GPU of ``capability`` answers to a question the tracer recorded (_fakecuda.asked),
     as the fake GPU answers it; ``NOT_DERIVED`` for a question whose answer is not re-derived here
