@@ -831,3 +831,14 @@ def test_device_memory_that_grows_with_the_steps_is_said():
     assert [b - a for a, b in zip(ends[-3:], ends[-2:])] == [512 * 1024 * 4] * 2
     (est,), run = estimate_script("kept_outputs_train.py", "--keep", "host")
     assert not [f for f in run.flags if "grew" in f]
+
+
+def test_a_check_that_fails_on_a_value_read_from_the_gpu_is_not_blamed_on_the_script():
+    """An assert on GPU values (a stand-in here) that fails: data-dependent, said as vest's lack of
+    data; the same assert on host values (real) fails as the script's own error."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("value_assert_train.py")
+    assert e.value.kind == "data-dependent" and "stand-in here" in e.value.what and "value_assert_train.py:19" in e.value.where
+    with pytest.raises(EstimateError) as e:
+        estimate_script("value_assert_train.py", "--host")
+    assert e.value.kind == "script-error" and "malformed boxes" in e.value.what

@@ -666,7 +666,13 @@ def run(ns) -> dict:
         where, line = _user_frame(e.__traceback__, ns.script)
         kind = classify(e)
         name = type(e).__name__
-        result.update(status=kind, message=f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip(),
+        said = f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip()
+        if kind == "script-error" and where and any(w == where for _, w in state.ledger.reads):
+            # raised on a line that read a GPU tensor's value (`assert (boxes[:, 2:] >= boxes[:, :2]).all()`):
+            # the value was a stand-in (no data here), so the check failed here, not on the GPU
+            kind, said = "data-dependent", (f"this line read a value of a GPU tensor, a stand-in here (vest has no "
+                                            f"data), and failed on it ({said}); on a GPU it may hold")
+        result.update(status=kind, message=said,
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
                       missing=missing_import(e) if kind == "missing-import" else None)
