@@ -842,3 +842,11 @@ def test_a_check_that_fails_on_a_value_read_from_the_gpu_is_not_blamed_on_the_sc
     with pytest.raises(EstimateError) as e:
         estimate_script("value_assert_train.py", "--host")
     assert e.value.kind == "script-error" and "malformed boxes" in e.value.what
+
+
+def test_a_fork_pool_of_host_work_runs_in_threads():
+    """multiprocessing.Pool() (fork) scanning label files with numpy before training: its tasks run
+    in threads of the script's process (the same API); a fork was refused as a process starting.
+    The classes it found (4: 0-3) size the model."""
+    (est,), run = estimate_script("fork_pool_scan_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (4 * 3 * 3 * 3 + 4)

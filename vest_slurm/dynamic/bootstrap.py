@@ -614,6 +614,7 @@ def run(ns) -> dict:
     from . import spawned
 
     spawned.install(ns.tmpdir)   # multiprocessing's spawn/forkserver children run under the sandbox too
+    spawned.pools_in_threads()   # and a fork Pool's tasks in threads of this process
     import signal
 
     def at_the_time_limit(_signum, _frame):

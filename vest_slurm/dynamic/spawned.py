@@ -40,6 +40,28 @@ def install(tmpdir: str) -> str:
     return launcher
 
 
+def pools_in_threads() -> None:
+    """A ``multiprocessing`` Pool of the fork start method (Linux's default before Python 3.14) runs
+    its tasks in threads of the script's process instead (``multiprocessing.pool.ThreadPool``, the
+    same API): host work such as a data set scanning its files with ``Pool().imap`` (Pytorch-UNet)
+    runs, where a fork, whose GPU work the estimate would not see, is refused. The threads carry
+    the run's fake CUDA and sandbox as the script's own threads do. Pools of spawn and forkserver
+    stay processes (install)."""
+    import multiprocessing
+    from multiprocessing import context
+    from multiprocessing.pool import ThreadPool
+
+    real_pool = context.BaseContext.Pool
+
+    def pool(self, processes=None, initializer=None, initargs=(), maxtasksperchild=None):
+        if self.get_start_method() != "fork":
+            return real_pool(self, processes, initializer, initargs, maxtasksperchild)
+        return ThreadPool(processes, initializer, initargs)
+
+    context.BaseContext.Pool = pool
+    multiprocessing.Pool = pool.__get__(context._default_context)
+
+
 def _quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
 
