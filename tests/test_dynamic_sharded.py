@@ -181,6 +181,11 @@ def test_hf_trainer_with_fsdp_arguments(monkeypatch):
      "--parallelism zero3 --offload optimizer --precision bf16"),
     ("accelerate launch --config_file accelerate_deepspeed.yaml accelerate_fsdp_train.py",
      "--parallelism zero2 --precision bf16"),
+    # a script that builds its DeepSpeed config from its own switches (DeepSpeed-Chat's main.py):
+    # the line said that stage as "zero2 (its stage: 1, 2 or 3)" whatever --zero_stage was
+    ("deepspeed --num_gpus 2 hf_trainer_args_train.py --deepspeed --zero_stage 3 --offload --dtype bf16",
+     "--parallelism zero3 --offload params --precision bf16"),
+    ("torchrun --nproc_per_node 2 hf_trainer_args_train.py --deepspeed --zero_stage 0", "--parallelism ddp"),
 ])
 def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, command, line):
     """DeepSpeed is not traced (dynamic/deepspeed_plan.py): a Trainer's --deepspeed ds.json and an

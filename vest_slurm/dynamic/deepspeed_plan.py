@@ -39,9 +39,16 @@ class DeepSpeedPlan:
     max_reuse: int | None = None   # zero_optimization.stage3_max_reuse_distance (None: DeepSpeed's default)
 
     @property
+    def what(self) -> str:
+        """DeepSpeed as the command asks for it: ZeRO of a stage, or its stage 0 (data parallel)."""
+        return "DeepSpeed (ZeRO stage 0: data parallel)" if self.stage == 0 else \
+            f"DeepSpeed ZeRO{'-' + str(self.stage) if self.stage else ''}"
+
+    @property
     def vest_line(self) -> str:
         stage = self.stage if self.stage in (1, 2, 3) else None
-        parts = ["#VEST --model ...", f"--parallelism zero{stage}" if stage else "--parallelism zero2 (its stage: 1, 2 or 3)"]
+        parts = ["#VEST --model ...", "--parallelism ddp" if self.stage == 0 else
+                 f"--parallelism zero{stage}" if stage else "--parallelism zero2 (its stage: 1, 2 or 3)"]
         if self.offload != "none":
             parts.append(f"--offload {self.offload}")
         if self.precision:
@@ -115,11 +122,24 @@ def _elements(v) -> int | None:
     return None
 
 
+def _from_script_args(args) -> DeepSpeedPlan:
+    """A script that builds its DeepSpeed config in Python from its own switches, as
+    DeepSpeed-Chat's ``get_train_ds_config`` does: ``--zero_stage N``, ``--offload`` (parameters
+    and optimizer to the CPU), ``--dtype fp16|bf16|fp32``."""
+    stage = _value(args, ("--zero_stage", "--zero-stage"))
+    dtype = (_value(args, ("--dtype",)) or "").lower()
+    return DeepSpeedPlan("the script's own DeepSpeed switches (--deepspeed, no config file)",
+                         int(stage) if stage and stage.isdigit() else None,
+                         "params" if _value(args, ("--offload",)) is not None else "none",
+                         dtype if dtype in ("bf16", "fp16") else None)
+
+
 def plan(cmd: TrainCommand, cwd: str, accelerate_config: str | None = None) -> DeepSpeedPlan | None:
     path = _value(cmd.args, _DS_ARGS)
-    if path is not None:
-        doc = _load(os.path.join(cwd, path)) if path else {}
-        return _from_ds_json(doc, f"{path or 'no config file'} (the script's DeepSpeed arguments)", cmd.args)
+    if path:
+        return _from_ds_json(_load(os.path.join(cwd, path)), f"{path} (the script's DeepSpeed arguments)", cmd.args)
+    if path == "":   # a bare switch: the script builds its DeepSpeed config from its own arguments
+        return _from_script_args(cmd.args)
     if cmd.launcher == "accelerate":
         cfg = _load(accelerate_config) if accelerate_config else {}
         if "--use_deepspeed" not in cmd.launcher_args and str(cfg.get("distributed_type", "")).upper() != "DEEPSPEED":

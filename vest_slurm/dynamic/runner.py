@@ -438,7 +438,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
 
     ds = plan(cmd, where, config)
     if ds is not None:   # not traced (deepspeed_plan.py): the declarative ZeRO model answers it
-        raise EstimateError(f"{cmd.display}: DeepSpeed ZeRO (from {ds.source}) is not traced by the dynamic estimate",
+        raise EstimateError(f"{cmd.display}: {ds.what} (from {ds.source}) is not traced by the dynamic estimate",
                             f"describe the workload declaratively: {ds.vest_line}", kind="vest-unsupported")
     tmpdir = tempfile.mkdtemp(prefix="vest-dyn-")
     out = os.path.join(tmpdir, "result.json")
