@@ -120,7 +120,12 @@ def test_time_limit():
 def test_memory_limit():
     with pytest.raises(EstimateError) as e:
         estimate_script("hogs_memory.py", limits=Limits(memory_bytes=2 * 2**30))
-    assert "memory limit" in str(e.value) and "2.0 GiB" in str(e.value)
+    assert "memory limit" in str(e.value) and "2.0 GiB" in str(e.value) and "checkpoint" not in str(e.value)
+    # a checkpoint read for real took the memory: said so, and the declarative form is the way out
+    with pytest.raises(EstimateError) as e:
+        estimate_script("hogs_memory.py", "--checkpoint", limits=Limits(memory_bytes=2 * 2**30))
+    assert e.value.kind == "limit" and "checkpoint files of 0.6 GiB (weights.pt (0.6 GiB))" in e.value.what
+    assert "hf:./DIR" in e.value.fix
 
 
 def test_sandbox_no_network_no_writes_outside_no_process_left(tmp_path):

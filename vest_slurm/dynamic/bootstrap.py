@@ -56,6 +56,11 @@ STATUS_OK = "ok"
 TIME_LIMIT_SIGNAL = 10   # SIGUSR1 (signal.SIGUSR1, without importing signal at import time)
 
 
+CHECKPOINTS_READ = "checkpoints-read"   # in the temp dir: the checkpoint files the run read (Sandbox.checkpoint_read)
+CHECKPOINT_LISTED = 64 << 20            # listed from this size: a model's weights, not a config or a small state
+_CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+
 class StopTracing(BaseException):
     """Raised after the N-th optimizer step: ends the script, keeps the trace."""
 
@@ -296,7 +301,11 @@ class Sandbox:
                 continue
 
             def opened(f, *a, _real=real, _where=where, **k):
-                return _real(_where(f) if isinstance(f, (str, os.PathLike)) else f, *a, **k)
+                if isinstance(f, (str, os.PathLike)):
+                    f = _where(f)
+                    if _where == sandbox.seen:
+                        sandbox.checkpoint_read(f)
+                return _real(f, *a, **k)
 
             opened.__name__ = opened.__qualname__ = name
             # torch.serialization calls torch._C's (a process without vest's torch.save stand-in:
@@ -311,13 +320,28 @@ class Sandbox:
         real_safe_open, sandbox = safetensors.safe_open, self
 
         def safe_open(filename, *a, **k):
-            return real_safe_open(sandbox.seen(filename), *a, **k)
+            path = sandbox.seen(filename)
+            sandbox.checkpoint_read(path)
+            return real_safe_open(path, *a, **k)
 
         safetensors.safe_open = safe_open
         for name in ("safetensors.torch", "safetensors.numpy"):
             mod = sys.modules.get(name)
             if mod is not None and getattr(mod, "safe_open", None) is real_safe_open:
                 mod.safe_open = safe_open
+
+    def checkpoint_read(self, path) -> None:
+        """A checkpoint file read here, its values held on the host (the runner names them when the
+        run meets its host-memory limit: CHECKPOINTS_READ, one "bytes path" line each, for files of
+        CHECKPOINT_LISTED bytes or more)."""
+        try:
+            size = os.path.getsize(path)
+            if size < CHECKPOINT_LISTED:
+                return
+            with open(os.path.join(self.tmpdir, CHECKPOINTS_READ), "a") as f:
+                f.write(f"{size} {os.fsdecode(path)}\n")
+        except (OSError, TypeError, ValueError):
+            pass
 
     def _audit(self, event: str, args) -> None:
         if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
@@ -348,6 +372,8 @@ class Sandbox:
             if writing and not isinstance(path, int) and path is not None and not self.inside(path):
                 self.refused.append(f"write {path}")
                 raise Refused(f"vest: the training script tried to write {os.fsdecode(path)!r} outside the estimate's temp dir")
+            if not writing and isinstance(path, (str, bytes)) and os.fsdecode(path).endswith(_CHECKPOINT_SUFFIXES):
+                self.checkpoint_read(path)   # torch.load's own open
         if event in ("os.remove", "os.rename", "os.rmdir", "shutil.rmtree", "os.truncate", "os.chmod", "os.chown",
                      "os.symlink", "os.link", "os.setxattr", "os.removexattr"):
             # a link's new name is what it writes (args: src, dst); its source is only read

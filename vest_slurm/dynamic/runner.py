@@ -132,6 +132,22 @@ def _vest_only_path(tmpdir: str) -> str:
 HOST_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+def _checkpoints_read(tmpdir: str) -> list[tuple[int, str]]:
+    """The checkpoint files the run read (bootstrap.Sandbox.checkpoint_read), each once, largest first."""
+    from .bootstrap import CHECKPOINTS_READ
+
+    found: dict[str, int] = {}
+    try:
+        with open(os.path.join(tmpdir, CHECKPOINTS_READ)) as f:
+            for line in f:
+                size, _, path = line.rstrip("\n").partition(" ")
+                if size.isdigit() and path:
+                    found[path] = int(size)
+    except OSError:
+        return []
+    return sorted(((s, p) for p, s in found.items()), reverse=True)
+
+
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
                user_env: dict | None = None, vest_path: str | None = None, host_threads: bool = True) -> dict:
     """The child's environment: the user's (``user_env``, default this process's) less the GPU's and
@@ -513,6 +529,16 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         seconds = time.perf_counter() - t0
         _keep_font_list(os.environ, env["MPLCONFIGDIR"])
         if limit_hit:
+            read = _checkpoints_read(tmpdir) if limit_hit.startswith("memory") else []
+            if sum(size for size, _ in read) >= limits.memory_bytes / 4:
+                # the host memory went to a checkpoint's values, which the run reads for real
+                files = ", ".join(f"{os.path.basename(p)} ({size / GiB:.1f} GiB)" for size, p in read[:3])
+                raise EstimateError(f"{cmd.display}: {limit_hit}, while it read checkpoint files of "
+                                    f"{sum(s for s, _ in read) / GiB:.1f} GiB ({files}{', ...' if len(read) > 3 else ''}): "
+                                    "the dynamic estimate holds a checkpoint's values on the host",
+                                    "describe the model declaratively instead, which reads no weights (e.g. #VEST --model "
+                                    "hf:./DIR for a transformers checkpoint's folder, with the job's batch and optimizer), or "
+                                    "ask the site for a higher limit ([dynamic] memory in the site config)", kind="limit")
             raise EstimateError(f"{cmd.display}: {limit_hit}",
                                 "make the script reach its optimizer step sooner (smaller data set, fewer setup steps), "
                                 "or ask the site for a higher limit ([dynamic] in the site config)", kind="limit")
