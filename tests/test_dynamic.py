@@ -752,6 +752,9 @@ def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds
     assert not [f for f in alone.flags if "frozen" in f]
     (_, ), unfrozen = estimate_script("staged_finetune_train.py", "--unfreeze-at", "0")
     assert not [f for f in unfrozen.flags if "frozen" in f]
+    # frozen for good and kept by the script (a momentum encoder): not a stage to come
+    (_, ), momentum = estimate_script("staged_finetune_train.py", "--unfreeze-at", "99", "--momentum")
+    assert not [f for f in momentum.flags if "frozen" in f]
 
 
 def test_the_run_waits_for_every_optimizer_to_step_and_says_when_one_never_did():

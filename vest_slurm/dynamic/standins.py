@@ -116,6 +116,7 @@ class ScriptState:
     # per trained model (id): len(events) at its forward passes under grad, while no backward yet
     forward_marks: dict = field(default_factory=dict)
     branches: object = None   # the if bodies of the user's training loops (branches.Branches)
+    written: set = field(default_factory=set)   # tensors (id) and storages the script wrote outside optimizer steps
 
     def finish(self) -> None:
         if self.manual_step_pending:
@@ -798,15 +799,23 @@ def _top_level_forward(state: ScriptState, mod) -> None:
 def _note_frozen(state: ScriptState, opt) -> None:
     """The parameters an optimizer holds that are frozen (``requires_grad=False``) at its step: a
     script training in stages (a frozen backbone, unfrozen after some epochs) steps them later, with
-    their gradients and optimizer state, which the traced steps do not hold (frozen_note)."""
+    their gradients and optimizer state, which the traced steps do not hold (frozen_note). Those the
+    script writes itself are kept by it, not waiting to be unfrozen (_written)."""
     from . import fake_dist
 
     frozen = {id(p): p for g in opt.param_groups for p in g["params"]
-              if isinstance(p, torch.Tensor) and not p.requires_grad}
+              if isinstance(p, torch.Tensor) and not p.requires_grad and not _written(state, p)}
     if frozen or id(opt) in state.frozen:
         state.frozen[id(opt)] = (type(opt).__name__, optimizer_name(fake_dist.describe_optimizer(opt)), len(frozen),
                                  sum(p.numel() * p.element_size() for p in frozen.values()),
                                  sum(p.numel() for p in frozen.values()))
+
+
+def _written(state: ScriptState, p) -> bool:
+    """Whether the script wrote ``p`` itself outside the optimizer's steps (``p.data = ...``, an
+    in-place update: MoCo's momentum encoder, a teacher's EMA): kept by the script, not waiting to
+    be unfrozen."""
+    return id(p) in state.written or (isinstance(p, fc.FakeTensor) and p.untyped_storage()._cdata in state.written)
 
 
 def frozen_note(state: ScriptState) -> str | None:
@@ -861,6 +870,11 @@ def _parameter_storages(state: ScriptState) -> set:
             if isinstance(p, fc.FakeTensor) and p.requires_grad}
 
 
+def _in_place(name: str) -> bool:
+    """A torch function that writes its first argument: ``add_``, ``p -= ...`` (not ``__get__``)."""
+    return name.endswith("_") and not name.endswith("__") or name in ("__isub__", "__iadd__", "__imul__", "__itruediv__")
+
+
 class UpdateWatch(torch.overrides.TorchFunctionMode):
     """Hand-written updates (no torch.optim): an in-place torch call outside an optimizer step
     that writes a trained parameter's storage (``p -= lr * p.grad``, ``p.data.add_(...)``,
@@ -874,11 +888,17 @@ class UpdateWatch(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         st = self.state
         out = func(*args, **kwargs)
+        if args and st.optimizer_steps and not st.in_optimizer_step:
+            # tensors the script writes itself between steps (a momentum encoder's EMA; from the first
+            # step on: before it, .cuda() and .to() set every parameter's data)
+            if func == fc._SET_DATA:
+                st.written.add(id(args[0]))
+            elif _in_place(getattr(func, "__name__", "")) and isinstance(args[0], fc.FakeTensor):
+                st.written.add(args[0].untyped_storage()._cdata)
         # (inside an optimizer step, a closure's forward and backward reset the phase: Lightning)
         if st.backward_since_update and st.param_storages and not st.in_optimizer_step \
                 and st.tracer.s.phase == "other" and args:
-            name = getattr(func, "__name__", "")
-            if name.endswith("_") and not name.endswith("__") or name in ("__isub__", "__iadd__", "__imul__", "__itruediv__"):
+            if _in_place(getattr(func, "__name__", "")):
                 first = args[0]
                 targets = first if isinstance(first, (list, tuple)) else (first,)
                 if any(isinstance(t, fc.FakeTensor) and t.untyped_storage()._cdata in st.param_storages for t in targets):

@@ -1,6 +1,8 @@
 """Transfer learning in stages, as tutorials teach it: the backbone frozen for the first epochs
 (only the head learns), then unfrozen; one optimizer over every parameter from the start.
---head-only-optimizer builds the optimizer over the head alone (a permanent freeze)."""
+--head-only-optimizer builds the optimizer over the head alone (a permanent freeze). --momentum:
+the frozen backbone is never unfrozen but moved towards the head's scale after each step, as a
+momentum encoder (MoCo's key encoder, a teacher's EMA) is kept by the script itself."""
 import argparse
 
 import torch
@@ -10,6 +12,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=4)
 p.add_argument("--unfreeze-at", type=int, default=2)
 p.add_argument("--head-only-optimizer", action="store_true")
+p.add_argument("--momentum", action="store_true")
 args = p.parse_args()
 
 backbone = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()).cuda()
@@ -28,3 +31,7 @@ for epoch in range(args.epochs):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.momentum:
+            with torch.no_grad():
+                for prm in backbone.parameters():
+                    prm.mul_(0.999).add_(prm.mean(), alpha=0.001)
