@@ -842,6 +842,10 @@ def test_a_check_that_fails_on_a_value_read_from_the_gpu_is_not_blamed_on_the_sc
     with pytest.raises(EstimateError) as e:
         estimate_script("value_assert_train.py", "--host")
     assert e.value.kind == "script-error" and "malformed boxes" in e.value.what
+    # run as `python -O`, as a job may: its asserts are gone there and here (PYTHONOPTIMIZE)
+    (est,), run = estimate_command(parse_train_command(["python", "-O", "value_assert_train.py", "--host"]), [A100],
+                                   cwd=SCRIPTS)
+    assert run.steps == 3
 
 
 def test_a_fork_pool_of_host_work_runs_in_threads():

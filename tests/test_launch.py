@@ -293,3 +293,12 @@ def test_the_directory_the_job_script_goes_to_is_where_its_command_runs():
     assert find_train_command(["cd /scratch/p", "python t.py"], {}).workdir("/sub") == "/scratch/p"
     assert find_train_command(["cd ~/proj", "python t.py"], {"HOME": "/home/u"}).chdir == "/home/u/proj"
     assert find_train_command(["python t.py"], {}).workdir("/sub") == "/sub"
+
+
+def test_interpreter_flags_that_change_the_program_reach_the_child():
+    """`python -O train.py` removes the script's asserts: the child's Python is told through the
+    variable that says the same (PYTHONOPTIMIZE); it was dropped, and an assert the job never runs
+    could fail the estimate."""
+    assert dict(parse_train_command("python -O train.py --x 1").env) == {"PYTHONOPTIMIZE": "1"}
+    assert dict(parse_train_command("python -u -OO train.py").env) == {"PYTHONOPTIMIZE": "2"}
+    assert parse_train_command("python -u train.py").env == ()

@@ -51,6 +51,9 @@ _SETUP_TOOLS = {"pip", "pip3", "uv", "conda", "mamba", "micromamba", "huggingfac
 # launchers that start --nproc_per_node processes on each node through torch.distributed.run
 TORCHRUN_LIKE = ("torchrun", "fabric")
 _PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-b", "-bb", "-q", "-v"}
+# the interpreter flags that change what the script does, as the variables that say the same to the
+# child's Python (-O: asserts removed, as a job's `python -O train.py` runs them)
+_PYTHON_FLAG_ENV = {"-O": ("PYTHONOPTIMIZE", "1"), "-OO": ("PYTHONOPTIMIZE", "2"), "-s": ("PYTHONNOUSERSITE", "1")}
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     elif _is_python(base):
         i += 1
         while i < len(words) and words[i] in _PYTHON_FLAGS:
+            if words[i] in _PYTHON_FLAG_ENV:
+                env.append(_PYTHON_FLAG_ENV[words[i]])
             i += 1
         if i < len(words) and words[i] == "-m":
             if i + 1 >= len(words):
