@@ -854,3 +854,18 @@ def test_a_fork_pool_of_host_work_runs_in_threads():
     The classes it found (4: 0-3) size the model."""
     (est,), run = estimate_script("fork_pool_scan_train.py")
     assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (4 * 3 * 3 * 3 + 4)
+
+
+def test_an_op_that_fails_on_real_tensors_too_is_the_scripts_error():
+    """`correct[:k].view(-1)` of a transposed tensor raises on any device; the fake tensors raise
+    their own error from torch's references, which was taken for vest's gap ("it would run on a
+    GPU"). The op is rerun on real host tensors of the same sizes and strides: it fails there too,
+    so the script must act. The fixed form (reshape) is estimated."""
+    from vest_slurm.dynamic.bootstrap import fails_for_real
+
+    with pytest.raises(EstimateError) as e:
+        estimate_script("topk_view_train.py")
+    assert e.value.kind == "script-error" and "topk_view_train.py:17" in e.value.where
+    (est,), run = estimate_script("topk_view_train.py", "--reshape")
+    assert run.steps == 3
+    assert fails_for_real(ValueError("no fake op in this traceback")) is False

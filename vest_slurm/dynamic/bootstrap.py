@@ -579,8 +579,55 @@ def classify(e: BaseException) -> str:
         return "script-error"   # a stand-in's check of what fails on a GPU too
     frames = traceback.extract_tb(e.__traceback__)
     if frames and any(part in frames[-1].filename for part in _FAKE_MACHINERY):
+        if fails_for_real(e):
+            return "script-error"   # the op the fake tensors refused fails on real tensors too
         return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
     return "script-error"
+
+
+# the most bytes of real host tensors fails_for_real makes to rerun a refused op
+_RERUN_BYTES = 1 << 30
+
+
+def fails_for_real(e: BaseException) -> bool:
+    """Whether the op during which the fake machinery raised ``e`` raises on real tensors of the
+    same sizes, strides and dtypes too (run on the host, on uninitialised memory): then it fails on
+    a GPU as well (a view of a non-contiguous tensor, shapes that do not match), and the script must
+    act. False where it runs there, or cannot be rerun (no such op in the traceback, tensors too
+    large, a dtype the host's kernels lack: those say nothing of the GPU)."""
+    import torch
+    from torch.utils import _pytree as pytree
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    tb, call = e.__traceback__, None
+    while tb is not None:   # the innermost fake dispatch: its op and arguments
+        loc = tb.tb_frame.f_locals
+        if tb.tb_frame.f_code.co_filename.endswith("fake_tensor.py") and isinstance(loc.get("func"), torch._ops.OpOverload):
+            call = (loc["func"], loc.get("args", ()), loc.get("kwargs") or {})
+        tb = tb.tb_next
+    if call is None:
+        return False
+    func, args, kwargs = call
+    leaves = pytree.tree_leaves((args, kwargs))
+    fakes = [t for t in leaves if isinstance(t, FakeTensor)]
+    if sum(t.untyped_storage().nbytes() for t in fakes) > _RERUN_BYTES:
+        return False
+
+    def real(t):
+        if not isinstance(t, FakeTensor):
+            return t
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+
+    with unset_fake_temporarily(), _disable_current_modes(), torch._C.DisableTorchFunction():
+        try:
+            rargs, rkwargs = pytree.tree_map(real, (args, kwargs))
+            func(*rargs, **rkwargs)
+        except NotImplementedError:
+            return False
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            return "not implemented for" not in str(err)
+    return False
 
 
 @contextlib.contextmanager
