@@ -176,3 +176,16 @@ def test_stops_where_the_estimate_does_when_an_optimizer_steps_late(scripts):
     assert res["status"] == "ok" and res["steps"] == run.steps == 6, res
     vest, oracle = run.trace.live_peak_bytes(run.trace.step_ends[-1]), res["live_peak_bytes"]
     assert abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)
+
+
+def test_counts_a_model_moved_by_keyword_and_waits_for_accumulated_steps(scripts):
+    """`model.to(device=...)` is counted (the keyword was mapped inside Module.to's argument parsing,
+    so the weights stayed unmarked), and 4 accumulated backward passes per step do not end the run
+    before the first optimizer step (the rule for loops without torch.optim applied)."""
+    command = "python accum_to_kw_train.py"
+    res = run_command(command, scripts, 3)
+    (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=scripts)
+    assert res["status"] == "ok" and res["steps"] == 3 and res["stopped_by"] == "optimizer steps", res
+    params = 4 * (512 * 2048 + 2048 + 2048 * 512 + 512)
+    vest, oracle = run.trace.live_peak_bytes(run.trace.step_ends[-1]), res["live_peak_bytes"]
+    assert oracle >= 4 * params and abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)   # weights, grads, 2 Adam states

@@ -243,6 +243,8 @@ class _ToCpu(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is torch.Tensor.cpu and c.is_device(args[0]):
             return self._to_host(args[0], None, kwargs.get("memory_format", torch.preserve_format))
+        if func is torch._C._nn._parse_to:
+            return func(*args, **kwargs)   # Module.to(device=cuda) reads its arguments; each tensor's .to is mapped
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = _CPU
             c.factory += 1
@@ -360,7 +362,7 @@ def _patched(census: Census, steps: int, state: dict):
     orig_backward = torch.autograd.backward
 
     def backward(*a, **k):
-        if state["optimizer_steps"] == 0:
+        if state["optimizer_steps"] == 0 and not list(made):   # (with an optimizer: its steps count, as accumulated backward passes precede them)
             state["backwards"] += 1
             if state["backwards"] > steps:   # N hand-written steps done: the (N+1)-th starts
                 state.update(steps=steps, stopped_by="backward passes (no torch.optim step)")
