@@ -591,7 +591,7 @@ _RERUN_BYTES = 1 << 30
 
 def fails_for_real(e: BaseException) -> bool:
     """Whether the op during which the fake machinery raised ``e`` raises on real tensors of the
-    same sizes, strides and dtypes too (run on the host, on uninitialised memory): then it fails on
+    same sizes, strides and dtypes too (run on the host, on zeros: an index is in range): then it fails on
     a GPU as well (a view of a non-contiguous tensor, shapes that do not match), and the script must
     act. False where it runs there, or cannot be rerun (no such op in the traceback, tensors too
     large, a dtype the host's kernels lack: those say nothing of the GPU)."""
@@ -617,7 +617,7 @@ def fails_for_real(e: BaseException) -> bool:
     def real(t):
         if not isinstance(t, FakeTensor):
             return t
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu").zero_()   # (valid indices)
 
     with unset_fake_temporarily(), _disable_current_modes(), torch._C.DisableTorchFunction():
         try:
