@@ -100,37 +100,26 @@ class AllocTrace:
         """Peak of the sum of live tensor sizes: what a FakeTensor / MemTracker count reports. The
         workspaces and kernel scratch the tracer adds (category ``workspace``) are not tensors
         such a count sees, so they are left out. ``end``: of the events before it only."""
-        live = peak = 0
-        sizes: dict[int, int] = {}
-        for e in self.events[:end]:
-            if e.category == "workspace":
-                continue
-            if e.action == "alloc":
-                sizes[e.block] = e.size_bytes
-                live += e.size_bytes
-                peak = max(peak, live)
-            else:
-                live -= sizes.pop(e.block, 0)
-        return peak
-
+        return max(self._live_after_each(end), default=0)
 
     def live_at_step_ends(self) -> list[int]:
-        """The bytes of live tensors (workspaces left out, as in live_peak_bytes) at the end of
-        each training step (step_ends)."""
-        ends, out = set(self.step_ends), []
-        live, sizes = 0, {}
-        if 0 in ends:
-            out.append(0)
-        for i, e in enumerate(self.events, 1):
+        """The bytes of live tensors (as live_peak_bytes counts them) at the end of each training
+        step (step_ends)."""
+        ends = set(self.step_ends)
+        return [0] * (0 in ends) + [live for i, live in enumerate(self._live_after_each(), 1) if i in ends]
+
+    def _live_after_each(self, end: int | None = None):
+        """The bytes of live tensors (workspaces left out) after each of the events before ``end``."""
+        live = 0
+        sizes: dict[int, int] = {}
+        for e in self.events[:end]:
             if e.category != "workspace":
                 if e.action == "alloc":
                     sizes[e.block] = e.size_bytes
                     live += e.size_bytes
                 else:
                     live -= sizes.pop(e.block, 0)
-            if i in ends:
-                out.append(live)
-        return out
+            yield live
 
 
 # A training loop holds the same tensors at the end of each step (the parameters, their gradients
