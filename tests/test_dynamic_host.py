@@ -869,3 +869,13 @@ def test_an_op_that_fails_on_real_tensors_too_is_the_scripts_error():
     (est,), run = estimate_script("topk_view_train.py", "--reshape")
     assert run.steps == 3
     assert fails_for_real(ValueError("no fake op in this traceback")) is False
+
+
+def test_whole_number_float_masks_keep_their_values_at_any_size():
+    """SimCLR's label masks are made with .float() on the host (0/1) and select by boolean indexing
+    on the GPU: over 4,096 elements (batch 64 x 2 views: 16,384) their values were dropped like a
+    batch of features', and the run refused as data-dependent. Whole-number floats keep them."""
+    (est,), run = estimate_script("contrastive_masks_train.py")
+    assert run.steps == 3 and not run.reads   # no value read as a stand-in
+    (est,), run = estimate_script("contrastive_masks_train.py", "--batch-size", "256")
+    assert run.steps == 3

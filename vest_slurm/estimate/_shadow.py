@@ -19,7 +19,9 @@ device memory (the fake tensor is traced as it is). Integer and bool tensors are
 labels or masks, or a graph's edge list of Cora's size, is kilobytes to megabytes. Floating-point
 tensors only up to ``MAX_FLOAT_NUMEL`` elements (scalars, a per-class weight vector): a float
 tensor of that size is no batch of images or features, whose values steer no shape; mirroring
-those would run the input side of the model on the CPU. The model's parameters (built fake) and
+those would run the input side of the model on the CPU. A float tensor of whole numbers only (a
+0/1 mask or a label matrix made with ``.float()``, as SimCLR's: ``_counts``) is shadowed as an
+integer one is, at any size up to ``MAX_TENSOR_BYTES``. The model's parameters (built fake) and
 everything computed from them (activations, logits, losses) never have a shadow, since one input
 of each such op has none. All live shadows together stay under ``MAX_TOTAL_BYTES``: the estimate's
 process must stay within the issue's 2 GiB of RSS, of which the traced scripts use 0.7 to 1.4 GiB.
@@ -127,6 +129,17 @@ def _host_values(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.layout == torch.strided
 
 
+def _counts(real: torch.Tensor) -> bool:
+    """Whether a float tensor of real values holds whole numbers only (a 0/1 mask or a label matrix
+    made with ``.float()``, as SimCLR's), within MAX_TENSOR_BYTES: values that index and select,
+    shadowed as integers are, whatever their count (a batch of features is not whole numbers)."""
+    if not real.dtype.is_floating_point or real.numel() * real.element_size() > MAX_TENSOR_BYTES or real.numel() == 0:
+        return False
+    with unset_fake_temporarily(), torch.no_grad():
+        head = real.reshape(-1)[:1024]   # a quick no for features, then the whole
+        return bool(torch.equal(head, head.round())) and bool(torch.equal(real, real.round()))
+
+
 def worthy(t: torch.Tensor, sampled: bool = False) -> bool:
     """Whether a tensor of this kind and size gets a shadow (the bound in the module docstring);
     ``sampled``: a random factory's draw, whose floats are as worthy as integers (a mask's source)."""
@@ -216,8 +229,9 @@ class Shadows:
 
     def set(self, t: FakeTensor, real: torch.Tensor, sampled: bool = False) -> bool:
         """Give ``t`` the shadow ``real`` (a CPU tensor of its shape and dtype), within the bound."""
-        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor) and worthy(t, sampled)
-                and real.layout == torch.strided and real.shape == t.shape and real.dtype == t.dtype):
+        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor)
+                and real.layout == torch.strided and real.shape == t.shape and real.dtype == t.dtype
+                and (worthy(t, sampled) or _counts(real))):
             return False
         real = real.detach()
         rs = real.untyped_storage()
@@ -242,7 +256,7 @@ class Shadows:
         """Fake tensor ``t`` was just made on the device from real host tensor ``host`` (a move, a
         ``torch.tensor(..., device="cuda")``): it gets a copy of ``host``'s values, within the bound."""
         if isinstance(host, FakeTensor) or not isinstance(host, torch.Tensor) or not _host_values(host) \
-                or not worthy(host):
+                or not (worthy(host) or _counts(host)):
             return False
         with unset_fake_temporarily():
             return self.set(t, host.detach().clone())
@@ -324,7 +338,8 @@ class Shadows:
                 for w in written:
                     self.forget(w)
                 return
-        if not written and not any(worthy(o) for o in outs):
+        if not written and not any(worthy(o) for o in outs) and \
+                not any(isinstance(a, torch.Tensor) and not worthy(a) for a in leaves):   # (whole-number floats: _counts)
             return
         if func is aten.copy_.default and self.get(args[0]) is None:
             self._copy_into(args[0], args[1])
