@@ -345,6 +345,11 @@ def test_data_parallel_over_the_jobs_one_gpu():
     b = dict(est.breakdown)
     assert run.steps == 3 and run.batch_hint == 32
     assert b["parameters"] == params and b["optimizer_state"] == params
+    # over the 2 GPUs of a job: vest's gap (the real class's replicas failed in CUDA copies, blamed
+    # on the script), with the declarative form that models it
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command(["python", "data_parallel_train.py"]), [A100], num_gpus=2, cwd=SCRIPTS)
+    assert e.value.kind == "vest-unsupported" and "--parallelism dp --num-gpus 2" in e.value.what
 
 
 def test_host_tools_run_python_training_children_are_refused():

@@ -327,12 +327,18 @@ def _data_parallel(real):
     one device and calls the module itself (data_parallel.py: ``len(self.device_ids) == 1``),
     but the scatter goes through C++ CUDA copies no fake tensor can make. The same here without
     the scatter: inputs moved to the device, the module called. Over more GPUs (replicas on
-    each) the real class runs, and fails naming the CUDA call it needs."""
+    each, outputs gathered on the first) the run stops naming it: vest's gap, with the
+    declarative form that models it (``--parallelism dp``)."""
 
     class DataParallel(real):
         def forward(self, *inputs, **kwargs):
             if len(self.device_ids) != 1:
-                return super().forward(*inputs, **kwargs)
+                from .cuda_surface import NotSupportedHere
+
+                n = len(self.device_ids)
+                raise NotSupportedHere(f"nn.DataParallel over {n} GPUs", "its replicas, scatter and gather run "
+                                       f"through CUDA copies the fake GPU cannot make; the declarative form models "
+                                       f"it: #VEST --parallelism dp --num-gpus {n} (with the model, batch and optimizer)")
             move = lambda t: t.to(fc.DEVICE)  # noqa: E731
             inputs, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, move, (inputs, kwargs))
             return self.module(*inputs, **kwargs)
