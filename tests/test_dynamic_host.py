@@ -884,3 +884,14 @@ def test_whole_number_float_masks_keep_their_values_at_any_size():
     assert run.steps == 3 and not run.reads   # no value read as a stand-in
     (est,), run = estimate_script("contrastive_masks_train.py", "--batch-size", "256")
     assert run.steps == 3
+
+
+def test_values_gathered_from_the_other_ranks_are_this_ranks():
+    """all_gather of host data (sizes, pickled objects: DETR's all_gather) on the fake process
+    group moved no values, and unpickling the gathered bytes failed (blamed on the script). Each
+    rank's slot now holds this rank's values, as every rank runs the same script: the batch they
+    decide is 100."""
+    for args in ((), ("--object",)):
+        (est,), run = estimate_command(parse_train_command(["torchrun", "--nproc_per_node", "2", "gather_objects_train.py",
+                                                            *args]), [A100], cwd=SCRIPTS)
+        assert run.steps == 3 and run.batch_hint == 100, args

@@ -482,6 +482,46 @@ def _init_process_group(state: ScriptState):
     return init
 
 
+def _gathers():
+    """all_gather / all_gather_into_tensor / all_gather_object on the fake process group, which
+    moves no values: each rank's slot receives this rank's tensor, as every rank runs the same
+    script (the estimate's model of the others). A gather of sizes, or of pickled objects (DETR's
+    ``all_gather`` of any picklable: sizes gathered, then the padded bytes), then reads the values
+    it sent: host data copied to the GPU keeps them (_shadow.py), and ``copy_`` allocates nothing,
+    so the trace is unchanged."""
+    import torch.distributed as dist
+
+    real_gather, real_into = dist.all_gather, dist.all_gather_into_tensor
+
+    def known(t) -> bool:   # values to carry: host data's (a model's tensors have none to copy)
+        shadows = getattr(getattr(t, "fake_mode", None), "shadows", None)
+        return shadows is not None and shadows.get(t) is not None
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        work = real_gather(tensor_list, tensor, group=group, async_op=async_op)
+        if known(tensor):
+            with torch.no_grad():
+                for out in tensor_list:
+                    if out.shape == tensor.shape:
+                        out.copy_(tensor)
+        return work
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        work = real_into(output_tensor, input_tensor, group=group, async_op=async_op)
+        n = input_tensor.numel()
+        if known(input_tensor) and n and output_tensor.numel() % n == 0 and output_tensor.is_contiguous():
+            with torch.no_grad():
+                for chunk in output_tensor.view(-1).split(n):
+                    chunk.copy_(input_tensor.reshape(-1))
+        return work
+
+    def all_gather_object(object_list, obj, group=None):
+        # (the real one pickles into device tensors and unpickles what comes back: nothing here)
+        object_list[:] = [obj] * len(object_list)
+
+    return all_gather, all_gather_into_tensor, all_gather_object
+
+
 def _spawn():
     """torch.multiprocessing.spawn / start_processes(fn, args, nprocs, ...), the launcher of
     scripts that start one process per GPU themselves (pytorch/examples' imagenet, MoCo:
@@ -1189,6 +1229,7 @@ def patched(state: ScriptState):
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", _init_process_group(state)),
+        *zip((dist,) * 3, ("all_gather", "all_gather_into_tensor", "all_gather_object"), _gathers()),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
         (multiprocessing.process.BaseProcess, "start", _process_start(multiprocessing.process.BaseProcess.start)),
