@@ -355,3 +355,18 @@ def test_every_binding_of_a_patched_torch_api_is_patched():
     got = {(m.__name__, a) for m, a, n in _aliases([(dist, "init_process_group", new)]) if n is new}
     assert ("torch.distributed.distributed_c10d", "init_process_group") in got
     assert ("torch.distributed.device_mesh", "init_process_group") in got   # DeviceMesh's set-up calls it
+
+
+def test_a_mesh_unflattened_and_flattened_as_torchtitan_builds_it():
+    """DeviceMesh._unflatten of a 1-D world mesh into named dimensions and _flatten of a sub-mesh
+    (torchtitan's ParallelDims.build_mesh) were refused by name; the mesh they make is the one
+    init_device_mesh makes, and so is the per-rank estimate of FSDP2 over it."""
+    def run(*args):
+        cmd = parse_train_command(["torchrun", "--nproc_per_node", "2", "mesh_reshape_train.py", *args])
+        (est,), r = estimate_command(cmd, [get_profile("h100-80gb")], cwd=SCRIPTS)
+        return dict(est.breakdown), r
+
+    reshaped, r = run()
+    plain, _ = run("--plain")
+    assert r.spec.parallelism == "fsdp2" and r.spec.num_gpus == 2
+    assert reshaped == plain and reshaped["parameters"] == 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4 // 2

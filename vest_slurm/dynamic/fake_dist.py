@@ -33,6 +33,7 @@ limit_all_gathers=False are recorded as unmodelled notes.
 from __future__ import annotations
 
 import functools
+import math
 import types
 from dataclasses import dataclass
 
@@ -85,11 +86,13 @@ class _Wrapped:
 class _FakeMesh:
     """What init_device_mesh returns to a script: its shape and names, nothing to communicate over."""
 
-    def __init__(self, device_type, shape, names=None):
+    def __init__(self, device_type, shape, names=None, root=None):
         self.device_type = device_type
         self.shape = tuple(shape)
         self.mesh_dim_names = tuple(names) if names else None
         self.ndim = len(self.shape)
+        self._root = root          # the mesh it was cut or reshaped from (None: it is the root)
+        self._flattened = {}       # name -> the 1-D mesh a _flatten made (found by name on the root)
 
     def size(self, mesh_dim=None):
         if mesh_dim is None:
@@ -117,8 +120,32 @@ class _FakeMesh:
 
     def __getitem__(self, names):
         names = (names,) if isinstance(names, str) else tuple(names)
+        flat = self._get_root_mesh()._flattened
+        if len(names) == 1 and names[0] in flat and names[0] not in (self.mesh_dim_names or ()):
+            return flat[names[0]]
         idx = [self.mesh_dim_names.index(n) for n in names] if self.mesh_dim_names else list(range(len(names)))
-        return _FakeMesh(self.device_type, [self.shape[i] for i in idx], names)
+        return _FakeMesh(self.device_type, [self.shape[i] for i in idx], names, self._get_root_mesh())
+
+    def _get_root_mesh(self):
+        return self._root if self._root is not None else self
+
+    def _unflatten(self, dim, mesh_sizes, mesh_dim_names, backend_override=None):
+        """One dimension split into several named ones (torchtitan's ParallelDims.build_mesh: a 1-D
+        world mesh unflattened into dp_replicate, fsdp, cp, tp, ...), as DeviceMesh._unflatten."""
+        i = self.mesh_dim_names.index(dim) if isinstance(dim, str) else int(dim)
+        sizes, new = tuple(int(n) for n in mesh_sizes), tuple(mesh_dim_names)
+        if math.prod(sizes) != self.shape[i] or len(sizes) != len(new):
+            raise ValueError(f"the sizes {sizes} named {new} do not unflatten mesh dimension {dim} of size {self.shape[i]}")
+        names = self.mesh_dim_names or tuple(f"dim{k}" for k in range(self.ndim))
+        return _FakeMesh(self.device_type, self.shape[:i] + sizes + self.shape[i + 1:], names[:i] + new + names[i + 1:],
+                         self._get_root_mesh())
+
+    def _flatten(self, mesh_dim_name=None, backend_override=None):
+        """This mesh as one dimension, found by its name on the root afterwards (DeviceMesh._flatten)."""
+        name = mesh_dim_name or "_".join(self.mesh_dim_names or ())
+        mesh = _FakeMesh(self.device_type, (self.size(),), (name,), self._get_root_mesh())
+        self._get_root_mesh()._flattened[name] = mesh
+        return mesh
 
     def __getattr__(self, name):
         # Only what the fully_shard and parallelize_module stand-ins (fake_tp.py) read is here; a
