@@ -420,6 +420,14 @@ def test_transformers_hub_kernels_are_off_and_the_estimate_says_so(tmp_path):
                                      "    m(torch.randn(2, 8, device='cuda')).sum().backward()\n    opt.step()\n")
     _, run = estimate_command(parse_train_command("python own.py"), [A100], cwd=str(tmp_path))
     assert HUB_KERNELS_NOTE not in run.flags, run.flags
+    # a transformers model built from its constructor (minimind's habit): never kernelized, no note
+    (tmp_path / "built.py").write_text("import torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"
+                                       "m = LlamaForCausalLM(LlamaConfig.from_pretrained('ckpt')).cuda()\n"
+                                       "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor _ in range(4):\n"
+                                       "    ids = torch.randint(0, 1000, (2, 16), device='cuda')\n"
+                                       "    m(input_ids=ids, labels=ids).loss.backward()\n    opt.step()\n")
+    _, run = estimate_command(parse_train_command("python built.py"), [A100], cwd=str(tmp_path))
+    assert run.steps == 3 and HUB_KERNELS_NOTE not in run.flags, run.flags
 
 
 def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_script(tmp_path, monkeypatch):

@@ -816,13 +816,18 @@ def hub_kernels_note(model_types) -> list[str]:
     VEST_HUB_KERNELS=off) and the script trained a transformers model (``model_types``, the classes of
     the modules it called as its model, include a PreTrainedModel) with the kernels package installed,
     which since transformers 5 kernelizes every model from_pretrained loads unless USE_HUB_KERNELS
-    says no (transformers/modeling_utils.py, integrations/hub_kernels.py). Not where another library
-    only imported transformers."""
+    says no (transformers/modeling_utils.py, integrations/hub_kernels.py): only where one was
+    loaded so (post_import.LOADED_PRETRAINED), not for a model built from its constructor, nor where
+    another library only imported transformers."""
+    from .post_import import LOADED_PRETRAINED
+
     utils = sys.modules.get("transformers.modeling_utils")
     if os.environ.get("VEST_HUB_KERNELS") != "off" or utils is None:
         return []
     pretrained = getattr(utils, "PreTrainedModel", None)
-    if pretrained is None or not any(issubclass(t, pretrained) for t in model_types):
+    # a model from_pretrained loaded (one built from its constructor is not kernelized)
+    loaded = [t for t in LOADED_PRETRAINED if pretrained is not None and issubclass(t, pretrained)]
+    if not any(issubclass(t, lt) or issubclass(lt, t) for t in model_types for lt in loaded):
         return []
     try:
         import importlib.util

@@ -6,6 +6,8 @@ a module named in ``hooks``, the module is loaded as usual and then handed to it
 already imported is handed over at once.
 
 The hooks here:
+- transformers' ``PreTrainedModel.from_pretrained``: which models it loaded (LOADED_PRETRAINED), for
+  the note on the Hub kernels it would have swapped in (bootstrap.hub_kernels_note).
 - datasets' ``Dataset.map`` / ``Dataset.filter`` with ``num_proc`` (HF examples'
   ``--preprocessing_num_workers``; ``DatasetDict.map`` calls them per split): they would fork a pool
   of worker processes (and a manager process) to preprocess the data set; the run has one process
@@ -93,4 +95,24 @@ def _datasets(module) -> None:
             setattr(cls, name, _in_this_process(fn))
 
 
-HOOKS = {"datasets.arrow_dataset": _datasets}
+# models transformers' from_pretrained loaded (since transformers 5 it kernelizes them unless
+# USE_HUB_KERNELS says no; a model built from its constructor is not: bootstrap.hub_kernels_note)
+LOADED_PRETRAINED: list = []
+
+
+def _transformers_models(module) -> None:
+    cls = getattr(module, "PreTrainedModel", None)
+    real = getattr(cls, "from_pretrained", None)
+    if real is None:
+        return
+
+    @functools.wraps(real.__func__ if hasattr(real, "__func__") else real)
+    def from_pretrained(klass, *args, **kwargs):
+        model = real.__func__(klass, *args, **kwargs) if hasattr(real, "__func__") else real(*args, **kwargs)
+        LOADED_PRETRAINED.append(type(model))
+        return model
+
+    cls.from_pretrained = classmethod(from_pretrained)
+
+
+HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models}
