@@ -565,7 +565,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             raise _no_gpu(cmd, on_host)
         trace = AllocTrace(events, result["steps"], (f"dynamic: {cmd.display}", *result.get("notes", ())),
                            tuple(result.get("step_ends", ())), _tuples(result.get("gpu_asked")))
-        batch, flags = batch_and_flags(cmd, result)
+        batch, flags = batch_and_flags(cmd, result, world)
         if on_host:   # the GPU holds something (a metric, a buffer), but the model trains on the host
             flags += (f"the model trains on the host, not the GPU: {on_host}; the estimate is only what the "
                       "script put on the GPU besides",)
@@ -669,7 +669,7 @@ def sampled_note(sampled: list) -> str:
             "sampled on the host here, so the estimate is one draw; the real run's shapes vary by chance from step to step")
 
 
-def batch_and_flags(cmd: TrainCommand, result: dict) -> tuple[int | None, tuple[str, ...]]:
+def batch_and_flags(cmd: TrainCommand, result: dict, world: int = 1) -> tuple[int | None, tuple[str, ...]]:
     """The batch the model saw and what to flag about it. The first dimension of the model's first
     input, unless the command states a batch that is its second dimension and not its first (a
     sequence-first model: nn.LSTM, nn.Transformer without batch_first). A stated batch that is
@@ -682,6 +682,10 @@ def batch_and_flags(cmd: TrainCommand, result: dict) -> tuple[int | None, tuple[
     if stated is not None and batch is not None and batch != stated:
         if len(shape) > 1 and shape[1] == stated:
             batch = stated   # sequence-first input: (sequence, batch, ...)
+        elif world > 1 and batch * world == stated:   # a global batch the script divides (mp.spawn trainers)
+            flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}): the command's {stated} over "
+                         f"the job's {world} GPUs, as a script that takes the global batch divides it; the estimate "
+                         "is per GPU, at that batch")
         else:
             flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}) but the command states "
                          f"a batch of {stated}: the estimate is for the batch the model saw")
