@@ -906,3 +906,14 @@ def test_values_gathered_from_the_other_ranks_are_this_ranks():
         (est,), run = estimate_command(parse_train_command(["torchrun", "--nproc_per_node", "2", "gather_objects_train.py",
                                                             *args]), [A100], cwd=SCRIPTS)
         assert run.steps == 3 and run.batch_hint == 100, args
+
+
+def test_training_inputs_that_change_shape_between_steps_are_said():
+    """A size drawn per batch (multi-scale training): the traced steps saw some of the sizes, the
+    job's peak follows the largest it will draw, so the estimate says the shapes changed; with one
+    size for every batch, nothing is said."""
+    (est,), run = estimate_script("multiscale_train.py")
+    said = [f for f in run.flags if "changed shape" in f]
+    assert len(said) == 1 and "(8, 3, " in said[0]
+    (est,), run = estimate_script("multiscale_train.py", "--fixed")
+    assert not [f for f in run.flags if "changed shape" in f]

@@ -780,7 +780,7 @@ def run(ns) -> dict:
     result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
-    notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps))
+    notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps), sp.shapes_note(state))
     result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f]))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     result["step_ends"] = list(tracer.s.step_ends)

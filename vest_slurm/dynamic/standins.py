@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 import multiprocessing.process
 import os
 import weakref
@@ -117,6 +118,7 @@ class ScriptState:
     forward_marks: dict = field(default_factory=dict)
     branches: object = None   # the if bodies of the user's training loops (branches.Branches)
     written: set = field(default_factory=set)   # tensors (id) and storages the script wrote outside optimizer steps
+    input_shapes: dict = field(default_factory=dict)   # (model id, class) -> its training inputs' shapes, in order (shapes_note)
 
     def finish(self) -> None:
         if self.manual_step_pending:
@@ -899,6 +901,23 @@ def unstepped_note(state: ScriptState) -> str | None:
             "(an optimizer stepped every n-th iteration, or one kept for later); the job may need more")
 
 
+def shapes_note(state: ScriptState) -> str | None:
+    """The flag for training inputs whose shape changed from step to step (multi-scale training,
+    a random resize per batch, padding to the longest sequence of each batch): the job's peak
+    follows its largest input, which steps after the traced ones may bring."""
+    for (_, name), seen in state.input_shapes.items():
+        shapes = list(seen)
+        first = shapes[0]
+        # (an epoch's last, smaller batch is no larger input: not said)
+        if any(len(s) != len(first) or s[1:] != first[1:] or s[0] > first[0] for s in shapes[1:]):
+            largest = max(shapes, key=math.prod)
+            return (f"the {name} model's training input changed shape between the traced steps "
+                    f"({', '.join(map(str, shapes[:4]))}{', ...' if len(shapes) > 4 else ''}): the job's peak follows its "
+                    "largest input, which later steps may bring (multi-scale training, random resizing, padding to each "
+                    f"batch's longest); this estimate is for the shapes traced, the largest {largest}")
+    return None
+
+
 def drain_note(state: ScriptState) -> str | None:
     """The flag for an epoch's end that could not run to the next training step (DRAIN_BATCHES)."""
     if not state.drain_note:
@@ -1021,6 +1040,11 @@ def patched(state: ScriptState):
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
+            if torch.is_grad_enabled() and mod.training and not state.draining:   # a training forward's input
+                first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+                seen = state.input_shapes.setdefault((id(mod), type(mod).__name__), {})
+                if first is not None and len(seen) < 16:
+                    seen.setdefault(tuple(int(d) for d in first.shape), None)
             if mod not in state.models:
                 state.model_types.update(type(m) for m in mod.modules())
                 # weights made on the device (from_pretrained with a device_map, device="cuda",
