@@ -917,3 +917,11 @@ def test_training_inputs_that_change_shape_between_steps_are_said():
     assert len(said) == 1 and "(8, 3, " in said[0]
     (est,), run = estimate_script("multiscale_train.py", "--fixed")
     assert not [f for f in run.flags if "changed shape" in f]
+
+
+def test_a_share_of_the_gpu_the_script_caps_itself_at_is_said():
+    """torch.cuda.set_per_process_memory_fraction(0.5): the job runs out at half the GPU's memory,
+    which placement on the GPU's size would not see; the estimate says so, with the line."""
+    (est,), run = estimate_script("memory_fraction_train.py")
+    said = [f for f in run.flags if "caps its GPU memory at 0.5" in f]
+    assert len(said) == 1 and "memory_fraction_train.py:7" in said[0]

@@ -783,6 +783,9 @@ def run(ns) -> dict:
     notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps), sp.shapes_note(state))
     result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f]))
     result["cut_at_time_limit"] = state.cut_at_time_limit
+    from .cuda_surface import MEMORY_FRACTION
+
+    result["memory_fraction"] = MEMORY_FRACTION[0]   # (fraction, where) the script capped its share at, or None
     result["step_ends"] = list(tracer.s.step_ends)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)
     result["device_models"] = state.device_model_calls

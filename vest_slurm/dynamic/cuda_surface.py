@@ -491,8 +491,9 @@ DECISIONS: dict[str, Decision] = {
     "torch.cuda.reset_max_memory_allocated": _d(FAKE, _NOOP),
     "torch.cuda.reset_max_memory_cached": _d(FAKE, _NOOP),
     "torch.cuda.reset_accumulated_memory_stats": _d(FAKE, _NOOP),
-    "torch.cuda.set_per_process_memory_fraction": _d(FAKE, "recorded nowhere: the estimate reports the job's need, placement compares it"),
-    "torch.cuda.get_per_process_memory_fraction": _d(FAKE, "1.0, the default"),
+    "torch.cuda.set_per_process_memory_fraction": _d(FAKE, "recorded (MEMORY_FRACTION): the estimate says the job "
+                                                          "runs out past that share of the GPU"),
+    "torch.cuda.get_per_process_memory_fraction": _d(FAKE, "what the script set, else 1.0, the default"),
     "torch.cuda.get_allocator_backend": _d(FAKE, "native, or cudaMallocAsync when PYTORCH_CUDA_ALLOC_CONF says backend:cudaMallocAsync"),
     "torch.cuda.host_memory_stats": _d(FAKE, "empty: pinned host memory is not device memory"),
     "torch.cuda.host_memory_stats_as_nested_dict": _d(FAKE, "empty, as host_memory_stats"),
@@ -641,6 +642,18 @@ def undecided() -> list[str]:
 
 # ---- the patches -----------------------------------------------------------------------------------
 
+# torch.cuda.set_per_process_memory_fraction(f) as the script called it: (f, its file:line), or None.
+# The caching allocator then refuses to reserve past f of the GPU's memory (the job's OOM comes
+# there), so the estimate says what share the job gave itself (runner's flag).
+MEMORY_FRACTION: list = [None]
+
+
+def _shadow_place() -> str:
+    from ..estimate._shadow import script_frame
+
+    return script_frame()
+
+
 def patches(ans: Answers) -> list[tuple[object, str, object]]:
     """(object, attribute, replacement) for every FAKE and UNSUPPORTED API that is installed here."""
     cur = {"stream": FakeCudaStream(_stream_id=0)}
@@ -658,6 +671,12 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
 
     def mem_info(a):
         return (_total() - ans.live_bytes(), _total())
+
+    def set_fraction(a):
+        fraction = float(a["fraction"])
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")   # torch's own check
+        MEMORY_FRACTION[0] = (fraction, _shadow_place())
 
     def summary(a):
         return (f"vest-slurm fake CUDA: {ans.live_bytes()} bytes allocated now, {ans.peak_bytes()} at peak "
@@ -728,7 +747,8 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         "torch.cuda.memory_stats": lambda a: _memory_stats(ans),
         "torch.cuda.memory_stats_as_nested_dict": lambda a: _nested(_memory_stats(ans)),
         "torch.cuda.memory_summary": summary,
-        "torch.cuda.get_per_process_memory_fraction": const(1.0),
+        "torch.cuda.get_per_process_memory_fraction": lambda a: (MEMORY_FRACTION[0] or (1.0,))[0],
+        "torch.cuda.set_per_process_memory_fraction": set_fraction,
         "torch.cuda.empty_cache": lambda a: ans.empty_cache(),
         "torch.accelerator.empty_cache": lambda a: ans.empty_cache(),
         "torch.cuda.get_allocator_backend": alloc_backend,

@@ -584,6 +584,13 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
         if (growth := growth_note(trace)) is not None:
             flags += (growth,)
+        if result.get("memory_fraction") and result["memory_fraction"][0] < 1:
+            fraction, where = result["memory_fraction"]
+            flags += (f"the script caps its GPU memory at {fraction:g} of the GPU's "
+                      f"(torch.cuda.set_per_process_memory_fraction at {where}): the caching allocator refuses to reserve "
+                      f"past that share, so the job runs out of memory where its need passes {fraction:g} x the GPU's "
+                      "memory, not the GPU's memory: place it on a GPU at least need / "
+                      f"{fraction:g} large",)
         if result.get("oom"):
             live, asked, module = result["oom"]
             flags += (f"the script caught CUDA out-of-memory ({asked / MiB:,.0f} MiB asked with {live / MiB:,.0f} MiB "
