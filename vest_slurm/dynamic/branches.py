@@ -286,6 +286,13 @@ class Branches:
                 "reach it")
 
 
+def noops() -> None:
+    """The markers as no-ops, for a process the script starts (a spawned worker: spawned.py) that
+    may run code compiled here, sent by value (cloudpickle sends __main__'s functions so)."""
+    setattr(builtins, MARK, lambda ident: None)
+    setattr(builtins, OPERAND, lambda ident, k, value: value)
+
+
 class installed:
     """Context: the user's files compiled with markers (the script through runpy, the modules it
     imports from its folder through the source loader), ``MARK`` a builtin."""
