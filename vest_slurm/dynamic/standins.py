@@ -119,6 +119,7 @@ class ScriptState:
     branches: object = None   # the if bodies of the user's training loops (branches.Branches)
     written: set = field(default_factory=set)   # tensors (id) and storages the script wrote outside optimizer steps
     input_shapes: dict = field(default_factory=dict)   # (model id, class) -> its training inputs' shapes, in order (shapes_note)
+    trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
     def finish(self) -> None:
         if self.manual_step_pending:
@@ -901,12 +902,21 @@ def unstepped_note(state: ScriptState) -> str | None:
             "(an optimizer stepped every n-th iteration, or one kept for later); the job may need more")
 
 
+def _trains(state: ScriptState, mod) -> bool:
+    """Whether ``mod`` has parameters that take gradients (asked once per module)."""
+    if id(mod) not in state.trainable:
+        state.trainable[id(mod)] = any(p.requires_grad for p in mod.parameters())
+    return state.trainable[id(mod)]
+
+
 def shapes_note(state: ScriptState) -> str | None:
     """The flag for training inputs whose shape changed from step to step (multi-scale training,
     a random resize per batch, padding to the longest sequence of each batch): the job's peak
     follows its largest input, which steps after the traced ones may bring."""
     for (_, name), seen in state.input_shapes.items():
         shapes = list(seen)
+        if not shapes:
+            continue
         first = shapes[0]
         # (an epoch's last, smaller batch is no larger input: not said)
         if any(len(s) != len(first) or s[1:] != first[1:] or s[0] > first[0] for s in shapes[1:]):
@@ -1040,7 +1050,8 @@ def patched(state: ScriptState):
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
-            if torch.is_grad_enabled() and mod.training and not state.draining:   # a training forward's input
+            if torch.is_grad_enabled() and mod.training and not state.draining and _trains(state, mod):
+                # a training forward's input (not a frozen loss network's: fast_neural_style's VGG)
                 first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
                 seen = state.input_shapes.setdefault((id(mod), type(mod).__name__), {})
                 if first is not None and len(seen) < 16:

@@ -338,9 +338,9 @@ class Shadows:
                 for w in written:
                     self.forget(w)
                 return
-        if not written and not any(worthy(o) for o in outs) and \
-                not any(isinstance(a, torch.Tensor) and not worthy(a) for a in leaves):   # (whole-number floats: _counts)
-            return
+        if not written and not any(worthy(o) for o in outs) and not any(
+                isinstance(a, torch.Tensor) and not worthy(a) and (isinstance(a, FakeTensor) or _counts(a)) for a in leaves):
+            return   # (a large input mirrored only where it holds whole numbers: a shadowed one does, _counts)
         if func is aten.copy_.default and self.get(args[0]) is None:
             self._copy_into(args[0], args[1])
             return
