@@ -1189,6 +1189,7 @@ def patched(state: ScriptState):
             state.backwards_at_step, state.closure_backwards = state.backwards, 0
             state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
             state.first_forward_done = state.batch_hint_no_grad = False
+            state.input_shapes.clear()   # (the shapes the training's inputs take start here too)
 
     orig_dl_init = torch.utils.data.DataLoader.__init__
 
