@@ -781,9 +781,8 @@ def run(ns) -> dict:
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
     # (shapes the GPU's random draws decided are said by the runner's sampled note: not twice)
-    sampled = mode.shadows is not None and bool(mode.shadows.sampled_reads)
     notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps),
-             None if sampled else sp.shapes_note(state))
+             None if result["sampled"] else sp.shapes_note(state))
     result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f]))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     from .cuda_surface import MEMORY_FRACTION
