@@ -189,3 +189,60 @@ def test_counts_a_model_moved_by_keyword_and_waits_for_accumulated_steps(scripts
     params = 4 * (512 * 2048 + 2048 + 2048 * 512 + 512)
     vest, oracle = run.trace.live_peak_bytes(run.trace.step_ends[-1]), res["live_peak_bytes"]
     assert oracle >= 4 * params and abs(vest - oracle) <= 0.10 * oracle, (vest, oracle)   # weights, grads, 2 Adam states
+
+
+def test_autocast_cuda_runs_with_cudas_op_lists(scripts):
+    """autocast("cuda", bfloat16) runs on the CPU with CUDA's lists (cuda_autocast.py): the softmax
+    over attention scores is float32 there (saved for backward) and a bf16 copy feeds the next
+    matmul. With the CPU's own lists this script's count was 12.7% under vest's (20.6 against
+    23.6 MiB); with CUDA's the two are equal."""
+    command = "python autocast_bf16_train.py"
+    res = run_command(command, scripts, 3)
+    (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=scripts)
+    assert res["status"] == "ok" and res["steps"] == 3, res
+    vest, oracle = run.trace.live_peak_bytes(run.trace.step_ends[-1]), res["live_peak_bytes"]
+    assert abs(vest - oracle) <= 0.01 * oracle, (vest, oracle)
+
+
+def test_cuda_autocast_policies_and_dtypes():
+    """CUDA's policies, read from the installed torch's header, cover every aten op torch registers
+    on AutocastCUDA but cuDNN's own kernels (no CPU run reaches them), the banned one, and those
+    autocast_mode.cpp registers one by one, where the CPU's own kernel is kept (the CPU lists them
+    too): a torch that adds another makes this fail. Applied on AutocastCPU they give CUDA's dtypes;
+    a leaf weight is cast once per autocast region; the CPU's lists come back after."""
+    from vest_slurm.dynamic.cuda_autocast import BANNED, BANNED_MESSAGE, CudaAutocast, policies
+
+    table = policies()
+    cpu_registered = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"))
+    registered = {r.split("::", 1)[1] for r in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+                  if r.startswith("aten::") and r not in cpu_registered}
+    cudnn_own = {r for r in registered if "cudnn" in r}
+    names = set(table) | {q.split(".")[0] for q in table}
+    assert registered - cudnn_own - {BANNED} <= names, sorted(registered - cudnn_own - names)
+    assert table["layer_norm"] == "fp32" and table["mm"] == "lower" and table["softmax.int"] == "fp32_set_opt_dtype"
+
+    x = torch.randn(4, 8, requires_grad=True)
+    lin, ln = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+
+    def dtypes():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+            return [t.dtype for t in (y, ln(y), torch.softmax(y, -1), torch.cat([y, ln(y)]), y.norm(),
+                                      y.sum(), torch.addcmul(y, y, x))]
+    cpu = dtypes()
+    ca = CudaAutocast(lambda t: True)
+    with ca.installed() as used:
+        cuda = dtypes()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lin(x)
+            cast = ca.cache[id(lin.weight)][1]
+            lin(x)
+            assert ca.cache[id(lin.weight)][1] is cast and cast.dtype == torch.bfloat16
+            with pytest.raises(RuntimeError, match="unsafe to autocast") as err:
+                torch.nn.functional.binary_cross_entropy(torch.sigmoid(lin(x)), torch.rand(4, 8))
+            assert str(err.value) == BANNED_MESSAGE
+        assert not ca.cache   # dropped at the region's end, as torch drops its own
+    assert used
+    bf, f32 = torch.bfloat16, torch.float32
+    assert cuda == [bf, f32, f32, f32, f32, f32, f32], cuda
+    assert cpu[1:4] == [bf, bf, bf] and dtypes() == cpu

@@ -46,8 +46,9 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
   to their half dtype (_half_in_fp32), as cuBLAS and cuDNN accumulate them: the CPU's own half
   kernels are scalar fallbacks without AVX512-BF16/FP16 or AMX, too slow for a GPT's three steps.
   The outputs, and so the count, are those of the half kernels.
-- autocast("cuda") runs as autocast("cpu") at the same dtype: CPU autocast's op lists
-  (torch/amp/autocast_mode.py, aten/src/ATen/autocast_mode.cpp) are close to CUDA's but not equal.
+- autocast("cuda") runs as autocast("cpu") at the same dtype, with CUDA's op lists and policies on
+  the CPU's autocast key (cuda_autocast.py, read from the installed torch's autocast_mode.h; where
+  torch ships no headers, the CPU's own lists, which differ: layer_norm, softmax, the losses).
 - A torch function mode is off inside the torch function it handles: a ``device=cuda`` factory call
   inside torch's own Python functions (not the script's) makes an unmarked tensor (what follows from
   it with a device input is marked).
@@ -78,6 +79,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from .cuda_autocast import CudaAutocast
 
 
 class StopRun(BaseException):
@@ -480,7 +483,8 @@ def _patched(census: Census, steps: int, state: dict):
              for obj, attr, _ in patches]
     hook = register_optimizer_step_post_hook(post_step)
     # torch.cuda.device_count() as on the job's node: one GPU per process of the launch
-    with fc.cuda_answers(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), _ToCpu(census), _Census(census):
+    with fc.cuda_answers(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), _ToCpu(census), _Census(census), \
+            CudaAutocast(census.is_device).installed():
         try:
             for obj, attr, new in patches:
                 setattr(obj, attr, new)
