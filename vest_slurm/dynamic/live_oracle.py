@@ -282,8 +282,8 @@ class _ToCpu(TorchFunctionMode):
 
 
 def _gpu_kernels(census: Census):
-    """torch.nn.functional's dropout and scaled_dot_product_attention as a GPU runs them, for device
-    inputs. Patched in the module (not caught in _ToCpu): torch's own callers (nn.Dropout,
+    """torch.nn.functional's dropout, scaled_dot_product_attention and rms_norm as a GPU runs them,
+    for device inputs. Patched in the module (not caught in _ToCpu): torch's own callers (nn.Dropout,
     F.multi_head_attention_forward) call them inside a torch function, where a function mode is off."""
     F = torch.nn.functional
     dropout, sdpa = F.dropout, F.scaled_dot_product_attention
@@ -304,7 +304,69 @@ def _gpu_kernels(census: Census):
             dropout_p = 0.0
         return sdpa(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
 
-    return [(F, "dropout", gpu_dropout), (F, "scaled_dot_product_attention", gpu_sdpa)]
+    rms_norm = F.rms_norm
+    fused = _fused_rms_norm(census)
+
+    def gpu_rms_norm(input, normalized_shape, weight=None, eps=None):
+        if not census.is_device(input) or not input.is_floating_point():
+            return rms_norm(input, normalized_shape, weight, eps)
+        if torch.is_autocast_enabled("cpu"):   # CUDA's autocast lists rms_norm as float32
+            input, weight = (t.float() if t is not None and t.dtype in _HALF else t for t in (input, weight))
+        return fused.apply(input, tuple(normalized_shape), weight, eps)
+
+    return [(F, "dropout", gpu_dropout), (F, "scaled_dot_product_attention", gpu_sdpa),
+            (F, "rms_norm", gpu_rms_norm)]
+
+
+def _fused_rms_norm(census: Census):
+    """rms_norm of a device tensor as CUDA runs it: ATen's composite takes ``_fused_rms_norm`` for a
+    CUDA input (the output in the input's dtype and a float32 rstd of one element per row, saved
+    with the input and weight for ``_fused_rms_norm_backward``, which makes the two gradients), where
+    the CPU decomposes it into float32 pow, mean, rsqrt and products, each saved for backward. The
+    arithmetic is the CPU's, its intermediates unmarked (a fused kernel's registers); the results
+    are marked as that kernel's."""
+
+    def quietly(fn):
+        census.propagate, was = False, census.propagate
+        try:
+            return fn()
+        finally:
+            census.propagate = was
+
+    class FusedRmsNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, shape, weight, eps):
+            dims = tuple(range(-len(shape), 0))
+
+            def run():
+                xf = x.float()
+                rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + (torch.finfo(x.dtype).eps if eps is None else eps))
+                y = xf * rstd
+                return (y * weight.float() if weight is not None else y).to(x.dtype), rstd
+            out, rstd = quietly(run)
+            census.mark_all((out, rstd))
+            ctx.save_for_backward(x, rstd, weight)
+            ctx.dims = dims
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, rstd, weight = ctx.saved_tensors
+            dims = ctx.dims
+
+            def run():
+                xhat, g = x.float() * rstd, grad.float()
+                gy = g * weight.float() if weight is not None else g
+                gx = (rstd * (gy - xhat * (gy * xhat).mean(dims, keepdim=True))).to(x.dtype)
+                gw = None
+                if weight is not None and ctx.needs_input_grad[2]:
+                    gw = (g * xhat).sum(tuple(range(x.dim() - len(dims)))).to(weight.dtype)
+                return gx, gw
+            gx, gw = quietly(run)
+            census.mark_all((gx, gw) if gw is not None else gx)
+            return gx, None, gw, None
+
+    return FusedRmsNorm
 
 
 def _autocast_on_cpu():

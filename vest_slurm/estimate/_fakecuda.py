@@ -328,11 +328,12 @@ class _CastCache:
     """The autocast weight cast cache (autocast_mode.cpp cached_cast): casts of fp32 leaf tensors
     that require grad are kept until the outermost autocast region exits."""
 
-    def __init__(self):
+    def __init__(self, eligible=None):
         self.entries: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self.eligible = eligible or _is_fake_cuda   # a tensor on the device autocast casts
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if not (_is_fake_cuda(t) and t.is_floating_point()) or t.dtype == dtype or t.dtype == torch.float64:
+        if not (self.eligible(t) and t.is_floating_point()) or t.dtype == dtype or t.dtype == torch.float64:
             return t
         cacheable = (dtype != torch.float32 and t.dtype == torch.float32 and t.requires_grad
                      and t.is_leaf and not t._is_view() and torch.is_autocast_cache_enabled())
@@ -356,21 +357,28 @@ class _CastCache:
 CAST_CACHE = _CastCache()
 
 
-def _autocast_kernel(op, policy: str):
+def _autocast_kernel(op, policy: str, cache: _CastCache | None = None, device: str = "cuda"):
+    """CUDA autocast's ``policy`` for ``op`` (autocast_mode.h's WrapFunction_), registered on the
+    autocast key of ``device``: AutocastCUDA for vest's fake CUDA tensors, AutocastCPU for the live
+    oracle's (dynamic/cuda_autocast.py); ``cache`` casts the tensors it deems on the device."""
+    cache = CAST_CACHE if cache is None else cache
+    exclude = _AUTOCAST_KEYS if device == "cuda" else torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+        with torch._C._ExcludeDispatchKeyGuard(exclude):
             if policy == "lower":
-                dtype = torch.get_autocast_dtype("cuda")
-                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, dtype), (args, kwargs))
+                dtype = torch.get_autocast_dtype(device)
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: cache.cast(t, dtype), (args, kwargs))
             elif policy == "fp32":
-                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, torch.float32), (args, kwargs))
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: cache.cast(t, torch.float32), (args, kwargs))
             elif policy == "set_opt_dtype":
                 first = args[0] if args else None
                 name = op._schema.name
                 positional_dtype = name in ("aten::softmax", "aten::log_softmax")
                 given = args[2] if positional_dtype and len(args) > 2 else kwargs.get("dtype")
-                if _is_fake_cuda(first) and first.is_floating_point() and given is None:
-                    if positional_dtype and first.dtype == torch.float16:
+                if cache.eligible(first) and first.is_floating_point() and given is None:
+                    # (the CPU has no half-to-float softmax: the oracle converts first, a transient copy)
+                    if positional_dtype and first.dtype == torch.float16 and device == "cuda":
                         # CUDA branch of SoftMax.cpp: half input, float output, no converted copy.
                         fn = aten._softmax if name == "aten::softmax" else aten._log_softmax
                         return fn(first, args[1], True)
@@ -379,10 +387,10 @@ def _autocast_kernel(op, policy: str):
                     else:
                         kwargs = dict(kwargs, dtype=torch.float32)
             elif policy == "promote":
-                tensors = [a for a in pytree.tree_leaves((args, kwargs)) if _is_fake_cuda(a) and a.is_floating_point()]
+                tensors = [a for a in pytree.tree_leaves((args, kwargs)) if cache.eligible(a) and a.is_floating_point()]
                 if tensors:
                     widest = _widest_dtype(tensors)
-                    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: CAST_CACHE.cast(t, widest), (args, kwargs))
+                    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: cache.cast(t, widest), (args, kwargs))
             return op(*args, **kwargs)
 
     return kernel

@@ -1,6 +1,7 @@
-"""A language model's step under torch.autocast("cuda", bfloat16), written by hand: LayerNorm after
-a Linear, a softmax over attention scores, a log-softmax loss. Under CUDA's autocast those run in
-float32 (their outputs and saved tensors are float32); under the CPU's they would stay bfloat16."""
+"""A language model's step under torch.autocast("cuda", bfloat16), written by hand: a softmax over
+attention scores, LayerNorm (or RMSNorm), a log-softmax loss. Under CUDA's autocast those run in
+float32 (their outputs and saved tensors are float32); under the CPU's they would stay bfloat16.
+On a GPU, RMSNorm is one fused kernel (_fused_rms_norm) that saves the input and one rstd per row."""
 import argparse
 
 import torch
@@ -12,13 +13,18 @@ p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--seq", type=int, default=256)
 p.add_argument("--dim", type=int, default=64)
 p.add_argument("--vocab", type=int, default=256)
+p.add_argument("--norm", choices=["layer", "rms"], default="layer")
+p.add_argument("--fp32", action="store_true", help="no autocast")
 args = p.parse_args()
+
+
+Norm = nn.LayerNorm if args.norm == "layer" else nn.RMSNorm
 
 
 class Block(nn.Module):
     def __init__(self, d):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ln1, self.ln2 = Norm(d), Norm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
@@ -34,7 +40,7 @@ class LM(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(args.vocab, args.dim)
         self.blocks = nn.Sequential(Block(args.dim), Block(args.dim))
-        self.ln = nn.LayerNorm(args.dim)
+        self.ln = Norm(args.dim)
         self.head = nn.Linear(args.dim, args.vocab, bias=False)
 
     def forward(self, idx):
@@ -46,7 +52,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for step in range(5):
     idx = torch.randint(0, args.vocab, (args.batch_size, args.seq + 1))
     x, y = idx[:, :-1].cuda(), idx[:, 1:].cuda()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not args.fp32):
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
     loss.backward()
