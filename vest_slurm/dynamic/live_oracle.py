@@ -29,8 +29,8 @@ eagerly, as in the estimate, so both run the same program.
 
 Known limitations (where this count and a GPU's differ, and the estimate models the GPU):
 - Kernels are the CPU's: an op whose CUDA kernel saves or returns other tensors than its CPU kernel
-  differs (cuDNN's batch-norm reserve space, fused attention's logsumexp and RNG state, CUDA's
-  native_dropout mask of 1 byte per element against the CPU's). cuDNN's RNNs: the weights are
+  differs (cuDNN's batch-norm reserve space, fused attention's logsumexp and RNG state), but for
+  dropout, attention with dropout and rms_norm, run as CUDA runs them (_gpu_kernels). cuDNN's RNNs: the weights are
   flattened into one buffer as cuDNN's are (_fakecuda.cudnn_rnn_flatten_weight), but the CPU's LSTM /
   GRU saves its gates per time step for backward where cuDNN keeps a reserve space of its own size
   (cudnnGetRNNTempSpaceSizes, asked of a GPU), so an RNN's activations are the CPU's, not cuDNN's. Workspaces
