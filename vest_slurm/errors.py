@@ -68,6 +68,19 @@ class SlurmError(VestError):
     exit_code = EXIT_SLURM
 
 
+# The stops vest raises inside a training script's run (a value the data decides, an API it cannot
+# answer): a list while dynamic analysis runs one (bootstrap.run), so that a stop the script caught
+# in its own ``except`` and went on past is said (bootstrap.swallowed_stops), not estimated as if the
+# script had taken that path on a GPU. At most MAX_STOPS, the first ones.
+STOPS: list | None = None
+MAX_STOPS = 16
+
+
+def note_stop(e: BaseException) -> None:
+    if STOPS is not None and len(STOPS) < MAX_STOPS and not any(s is e for s in STOPS):
+        STOPS.append(e)
+
+
 class NotSupportedHere(RuntimeError):
     """Raised inside a training script's run with fake CUDA at a torch API the run cannot answer
     faithfully: vest must act, not the script (dynamic analysis classifies it vest-unsupported)."""
@@ -76,3 +89,4 @@ class NotSupportedHere(RuntimeError):
         super().__init__(f"vest cannot yet run {api} in its dynamic analysis (fake CUDA): {why}. "
                          "Describe the workload with a #VEST line (e.g. #VEST --model ... --batch-size ...) instead")
         self.api = api
+        note_stop(self)

@@ -71,6 +71,49 @@ class Refused(PermissionError):
 
 # ---- sandbox -----------------------------------------------------------------------------------
 
+def _local_host(host) -> bool:
+    """An address of this machine only: the wildcard, localhost, loopback."""
+    if not isinstance(host, str):
+        return False
+    return host in ("", "0.0.0.0", "::", "localhost", "::1") or host.startswith("127.")
+
+
+class _AnyFileIO(type):
+    """io.FileIO's stand-in is the real class to isinstance (numpy's and joblib's checks of a file
+    object that open() made)."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, _REAL_FILE_IO)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _REAL_FILE_IO)
+
+
+_REAL_FILE_IO = io.FileIO
+
+
+def _overlaid_file_io(sandbox: "Sandbox", busy, writing_mode):
+    """io.FileIO made by the script or a library (blobfile's writer subclasses it) through the
+    overlay, as open() is; built-in open() makes its own FileIO in C, which this does not see."""
+
+    class FileIO(_REAL_FILE_IO, metaclass=_AnyFileIO):
+        def __init__(self, file, mode="r", closefd=True, opener=None):
+            if not isinstance(file, int) and not getattr(busy, "on", False):
+                busy.on = True
+                try:
+                    if not writing_mode(mode):
+                        file = sandbox.seen(file)
+                    elif "w" in mode or "x" in mode:
+                        file = sandbox.written(file)
+                    else:
+                        file = sandbox.update(file)
+                finally:
+                    busy.on = False
+            super().__init__(file, mode, closefd, opener)
+
+    return FileIO
+
+
 class Sandbox:
     """Writes only in ``tmpdir``, no network, no new processes. Writes to other paths are
     redirected into ``tmpdir/redirected/<the absolute path>``, and the script sees an overlay: a
@@ -248,6 +291,7 @@ class Sandbox:
         builtins.open = open_
         io.open = open_
         os.open = os_open
+        io.FileIO = _overlaid_file_io(sandbox, busy, writing_mode)
         for name in ("stat", "lstat", "access") + _ON_ITS_COPY:
             if name in real:   # a file outside, never written: the audit hook refuses what changes it
                 setattr(os, name, guarded(reading(name), real[name]))
@@ -348,6 +392,8 @@ class Sandbox:
             addr = args[1] if len(args) > 1 else None
             if isinstance(addr, str) or (isinstance(addr, bytes)):
                 return   # AF_UNIX of the process itself is harmless; nothing leaves the machine
+            if event == "socket.bind" and isinstance(addr, tuple) and addr and _local_host(addr[0]):
+                return   # a local port taken (a free MASTER_PORT found by binding port 0): nothing is sent
             self.refused.append(f"network {event} {addr!r}")
             raise Refused(f"vest: the training script tried to use the network ({event} {addr!r}); "
                           "estimates run without network access")
@@ -444,7 +490,10 @@ _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "
                      "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator",
                      # the autograd engine asked about a CUDA context: under torch.func's transforms
                      # (grad, vjp, vmap of grad) its wrappers carry the fake tensors' CUDA device to C++
-                     "hasPrimaryContext")
+                     "hasPrimaryContext",
+                     # the CUDA driver loaded by the script's own code (a kernel compiled at run time:
+                     # torch.cuda._compile_kernel, cupy, pynvml): there is none on a login node
+                     "libcuda.so")
 
 
 def _api_called(tb) -> str | None:
@@ -669,6 +718,9 @@ def run(ns) -> dict:
                            world_size=ns.world_size, branches=branches)
     result: dict = {"status": STATUS_OK, "steps": 0}
     target = ns.module or ns.script
+    from .. import errors
+
+    errors.STOPS, final = [], None   # the stops vest raises in the run (swallowed_stops)
     sys.argv = [ns.script or ns.module] + list(ns.args)
     if ns.script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
@@ -736,6 +788,7 @@ def run(ns) -> dict:
             # GPU class answering them alike makes the same run, so it is not run again there)
             result["gpu_asked"] = fc.gpu_asked()
     except BaseException as e:  # the script failed by itself, or fake tensors could not answer it
+        final = e
         traceback.print_exc()   # into the kept log; the parent prints it with VEST_TRACEBACK=1
         where, line = _user_frame(e.__traceback__, ns.script)
         kind = classify(e)
@@ -795,6 +848,21 @@ def run(ns) -> dict:
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
     result["processes"] = sandbox.started[:20]
+    swallowed = swallowed_stops(errors.STOPS, final, ns.script)
+    errors.STOPS = None
+    if swallowed:
+        stop = swallowed[0]
+        said = (f"vest stopped the run at {stop['where'] or 'a torch call'} ({stop['kind']}: {stop['message']}), "
+                f"and the script's own try/except around {stop['caught']} caught that and went on")
+        if result["status"] == STATUS_OK and state.steps > 0:
+            result["standin_flags"].append(
+                f"{said}: what was traced after it is the path the script takes when that call fails, which on a "
+                "GPU, with real values, it may not take (a self-test such as an AMP check passes there)")
+        elif result["status"] in (STATUS_OK, "script-error", "script-exit"):
+            # the run then failed or ended without training: that stop is the cause, not the script
+            then = result.get("message") or "it ended without a training step"
+            result.update(status=stop["kind"], message=f"{said}; then: {then}", where=stop["where"], line=None,
+                          api=stop["api"])
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
                       "followed by parameter updates, or forward passes under grad")
@@ -814,6 +882,35 @@ def run(ns) -> dict:
         result["fsdp"]["tp"] = tp["tp"]
     result["notes"] = list(trace.notes) + hub_kernels_note(state.model_types) + ([tp["note"]] if tp else [])
     return result
+
+
+def swallowed_stops(stops, final: BaseException | None, script: str | None) -> list[dict]:
+    """The stops vest raised in the run (errors.STOPS: a data-dependent value, an API it cannot
+    answer) that code outside vest caught and went on past (a ``try: ... except Exception:`` around
+    an AMP self-test, a logger's catch-all around the whole training): not the failure that ended
+    the run, nor in its chain of causes. The frame that caught one is the first of its traceback.
+    Each: its kind, message, the user's line that raised it, the line that caught it, the API."""
+    ended, e = set(), final
+    while e is not None and id(e) not in ended:
+        ended.add(id(e))
+        e = e.__cause__ or e.__context__
+    out = []
+    for stop in stops or ():
+        tb = stop.__traceback__
+        if id(stop) in ended or tb is None:   # the run's own end, or made and never raised
+            continue
+        caught = tb.tb_frame.f_code.co_filename
+        if os.sep + "vest_slurm" + os.sep in caught:   # vest's own fallback
+            continue
+        where, _ = _user_frame(tb, script)
+        kind, text = classify(stop), str(stop).strip().splitlines()
+        said = f"{type(stop).__name__}: {text[0][:200] if text else ''}"
+        if kind == "data-dependent":
+            said = f"{text[0][:120] if text else type(stop).__name__} needs values a fake tensor does not have"
+        out.append({"kind": kind, "message": said, "where": where,
+                    "caught": f"{caught}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})",
+                    "api": getattr(stop, "api", None) or _api_called(tb)})
+    return out
 
 
 def hub_kernels_note(model_types) -> list[str]:

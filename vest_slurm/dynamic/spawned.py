@@ -45,9 +45,12 @@ def pools_in_threads() -> None:
     its tasks in threads of the script's process instead (``multiprocessing.pool.ThreadPool``, the
     same API): host work such as a data set scanning its files with ``Pool().imap`` (Pytorch-UNet)
     runs, where a fork, whose GPU work the estimate would not see, is refused. The threads carry
-    the run's fake CUDA and sandbox as the script's own threads do. Pools of spawn and forkserver
-    stay processes (install)."""
+    the run's fake CUDA and sandbox as the script's own threads do; so does concurrent.futures'
+    ProcessPoolExecutor (a ThreadPoolExecutor). Pools of spawn and forkserver stay processes (install)."""
     import multiprocessing
+    import multiprocessing.pool as mp_pool
+    from concurrent import futures
+    from concurrent.futures import process as futures_process
     from multiprocessing import context
     from multiprocessing.pool import ThreadPool
 
@@ -60,6 +63,24 @@ def pools_in_threads() -> None:
 
     context.BaseContext.Pool = pool
     multiprocessing.Pool = pool.__get__(context._default_context)
+
+    # the class itself (`from multiprocessing.pool import Pool`: YOLOv5's and ultralytics' label
+    # caches), and concurrent.futures' process pool, made with the default (fork) context: the
+    # same, through __new__ (a subclass, so `class MyPool(Pool)` and isinstance keep working)
+    class Pool(mp_pool.Pool):
+        def __new__(cls, processes=None, initializer=None, initargs=(), maxtasksperchild=None, context=None):
+            if cls is Pool and (context or multiprocessing.get_context()).get_start_method() == "fork":
+                return ThreadPool(processes, initializer, initargs)
+            return super().__new__(cls)
+
+    class ProcessPoolExecutor(futures_process.ProcessPoolExecutor):
+        def __new__(cls, max_workers=None, mp_context=None, initializer=None, initargs=(), **kwargs):
+            if cls is ProcessPoolExecutor and (mp_context or multiprocessing.get_context()).get_start_method() == "fork":
+                return futures.ThreadPoolExecutor(max_workers, initializer=initializer, initargs=initargs)
+            return super().__new__(cls)
+
+    mp_pool.Pool = Pool
+    futures.ProcessPoolExecutor = futures_process.ProcessPoolExecutor = ProcessPoolExecutor
 
 
 def _quote(s: str) -> str:

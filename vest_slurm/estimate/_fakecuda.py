@@ -70,6 +70,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
                                            FakeTensorMode, UnsupportedOperatorException)
 from torch.utils import _pytree as pytree
 
+from ..errors import note_stop
 from . import _known, _shadow
 
 DEVICE = torch.device("cuda", 0)
@@ -755,7 +756,11 @@ class FakeCudaMode(FakeTensorMode):
         if isinstance(func, torch._ops.HigherOrderOperator):
             return self._higher_order(func, types, args, kwargs or {})
         with self._lock:
-            return self._dispatch(func, types, args, kwargs)
+            try:
+                return self._dispatch(func, types, args, kwargs)
+            except (DataDependentOutputException, DynamicOutputShapeException) as e:
+                note_stop(e)   # a value the data decides: said if the script catches it and goes on
+                raise
 
     def _higher_order(self, func, types, args, kwargs):
         """A higher-order operator under this mode: the rule torch registered for FakeTensorMode (its

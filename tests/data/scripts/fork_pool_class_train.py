@@ -1,0 +1,25 @@
+"""Label files checked with a fork Pool made through its class, and image sizes read with a
+ProcessPoolExecutor, before training: host work, as a data set's cache scan does it."""
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.pool import Pool
+
+import torch
+import torch.nn as nn
+
+
+def check(i):
+    return i * i
+
+
+with Pool(2) as pool:
+    labels = list(pool.imap(check, range(16)))
+with ProcessPoolExecutor(2) as ex:
+    sizes = list(ex.map(check, range(8)))
+assert labels[3] == 9 and sizes[2] == 4
+model = nn.Linear(128, 10).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    loss = model(torch.randn(32, 128, device="cuda")).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
