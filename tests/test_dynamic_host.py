@@ -870,6 +870,9 @@ def test_a_fork_pool_of_host_work_runs_in_threads():
     The classes it found (4: 0-3) size the model."""
     (est,), run = estimate_script("fork_pool_scan_train.py")
     assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (4 * 3 * 3 * 3 + 4)
+    # the class itself (`from multiprocessing.pool import Pool`) and a ProcessPoolExecutor, likewise
+    (est,), run = estimate_script("fork_pool_class_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (128 * 10 + 10)
 
 
 def test_an_op_that_fails_on_real_tensors_too_is_the_scripts_error():
@@ -925,3 +928,89 @@ def test_a_share_of_the_gpu_the_script_caps_itself_at_is_said():
     (est,), run = estimate_script("memory_fraction_train.py")
     said = [f for f in run.flags if "caps its GPU memory at 0.5" in f]
     assert len(said) == 1 and "memory_fraction_train.py:7" in said[0]
+
+
+def test_a_stop_the_script_catches_is_said_not_estimated_as_its_fallback():
+    """vest's own stop (a shape the data decides) raised inside the script's try/except: an AMP
+    self-test that then reports failure (the script trains in float32, which on a GPU it would not)
+    is FLAGGED with where vest stopped and where the script caught it; a catch-all around the whole
+    training that then ends without a step is refused as data-dependent at the line that stopped,
+    not blamed on the script's arguments."""
+    (est,), run = estimate_script("swallowed_stop_train.py", "--mode", "amp-check")
+    assert run.steps == 3
+    said = [f for f in run.flags if "try/except around" in f]
+    assert len(said) == 1 and "swallowed_stop_train.py:22" in said[0] and "(in amp_works)" in said[0], run.flags
+    with pytest.raises(EstimateError) as e:
+        estimate_script("swallowed_stop_train.py", "--mode", "catch-all")
+    assert e.value.kind == "data-dependent" and e.value.where.endswith("swallowed_stop_train.py:41"), e.value
+    assert "caught that and went on" in e.value.what and "without a training step" in e.value.what
+
+
+def test_a_local_port_bound_to_find_a_free_one_is_not_network_use():
+    """`socket.bind(("", 0))` to pick MASTER_PORT (the DDP helpers' idiom) takes a port of this
+    machine and sends nothing: it runs (it was refused as network use). Connections stay refused
+    (test_dynamic.py's sandbox test)."""
+    (est,), run = estimate_script("free_port_train.py")
+    assert run.steps == 3 and any(e.module == "ddp_buckets" for e in run.trace.events)
+
+
+def test_an_epochs_end_with_no_dataloader_to_end_is_traced_or_said():
+    """An evaluation at each epoch's end, at a batch 8x the training one. Batches read one ahead by
+    a generator that drained its DataLoader by the epoch's last step (timm's PrefetchLoader): the run
+    goes on past the traced steps to the next training step, and the evaluation is in the estimate
+    (it ended at the steps before, no word). Batches sliced from tensors in memory: the epoch is
+    longer than the steps, its end is not reached, and the estimate says where it is."""
+    (est,), run = estimate_script("epoch_end_sliced_train.py", "--mode", "prefetch")
+    steps_peak = run.trace.live_peak_bytes(run.trace.step_ends[-1])
+    held_out = 64 * 32 * 64 * 64 * 4   # one of the evaluation's activations (batch 64, 32 channels)
+    assert run.steps == 3 and run.trace.live_peak_bytes() >= steps_peak + held_out
+    assert not [f for f in run.flags if "was not reached" in f], run.flags
+    (est,), run = estimate_script("epoch_end_sliced_train.py", "--mode", "sliced")
+    said = [f for f in run.flags if "end of the training loop's iteration" in f]
+    assert len(said) == 1 and "epoch_end_sliced_train.py:47" in said[0] and "line 43" in said[0], run.flags
+
+
+def test_a_period_in_the_else_arm_of_a_switch_that_was_on_is_not_said():
+    """Gradient accumulation written in both arms of `if args.amp:` (ConvNeXt's and DeiT's
+    engine.py): with AMP on, the else arm never runs, so its `if (it + 1) % accum == 0:` is not a
+    missed period (it was said, with the advice to shorten it)."""
+    for args in (("--amp",), ()):
+        (est,), run = estimate_script("amp_switch_accum_train.py", *args)
+        assert run.steps == 3 and not [f for f in run.flags if "not reached" in f], (args, run.flags)
+
+
+def test_inputs_of_a_model_called_with_keywords_that_change_shape_are_said():
+    """`model(input_ids=..., labels=...)` (transformers', TRL's loops) with each batch padded to its
+    longest: global hooks see no positional input at the top, so the shapes were not compared and the
+    estimate was for the first lengths, with no word. The token embedding's input says them."""
+    (est,), run = estimate_script("padded_lm_kwargs_train.py")
+    said = [f for f in run.flags if "changed shape" in f]
+    assert len(said) == 1 and "(4, 48), (4, 96), (4, 64)" in said[0], run.flags
+    (est,), run = estimate_script("padded_lm_kwargs_train.py", "--fixed")
+    assert not [f for f in run.flags if "changed shape" in f]
+
+
+def test_a_kernel_the_script_compiles_for_the_gpu_is_vests_gap():
+    """torch.cuda._compile_kernel (NVRTC, then the CUDA driver) in a script: it runs on any GPU
+    node; here no driver loads (OSError: libcuda.so.1), which is vest's limit, not the script's."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("runtime_kernel_train.py")
+    assert e.value.kind == "vest-unsupported" and e.value.where.endswith("runtime_kernel_train.py:6"), e.value
+
+
+def test_a_preflight_forward_that_builds_no_graph_does_not_say_the_batch():
+    """A batch-1 inference through a wrapper that turns grad off inside its own forward (YOLOv5's
+    AMP check through AutoShape), called under grad: it built no graph, so it is setup, and the
+    training forward says the batch (it said 1 and flagged the command's 16)."""
+    (est,), run = estimate_script("wrapped_precheck_train.py")
+    assert run.steps == 3 and run.batch_hint == 16 and not [f for f in run.flags if "saw a batch" in f], run.flags
+
+
+def test_files_written_through_fileio_go_to_the_overlay():
+    """io.FileIO opened for writing (blobfile's local writer subclasses it) was refused as a write
+    outside the temp dir; it goes to the overlay as open() does, the script reads it back, and
+    open()'s own files are still io.FileIO to isinstance. Nothing is written into the script's dir."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("fileio_checkpoint_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    assert any(p.endswith(os.path.join("fileio_ckpt", "model000000.pt")) for p in run.redirected_writes)

@@ -71,6 +71,8 @@ class _If:
     calls: tuple         # what its body calls beyond HOST_ONLY (Branches.work looks into the user's functions)
     within: int | None   # the marked if whose body holds this one (in the same loop)
     switches: tuple      # operands of a top-level `and` that do not read the progress (the job's configuration)
+    after: tuple | None = None   # not an if: the rest of a loop's body after the statement on these lines
+    arm: bool = False    # not an if: the else arm of one (never said itself; the ifs in it are within it)
 
 
 def _dotted(node) -> str | None:
@@ -118,6 +120,8 @@ def _on_host(call: ast.Call) -> bool:
     root = call.func
     while isinstance(root, (ast.Attribute, ast.Call)):   # boto3.client("s3").upload_fileobj(...)
         root = root.value if isinstance(root, ast.Attribute) else root.func
+    if _callee(call) == "step" and isinstance(call.func, ast.Attribute) and "sched" in (_dotted(call.func.value) or "").lower():
+        return True   # a learning-rate scheduler's step: arithmetic on the optimizer's lr
     return _callee(call) in HOST_ONLY or (isinstance(root, ast.Name) and root.id in HOST_MODULES)
 
 
@@ -125,6 +129,11 @@ def _calls(nodes) -> tuple:
     """The names ``nodes`` call beyond the host (HOST_ONLY, HOST_MODULES), in order."""
     return tuple(dict.fromkeys(name for n in _walk_own(nodes)
                                if isinstance(n, ast.Call) and not _on_host(n) and (name := _callee(n))))
+
+
+def _is_mark(node) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+        isinstance(node.value.func, ast.Name) and node.value.func.id == MARK
 
 
 class _Marker(ast.NodeTransformer):
@@ -143,7 +152,34 @@ class _Marker(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _scope
 
     def _loop(self, node):
-        return self._scope(node, loop=True)
+        node = self._scope(node, loop=True)
+        outer = self.loops, self.within
+        self.loops, self.within = [*self.loops, (node, _progress_names(node))], []
+        try:
+            node.body = self._mark_after(node.body)
+        finally:
+            self.loops, self.within = outer
+        return node
+
+    def _mark_after(self, body: list) -> list:
+        """A marker before each statement of a loop's body that follows an inner loop or a call of
+        more than the host's (``for batch in ...: step()`` then ``evaluate()``; ``train_one_epoch()``
+        then ``validate()``): where the training steps ran inside that statement, what comes after
+        it is the iteration's end (an epoch's evaluation), reached or not."""
+        out = []
+        for i, stmt in enumerate(body):
+            prev = body[i - 1] if i else None
+            if prev is not None and not _is_mark(stmt) and (
+                    isinstance(prev, (ast.For, ast.AsyncFor, ast.While)) or
+                    (isinstance(prev, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.With)) and _calls([prev]))):
+                rest = [n for n in body[i:] if not _is_mark(n)]
+                ident = self.owner.add(_If(self.filename, stmt.lineno, f"after line {prev.lineno}",
+                                           tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops)),
+                                           True, _calls(rest), self.within[-1] if self.within else None, (),
+                                           after=(prev.lineno, prev.end_lineno)))
+                out.append(ast.copy_location(ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(ident)], [])), stmt))
+            out.append(stmt)
+        return out
 
     visit_For = visit_AsyncFor = visit_While = _loop
 
@@ -168,7 +204,19 @@ class _Marker(ast.NodeTransformer):
         self.within.append(ident)   # an if in the body is entered only where this one is
         node.body = [self.visit(n) for n in node.body]
         self.within.pop()
-        node.orelse = [self.visit(n) for n in node.orelse]   # (an elif: entered where this one is not)
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node.orelse = [self.visit(node.orelse[0])]   # an elif: entered where this one is not
+        elif node.orelse:
+            # an else arm: the ifs in it are entered only where it is (`if use_amp: ... else:
+            # loss.backward(); if (it + 1) % k == 0: step()`, with AMP on, is not a missed period)
+            arm = self.owner.add(_If(self.filename, node.orelse[0].lineno, f"else of line {node.lineno}",
+                                     tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops)),
+                                     False, (), self.within[-1] if self.within else None, (), arm=True))
+            self.within.append(arm)
+            node.orelse = [self.visit(n) for n in node.orelse]
+            self.within.pop()
+            node.orelse.insert(0, ast.copy_location(
+                ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(arm)], [])), node.orelse[0]))
         mark = ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(ident)], []))
         node.body.insert(0, ast.copy_location(mark, node.body[0]))
         return node
@@ -279,22 +327,33 @@ class Branches:
                 continue
             if any((i, k) in self.switched and (i, k) not in self.switched_on for k in b.switches):
                 continue   # a switch of the job's configuration that was off each time: not a matter of steps
-            if any(file == b.file and any(a <= line <= z for a, z in b.loops) for file, line in self.step_lines):
+            # an iteration's end: said where the training steps ran inside the statement before it
+            around = [b.after] if b.after else b.loops
+            if any(file == b.file and any(a <= line <= z for a, z in around) for file, line in self.step_lines):
                 out.append(b)
         return sorted(out, key=lambda b: (b.file, b.line))
 
     def note(self, steps: int) -> str | None:
         found = self.unreached()
-        if not found:
-            return None
-        where = "; ".join(f"{os.path.basename(b.file)}:{b.line} (`if {b.test}:`, which calls {', '.join(self.work(b.calls)[:3])})"
-                          for b in found[:SAID])
-        more = f" and {len(found) - SAID} more" if len(found) > SAID else ""
-        return (f"the training loop's branch{'es' if len(found) > 1 else ''} at {where}{more} "
-                f"{'were' if len(found) > 1 else 'was'} not reached in the {steps} step(s) traced (nor at an epoch's end): "
-                f"what {'they do' if len(found) > 1 else 'it does'} on the GPU (an evaluation, sampling, a checkpoint) is "
-                "not in the estimate; to trace it, run the command with the period shortened so that the first steps "
-                "reach it")
+        ifs, ends = [b for b in found if not b.after], [b for b in found if b.after]
+        said = []
+        if ifs:
+            where = "; ".join(f"{os.path.basename(b.file)}:{b.line} (`if {b.test}:`, which calls "
+                              f"{', '.join(self.work(b.calls)[:3])})" for b in ifs[:SAID])
+            more = f" and {len(ifs) - SAID} more" if len(ifs) > SAID else ""
+            said.append(f"the training loop's branch{'es' if len(ifs) > 1 else ''} at {where}{more} "
+                        f"{'were' if len(ifs) > 1 else 'was'} not reached in the {steps} step(s) traced (nor at an epoch's "
+                        f"end): what {'they do' if len(ifs) > 1 else 'it does'} on the GPU (an evaluation, sampling, a "
+                        "checkpoint) is not in the estimate; to trace it, run the command with the period shortened so "
+                        "that the first steps reach it")
+        if ends:
+            where = "; ".join(f"{os.path.basename(b.file)}:{b.line} (after the steps' loop or call at line {b.after[0]}; "
+                              f"it calls {', '.join(self.work(b.calls)[:3])})" for b in ends[:SAID])
+            said.append(f"the end of the training loop's iteration at {where} was not reached in the {steps} step(s) "
+                        "traced: its batches do not come from a DataLoader whose epoch vest can end early, so what the "
+                        "script does there on the GPU (an evaluation, sampling) is not in the estimate; to trace it, run "
+                        "the command on a data set of a few batches")
+        return "; and ".join(said) or None
 
 
 def noops() -> None:

@@ -119,10 +119,11 @@ class ScriptState:
     branches: object = None   # the if bodies of the user's training loops (branches.Branches)
     written: set = field(default_factory=set)   # tensors (id) and storages the script wrote outside optimizer steps
     input_shapes: dict = field(default_factory=dict)   # (model id, class) -> its training inputs' shapes, in order (shapes_note)
+    shape_from: tuple | None = None   # that key, while a training forward called with keywords only awaits its input's shape
     trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
     def finish(self) -> None:
-        if self.manual_step_pending:
+        if self.manual_step_pending and not self.tracer.frozen:   # (not after the run's end: a step of the epoch's end)
             self.close_manual_step(stop=False)
         self.tracer.s.phase = "other"
 
@@ -131,14 +132,16 @@ class ScriptState:
             self.branches.at_step()   # the user's lines this step came from: its training loops
         tr = self.tracer
         tr.s.phase = "other"
-        if stop and self.draining:
+        if self.draining:
             # a step while draining, before a loader was iterated anew: the batch a wrapper had
             # fetched ahead (accelerate's DataLoaderShard, Lightning's fetcher hold the next one),
             # trained as the job does, as part of the epoch's end (not one of the traced steps);
             # one such is the epoch's last, a second means the loop does not end with its loader
-            if self.drain_armed or self.drain_extra:
-                self.end_drain()
-            self.drain_extra += 1
+            # (and the run's end, closing a hand-written step, counts none)
+            if stop:
+                if self.drain_armed or self.drain_extra:
+                    self.end_drain()
+                self.drain_extra += 1
             return
         self.steps += 1
         tr.s.iteration = self.steps
@@ -153,13 +156,19 @@ class ScriptState:
             raise self.stop()
 
     def start_drain(self) -> bool:
-        """Go on to the end of the epoch (DRAIN_BATCHES) where the training batches come from a
-        DataLoader iterator the script still holds; False where there is none."""
-        it = self.loader_iter() if self.loader_iter is not None else None
-        if it is None or self.draining:
+        """Go on to the end of the epoch (DRAIN_BATCHES): where the training batches come from a
+        DataLoader iterator the script still holds, its epoch ends now; where none (batches sliced
+        from tensors, or a wrapper that read its loader to the end ahead of the steps), the run goes
+        on to the next training step, which ends it (the epoch's end is traced where it comes first;
+        branches.py says an iteration's end that was not reached)."""
+        if self.draining:
             return False
-        it._vest_end = True
+        it = self.loader_iter() if self.loader_iter is not None else None
         self.draining, self.epoch_ended, self.drain_armed, self.drain_extra = True, False, False, 0
+        if it is None:
+            self.epoch_ended = self.drain_armed = True
+        else:
+            it._vest_end = True
         return True
 
     def stop_draining(self, why: str | None = None) -> None:
@@ -1039,6 +1048,7 @@ def patched(state: ScriptState):
                 state.host_model_names.setdefault(type(mod).__name__, None)
             return
         if state.depth == 0:
+            state.shape_from = None
             if state.manual_step_pending:
                 state.close_manual_step()
             if state.batch_hint_no_grad and torch.is_grad_enabled():
@@ -1056,6 +1066,11 @@ def patched(state: ScriptState):
                 seen = state.input_shapes.setdefault((id(mod), type(mod).__name__), {})
                 if first is not None and len(seen) < 16:
                     seen.setdefault(tuple(int(d) for d in first.shape), None)
+                elif first is None:
+                    # called with keywords only (`model(**batch)`, `model(input_ids=...)`: transformers,
+                    # peft, TRL), which global hooks do not see: the first tensor a submodule is
+                    # given positionally (the token embedding's ids) is its input's shape
+                    state.shape_from = (id(mod), type(mod).__name__)
             if mod not in state.models:
                 state.model_types.update(type(m) for m in mod.modules())
                 # weights made on the device (from_pretrained with a device_map, device="cuda",
@@ -1075,6 +1090,13 @@ def patched(state: ScriptState):
             # autocast entered inside the model's outermost module: a wrapper's forward (Fabric's
             # _FabricModule runs its precision plugin's forward_context there)
             state.precision = _autocast_precision()
+        if state.shape_from is not None and state.depth > 0:
+            first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+            if first is not None:
+                seen = state.input_shapes.setdefault(state.shape_from, {})
+                if len(seen) < 16:
+                    seen.setdefault(tuple(int(d) for d in first.shape), None)
+                state.shape_from = None
         if not state.first_forward_done and state.depth < state.batch_hint_depth:
             # the batch: the first dimension of the first tensor given to the model; a model called
             # with keyword arguments only (which global hooks do not see: transformers, peft
@@ -1096,6 +1118,12 @@ def patched(state: ScriptState):
         state.depth = max(0, state.depth - 1)
         if state.depth == 0:
             tr.s.phase = "other"
+            if not state.first_forward_done and not state.batch_hint_no_grad and not any(
+                    isinstance(t, torch.Tensor) and t.requires_grad for t in torch.utils._pytree.tree_leaves(out)):
+                # a forward that built no graph, though called under grad: a wrapper that turns
+                # grad off inside (YOLOv5's AMP check through AutoShape, a profiler's dummy input):
+                # setup, as under no_grad; the first forward under grad says the batch
+                state.batch_hint_no_grad = True
             state.first_forward_done = True
             state.forward_since_backward = True
 
