@@ -767,7 +767,6 @@ def test_the_run_waits_for_every_optimizer_to_step_and_says_when_one_never_did()
     g = (64 * 512 + 512) + (512 * 1024 + 1024)
     d = (1024 * 128 + 128) + (128 + 1)
     (est,), run = estimate_script("critic_steps_train.py")
-    assert "live_tensor_peak_steps" not in dict(est.breakdown)   # no loader: the run stopped at its steps
     assert run.steps == 6 and dict(est.breakdown)["optimizer_state"] == 2 * 4 * (g + d)
     assert not [f for f in run.flags if "did not step" in f]
     late = 3 * WAIT_FOR_OPTIMIZERS + 1

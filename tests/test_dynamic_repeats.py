@@ -47,8 +47,11 @@ def test_repeated_eval_and_sampling_calls_replay_the_events_running_them_makes(m
     # evaluations before each of the 3 steps: the first's 1st call holds one-time work (the main
     # thread's cuBLAS workspace), its 2nd and 3rd make the same events: 3 + 6 + 6 replayed.
     # Sampling after the first two steps: the full context 9 calls each (7 + 9 replayed); the 15
-    # shorter contexts of the first sampling are confirmed in the second, not replayed
-    assert run.repeats_replayed == 3 + 6 + 6 + 7 + 9
+    # shorter contexts of the first sampling are confirmed in the second, not replayed. With no
+    # DataLoader, the run goes on past the third step to the next training forward
+    # (standins.start_drain): the third sampling (its 15 shorter contexts and 9 full ones) and the
+    # fourth evaluation (6), all replayed
+    assert run.repeats_replayed == 3 + 6 + 6 + 7 + 9 + (15 + 9 + 6)
     assert renumbered(run.trace.events) == renumbered(run_all.trace.events)
     assert run.trace.step_ends == run_all.trace.step_ends
     assert est.peak_bytes == est_all.peak_bytes and est.breakdown == est_all.breakdown
@@ -63,8 +66,10 @@ def test_a_flag_switched_in_the_models_config_object_is_another_call(monkeypatch
     (_est,), run_all = estimate_script("--switch")
     assert renumbered(run.trace.events) == renumbered(run_all.trace.events)
     # as without --switch, but the calls after the switch are new keys: the second sampling's full
-    # context replays 7 of 9, the last evaluation 4 of 6
-    assert run.repeats_replayed == 3 + 7 + 6 + 7 + 4
+    # context replays 7 of 9, the third evaluation 4 of 6; after the third step (the run goes on to
+    # the next training forward) the third sampling's 9 full contexts (its 15 shorter ones, new at the
+    # switch, are confirmed there) and the fourth evaluation's 6
+    assert run.repeats_replayed == 3 + 7 + 6 + 7 + 4 + (9 + 6)
 
 
 @pytest.mark.parametrize("flag", ["--cache", "--counter"])
