@@ -12,6 +12,7 @@ import itertools
 import math
 import multiprocessing.process
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -937,6 +938,31 @@ def shapes_note(state: ScriptState) -> str | None:
     return None
 
 
+def _next_in_a_generator(frame) -> bool:
+    """The caller of a loader's __next__ is a generator that called next() on it outside any
+    try block of its own (not a for loop, which ends at a StopIteration; not accelerate's
+    DataLoaderShard, which catches it): a StopIteration raised there becomes a RuntimeError
+    (PEP 479). The try blocks are the code's exception table (dis._parse_exception_table; the
+    entry Python 3.12 adds around a generator's body to make that RuntimeError is not one); where
+    it cannot be read, False (the epoch ends as for any loader)."""
+    import dis
+    import inspect
+
+    if frame is None or not frame.f_code.co_flags & inspect.CO_GENERATOR:
+        return False
+    code, at = frame.f_code, frame.f_lasti
+    if not 0 <= at < len(code.co_code) or dis.opname[code.co_code[at]] == "FOR_ITER":
+        return False
+    parse = getattr(dis, "_parse_exception_table", None)
+    if parse is None:
+        return False
+    try:
+        handlers = {i.offset: i.opname for i in dis.get_instructions(code)}
+        return not any(e.start <= at < e.end and handlers.get(e.target) != "CALL_INTRINSIC_1" for e in parse(code))
+    except Exception:   # noqa: BLE001  (a private helper of dis: its form may change)
+        return False
+
+
 def drain_note(state: ScriptState) -> str | None:
     """The flag for an epoch's end that could not run to the next training step (DRAIN_BATCHES)."""
     if not state.drain_note:
@@ -1249,9 +1275,15 @@ def patched(state: ScriptState):
             # (not before: a wrapper that fetched the next batch ahead, accelerate's DataLoaderShard
             # or Lightning's fetcher, still trains on it, as the job does)
             drawn = getattr(self, "_vest_drawn", 0)
-            if getattr(self, "_vest_end", False) or drawn >= DRAIN_BATCHES:
+            if (getattr(self, "_vest_end", False) or drawn >= DRAIN_BATCHES) and not _next_in_a_generator(sys._getframe(1)):
                 state.epoch_ended = True
                 raise StopIteration   # the epoch ends (DRAIN_BATCHES)
+            if getattr(self, "_vest_end", False):
+                # read by next() inside a generator (YOLOv5's InfiniteDataLoader), where a
+                # StopIteration becomes "generator raised StopIteration" (PEP 479): this epoch
+                # cannot end early; the next training step ends the run, and an epoch's end not
+                # reached by then is said (branches.py)
+                self._vest_end, state.epoch_ended, state.drain_armed = False, True, True
             if drawn == 0 and state.epoch_ended:
                 state.drain_armed = True
             self._vest_drawn = drawn + 1
