@@ -1025,3 +1025,13 @@ def test_a_loader_read_by_next_in_a_generator_is_not_ended_by_a_stop_iteration()
     assert run.steps == 3 and not [f for f in run.flags if "StopIteration" in f], run.flags
     said = [f for f in run.flags if "end of the training loop's iteration" in f]
     assert len(said) == 1 and "generator_loader_train.py:42" in said[0] and "line 38" in said[0], run.flags
+
+
+def test_an_sqlite_database_the_script_writes_goes_to_the_overlay():
+    """sqlite3.connect("metrics.db"): SQLite's C code opens the file itself, past the Python-level
+    overlay (under bubblewrap the read-only file system failed it, said as the script's error).
+    It opens the overlay's copy; the script reads back what it wrote; nothing lands in its dir."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("sqlite_metrics_train.py")
+    assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
+    assert any(p.endswith("metrics.db") for p in run.redirected_writes)

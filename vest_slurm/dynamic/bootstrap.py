@@ -78,6 +78,36 @@ def _local_host(host) -> bool:
     return host in ("", "0.0.0.0", "::", "localhost", "::1") or host.startswith("127.")
 
 
+def _sqlite_file(database) -> str | None:
+    """The file an sqlite3.connect() opens read-write: None for ":memory:" and for a read-only URI."""
+    if not isinstance(database, (str, bytes, os.PathLike)):
+        return None
+    name = os.fsdecode(database)
+    if name in ("", ":memory:") or (name.startswith("file:") and ("mode=ro" in name or "mode=memory" in name)):
+        return None
+    return name
+
+
+def _overlaid_sqlite(sandbox: "Sandbox", guarded) -> None:
+    """sqlite3.connect() of a file (a metrics or study database: optuna, MLflow's local store) opens
+    it through the overlay: SQLite's C code opens the path itself, past the Python-level overlay
+    (under bubblewrap it met the read-only file system and was said as the script's error; under
+    the audit hook alone it wrote the real file). Its journal goes beside it, into the overlay."""
+    try:
+        import sqlite3
+    except ImportError:
+        return
+    real = sqlite3.connect
+
+    def connect(database, *a, **k):
+        name = _sqlite_file(database)
+        if name is not None and not name.startswith("file:"):
+            database = sandbox.update(database)
+        return real(database, *a, **k)
+
+    sqlite3.connect = sqlite3.dbapi2.connect = guarded(connect, real)
+
+
 class _AnyFileIO(type):
     """io.FileIO's stand-in is the real class to isinstance (numpy's and joblib's checks of a file
     object that open() made)."""
@@ -292,6 +322,7 @@ class Sandbox:
         io.open = open_
         os.open = os_open
         io.FileIO = _overlaid_file_io(sandbox, busy, writing_mode)
+        _overlaid_sqlite(sandbox, guarded)
         for name in ("stat", "lstat", "access") + _ON_ITS_COPY:
             if name in real:   # a file outside, never written: the audit hook refuses what changes it
                 setattr(os, name, guarded(reading(name), real[name]))
@@ -411,6 +442,12 @@ class Sandbox:
             self.refused.append(f"process {event}")
             raise Refused(f"vest: the training script tried to start a process ({event}: {why}); "
                           "estimates run in one process")
+        if event == "sqlite3.connect" and args:
+            name = _sqlite_file(args[0])
+            if name is not None and not self.inside(name.split("?")[0].removeprefix("file:")):
+                self.refused.append(f"write {name}")
+                raise Refused(f"vest: the training script opened the database {name!r} read-write outside the "
+                              "estimate's temp dir")
         if event == "open" and len(args) >= 2:
             path, mode = args[0], args[1]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
