@@ -122,26 +122,20 @@ class _AnyFileIO(type):
 _REAL_FILE_IO = io.FileIO
 
 
-def _overlaid_file_io(sandbox: "Sandbox", busy, writing_mode):
+def _overlaid_file_io(opened):
     """io.FileIO made by the script or a library (blobfile's writer subclasses it) through the
-    overlay, as open() is; built-in open() makes its own FileIO in C, which this does not see."""
+    overlay (``opened``: Sandbox.opened, guarded), as open() is; built-in open() makes its own
+    FileIO in C, which this does not see."""
 
     class FileIO(_REAL_FILE_IO, metaclass=_AnyFileIO):
         def __init__(self, file, mode="r", closefd=True, opener=None):
-            if not isinstance(file, int) and not getattr(busy, "on", False):
-                busy.on = True
-                try:
-                    if not writing_mode(mode):
-                        file = sandbox.seen(file)
-                    elif "w" in mode or "x" in mode:
-                        file = sandbox.written(file)
-                    else:
-                        file = sandbox.update(file)
-                finally:
-                    busy.on = False
-            super().__init__(file, mode, closefd, opener)
+            super().__init__(opened(file, mode), mode, closefd, opener)
 
     return FileIO
+
+
+def _writing_mode(mode) -> bool:
+    return isinstance(mode, str) and any(c in mode for c in "wax+")
 
 
 class Sandbox:
@@ -209,6 +203,17 @@ class Sandbox:
         target = self.seen(path)
         return target if target != path else self.redirect(path)
 
+    def opened(self, file, mode="r"):
+        """Where an open of ``file`` in ``mode`` goes: a read sees the script's copy, a write ("w",
+        "x") replaces it, an update ("a", "r+") starts from what is there."""
+        if isinstance(file, int):
+            return file
+        if not _writing_mode(mode):
+            return self.seen(file)
+        if "w" in mode or "x" in mode:
+            return self.written(file)
+        return self.update(file)
+
     def seen(self, path):
         """Where a read of ``path`` goes: the redirected copy where the script wrote one."""
         if isinstance(path, int) or path is None:
@@ -232,18 +237,8 @@ class Sandbox:
         # do to a file besides reading and writing it: on a file the script wrote, its copy
         real.update({name: getattr(os, name) for name in _ON_ITS_COPY + _NEW_NAME if hasattr(os, name)})
 
-        def writing_mode(mode) -> bool:
-            return isinstance(mode, str) and any(c in mode for c in "wax+")
-
         def open_(file, mode="r", *a, **k):
-            if not isinstance(file, int):
-                if not writing_mode(mode):
-                    file = sandbox.seen(file)
-                elif "w" in mode or "x" in mode:
-                    file = sandbox.written(file)
-                else:   # "a", "r+": what is there stays
-                    file = sandbox.update(file)
-            return real_open(file, mode, *a, **k)
+            return real_open(sandbox.opened(file, mode), mode, *a, **k)
 
         def os_open(path, flags, *a, **k):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
@@ -321,7 +316,7 @@ class Sandbox:
         builtins.open = open_
         io.open = open_
         os.open = os_open
-        io.FileIO = _overlaid_file_io(sandbox, busy, writing_mode)
+        io.FileIO = _overlaid_file_io(guarded(sandbox.opened, lambda file, mode="r": file))
         _overlaid_sqlite(sandbox, guarded)
         for name in ("stat", "lstat", "access") + _ON_ITS_COPY:
             if name in real:   # a file outside, never written: the audit hook refuses what changes it
@@ -450,7 +445,7 @@ class Sandbox:
                               "estimate's temp dir")
         if event == "open" and len(args) >= 2:
             path, mode = args[0], args[1]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+            writing = _writing_mode(mode) or \
                       (isinstance(mode, int) and mode & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND))
             if writing and not isinstance(path, int) and path is not None and not self.inside(path):
                 self.refused.append(f"write {path}")

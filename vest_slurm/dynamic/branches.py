@@ -131,6 +131,11 @@ def _calls(nodes) -> tuple:
                                if isinstance(n, ast.Call) and not _on_host(n) and (name := _callee(n))))
 
 
+def _mark(ident: int, at) -> ast.Expr:
+    """The statement ``MARK(ident)``, at ``at``'s place."""
+    return ast.copy_location(ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(ident)], [])), at)
+
+
 def _is_mark(node) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
         isinstance(node.value.func, ast.Name) and node.value.func.id == MARK
@@ -141,6 +146,10 @@ class _Marker(ast.NodeTransformer):
         self.owner, self.filename, self.source = owner, filename, source
         self.loops: list = []   # the loops around the node visited, in its function
         self.within: list = []  # the marked ifs whose body holds it, in its innermost loop
+
+    def _loop_lines(self) -> tuple:
+        """(first, last) lines of the loops around the node visited, innermost first."""
+        return tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops))
 
     def _scope(self, node, loop=None):
         outer = self.loops, self.within
@@ -174,10 +183,10 @@ class _Marker(ast.NodeTransformer):
                     (isinstance(prev, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.With)) and _calls([prev]))):
                 rest = [n for n in body[i:] if not _is_mark(n)]
                 ident = self.owner.add(_If(self.filename, stmt.lineno, f"after line {prev.lineno}",
-                                           tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops)),
+                                           self._loop_lines(),
                                            True, _calls(rest), self.within[-1] if self.within else None, (),
                                            after=(prev.lineno, prev.end_lineno)))
-                out.append(ast.copy_location(ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(ident)], [])), stmt))
+                out.append(_mark(ident, stmt))
             out.append(stmt)
         return out
 
@@ -195,7 +204,7 @@ class _Marker(ast.NodeTransformer):
             switches = tuple(k for k, v in enumerate(node.test.values)
                              if not {d for n in ast.walk(v) if (d := _dotted(n))} & progress)
         ident = self.owner.add(_If(self.filename, node.lineno, test[:80] + ("..." if len(test) > 80 else ""),
-                                   tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops)),
+                                   self._loop_lines(),
                                    bool(reads & progress), calls, self.within[-1] if self.within else None, switches))
         for k in switches:   # what each switch was when the test ran (Branches.operand)
             v = node.test.values[k]
@@ -210,15 +219,13 @@ class _Marker(ast.NodeTransformer):
             # an else arm: the ifs in it are entered only where it is (`if use_amp: ... else:
             # loss.backward(); if (it + 1) % k == 0: step()`, with AMP on, is not a missed period)
             arm = self.owner.add(_If(self.filename, node.orelse[0].lineno, f"else of line {node.lineno}",
-                                     tuple((lp.lineno, lp.end_lineno) for lp, _ in reversed(self.loops)),
+                                     self._loop_lines(),
                                      False, (), self.within[-1] if self.within else None, (), arm=True))
             self.within.append(arm)
             node.orelse = [self.visit(n) for n in node.orelse]
             self.within.pop()
-            node.orelse.insert(0, ast.copy_location(
-                ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(arm)], [])), node.orelse[0]))
-        mark = ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(ident)], []))
-        node.body.insert(0, ast.copy_location(mark, node.body[0]))
+            node.orelse.insert(0, _mark(arm, node.orelse[0]))
+        node.body.insert(0, _mark(ident, node.body[0]))
         return node
 
 

@@ -35,7 +35,6 @@ BANNED_MESSAGE = ("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss
                   "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
                   "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
                   "safe to autocast.")
-_CPU_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def policies() -> dict[str, str]:
@@ -43,12 +42,6 @@ def policies() -> dict[str, str]:
     empty where it ships none."""
     lists = fc.installed_autocast_policy()
     return {op: POLICIES[name] for name, ops in (lists or {}).items() for op in ops}
-
-
-def _overload(qualname: str):
-    name, _, overload = qualname.partition(".")
-    packet = getattr(torch.ops.aten, name, None)
-    return getattr(packet, overload or "default", None) if packet is not None else None
 
 
 class CudaAutocast:
@@ -63,11 +56,11 @@ class CudaAutocast:
         return any(self.cache.eligible(t) and t.is_floating_point() and t.dtype != torch.float64 for t in leaves)
 
     def _append_dtype(self, qualname: str):
-        with_dtype = _overload(APPEND_DTYPE[qualname])
-        plain = _overload(qualname)
+        with_dtype = fc.aten_overload(APPEND_DTYPE[qualname])
+        plain = fc.aten_overload(qualname)
 
         def run(*args, **kwargs):
-            with torch._C._ExcludeDispatchKeyGuard(_CPU_KEY):
+            with torch._C._ExcludeDispatchKeyGuard(fc._AUTOCAST_CPU_KEYS):
                 first = args[0] if args else None
                 if self._on_device((first,), {}):
                     return with_dtype(*args, dtype=torch.float32, **kwargs)
@@ -77,7 +70,7 @@ class CudaAutocast:
     def _banned(self, *args, **kwargs):
         if self._on_device(args, kwargs):
             raise RuntimeError(BANNED_MESSAGE)
-        with torch._C._ExcludeDispatchKeyGuard(_CPU_KEY):
+        with torch._C._ExcludeDispatchKeyGuard(fc._AUTOCAST_CPU_KEYS):
             return torch.ops.aten.binary_cross_entropy.default(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -98,7 +91,7 @@ class CudaAutocast:
                 warnings.simplefilter("ignore")   # "overriding a previously registered kernel" is meant
                 mine = {BANNED, *APPEND_DTYPE}
                 for qualname, policy in table.items():
-                    op = _overload(qualname)
+                    op = fc.aten_overload(qualname)
                     if op is not None:
                         lib.impl(qualname, fc._autocast_kernel(op, policy, self.cache, "cpu"), "AutocastCPU")
                         mine.add(qualname)

@@ -938,6 +938,18 @@ def shapes_note(state: ScriptState) -> str | None:
     return None
 
 
+def _first_input(args):
+    """The first tensor of a module call's positional arguments that has a dimension, or None."""
+    return next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+
+
+def _note_shape(state: ScriptState, key: tuple, first) -> None:
+    """A training input's shape (``first``, or None: none seen) among model ``key``'s, the first 16 kept."""
+    seen = state.input_shapes.setdefault(key, {})
+    if first is not None and len(seen) < 16:
+        seen.setdefault(tuple(int(d) for d in first.shape), None)
+
+
 def _next_in_a_generator(frame) -> bool:
     """The caller of a loader's __next__ is a generator that called next() on it outside any
     try block of its own (not a for loop, which ends at a StopIteration; not accelerate's
@@ -1088,15 +1100,13 @@ def patched(state: ScriptState):
             _top_level_forward(state, mod)
             if torch.is_grad_enabled() and mod.training and not state.draining and _trains(state, mod):
                 # a training forward's input (not a frozen loss network's: fast_neural_style's VGG)
-                first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-                seen = state.input_shapes.setdefault((id(mod), type(mod).__name__), {})
-                if first is not None and len(seen) < 16:
-                    seen.setdefault(tuple(int(d) for d in first.shape), None)
-                elif first is None:
+                first, key = _first_input(args), (id(mod), type(mod).__name__)
+                _note_shape(state, key, first)
+                if first is None:
                     # called with keywords only (`model(**batch)`, `model(input_ids=...)`: transformers,
                     # peft, TRL), which global hooks do not see: the first tensor a submodule is
                     # given positionally (the token embedding's ids) is its input's shape
-                    state.shape_from = (id(mod), type(mod).__name__)
+                    state.shape_from = key
             if mod not in state.models:
                 state.model_types.update(type(m) for m in mod.modules())
                 # weights made on the device (from_pretrained with a device_map, device="cuda",
@@ -1117,18 +1127,16 @@ def patched(state: ScriptState):
             # _FabricModule runs its precision plugin's forward_context there)
             state.precision = _autocast_precision()
         if state.shape_from is not None and state.depth > 0:
-            first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+            first = _first_input(args)
             if first is not None:
-                seen = state.input_shapes.setdefault(state.shape_from, {})
-                if len(seen) < 16:
-                    seen.setdefault(tuple(int(d) for d in first.shape), None)
+                _note_shape(state, state.shape_from, first)
                 state.shape_from = None
         if not state.first_forward_done and state.depth < state.batch_hint_depth:
             # the batch: the first dimension of the first tensor given to the model; a model called
             # with keyword arguments only (which global hooks do not see: transformers, peft
             # wrappers) shows its input to the shallowest submodule that takes one positionally
             # (the token embedding). Read in the first forward only.
-            first = next((a for a in (args or ()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+            first = _first_input(args)
             if first is not None:
                 state.batch_hint, state.batch_hint_depth = int(first.shape[0]), state.depth
                 state.first_input_shape = tuple(int(d) for d in first.shape)

@@ -259,6 +259,7 @@ def depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
     return ws[2] == ws[3] and ws[3] in (1, 3, 5) and xs[3] >= 7 and stride[0] == stride[1] == 1
 
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+_AUTOCAST_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)   # (the live oracle's: cuda_autocast.py)
 # Dynamic analysis's stand-ins for checks on values: what a healthy run reads (losses are finite:
 # isfinite true; isnan / isinf false). Kept as fills (below), so all/any/not carry them.
 _TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False}
@@ -363,7 +364,7 @@ def _autocast_kernel(op, policy: str, cache: _CastCache | None = None, device: s
     autocast key of ``device``: AutocastCUDA for vest's fake CUDA tensors, AutocastCPU for the live
     oracle's (dynamic/cuda_autocast.py); ``cache`` casts the tensors it deems on the device."""
     cache = CAST_CACHE if cache is None else cache
-    exclude = _AUTOCAST_KEYS if device == "cuda" else torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    exclude = _AUTOCAST_KEYS if device == "cuda" else _AUTOCAST_CPU_KEYS
 
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(exclude):
@@ -423,6 +424,14 @@ def _softmax_kernel(fn):
     return kernel
 
 
+def aten_overload(qualname: str):
+    """``torch.ops.aten``'s overload named ``name[.overload]`` (the default one where none is
+    named), or None where this torch has no such op."""
+    base, _, overload = qualname.partition(".")
+    packet = getattr(aten, base, None)
+    return getattr(packet, overload or "default", None) if packet is not None else None
+
+
 _LIBS: list = []
 
 
@@ -438,14 +447,9 @@ def _register_kernels() -> None:
         for names, policy in ((LOWER_PRECISION_FP, "lower"), (FP32, "fp32"),
                               (FP32_SET_OPT_DTYPE, "set_opt_dtype"), (PROMOTE, "promote")):
             for full in names:
-                base, _, overload = full.partition(".")
-                packet = getattr(aten, base, None)
-                if packet is None:
-                    continue
-                op = getattr(packet, overload or "default", None)
-                if op is None:
-                    continue
-                lib.impl(full, _autocast_kernel(op, policy), "AutocastCUDA")
+                op = aten_overload(full)
+                if op is not None:
+                    lib.impl(full, _autocast_kernel(op, policy), "AutocastCUDA")
         lib.impl("dropout", _dropout_kernel, "AutogradCUDA")
         lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradCUDA")
         lib.impl("softmax.int", _softmax_kernel(aten._softmax), "AutogradCUDA")
