@@ -1035,3 +1035,24 @@ def test_an_sqlite_database_the_script_writes_goes_to_the_overlay():
     (est,), run = estimate_script("sqlite_metrics_train.py")
     assert run.steps == 3 and set(os.listdir(SCRIPTS)) == before
     assert any(p.endswith("metrics.db") for p in run.redirected_writes)
+
+
+def test_a_preference_step_with_adapters_and_checkpointed_blocks_is_traced_as_the_job_runs_it():
+    """TRL's DPO with peft, in small: (1) the sampler's permutation, drawn from the loop's own seeded
+    generator, is the job's (a draw of a few numbers on the host took vest's fixed-seed generator, so
+    other batches were traced than the job's first ones); (2) peft's disable_adapter sets
+    requires_grad_ on the adapter weights between micro-batches, which ended a step as a hand-written
+    update, after half an accumulation; (3) a non-reentrant checkpoint's recomputation stops early
+    by raising, which skipped the forward hooks that close module calls, so every later call of the
+    model was taken for an inner one and its padded lengths were not compared: no flag."""
+    g = torch.Generator()
+    g.manual_seed(42)
+    order = torch.randperm(32, generator=g).tolist()
+    longest = [max(16 + 7 * j for j in order[i:i + 4]) for i in range(0, 24, 4)]   # 3 steps of 2 micro-batches
+    (est,), run = estimate_script("preference_lora_train.py")
+    assert run.steps == 3 and run.stopped_by == "optimizer steps", run.stopped_by
+    assert dict(run.observed)["grad_accum"] == 2
+    said = [f for f in run.flags if "changed shape" in f]
+    assert len(said) == 1 and said[0].startswith("the PolicyLM model's"), run.flags
+    assert ", ".join(str((4, n)) for n in list(dict.fromkeys(longest))[:4]) in said[0], (longest, said)
+    assert f"the largest (4, {max(longest)})" in said[0], (longest, said)

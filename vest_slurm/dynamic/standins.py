@@ -121,6 +121,7 @@ class ScriptState:
     written: set = field(default_factory=set)   # tensors (id) and storages the script wrote outside optimizer steps
     input_shapes: dict = field(default_factory=dict)   # (model id, class) -> its training inputs' shapes, in order (shapes_note)
     shape_from: tuple | None = None   # that key, while a training forward called with keywords only awaits its input's shape
+    recomputing: bool = False   # in a forward the autograd engine runs (a checkpointed block's recomputation)
     trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
     def finish(self) -> None:
@@ -992,9 +993,18 @@ def _parameter_storages(state: ScriptState) -> set:
             if isinstance(p, fc.FakeTensor) and p.requires_grad}
 
 
+# in place by name, but they change a tensor's autograd flags or its shape's metadata, not its values:
+# peft's disable_adapter() sets requires_grad_ on every adapter weight between micro-batches (TRL's
+# DPO reference pass), which is no hand-written update
+_NOT_WRITES = frozenset(("requires_grad_", "detach_", "share_memory_", "squeeze_", "unsqueeze_", "t_", "transpose_",
+                         "swapdims_", "swapaxes_", "as_strided_", "rename_", "resize_", "resize_as_"))
+
+
 def _in_place(name: str) -> bool:
-    """A torch function that writes its first argument: ``add_``, ``p -= ...`` (not ``__get__``)."""
-    return name.endswith("_") and not name.endswith("__") or name in ("__isub__", "__iadd__", "__imul__", "__itruediv__")
+    """A torch function that writes its first argument's values: ``add_``, ``p -= ...`` (not
+    ``__get__``, nor ``requires_grad_``)."""
+    return (name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITES) \
+        or name in ("__isub__", "__iadd__", "__imul__", "__itruediv__")
 
 
 class UpdateWatch(torch.overrides.TorchFunctionMode):
@@ -1071,7 +1081,7 @@ def patched(state: ScriptState):
             # finder): the exception skipped the forward hooks that close calls, and the batch read so
             # far was the attempt's that failed; the retry's first forward says the batch
             tr.s.oom_pending = False
-            state.depth, tr.s.phase = 0, "other"
+            state.depth, tr.s.phase, state.recomputing = 0, "other", False
             state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
             state.first_forward_done = state.batch_hint_no_grad = False
         if state.depth == 0 and (not _on_the_device(mod, args) or next(mod.parameters(), None) is None):
@@ -1084,6 +1094,12 @@ def patched(state: ScriptState):
             if any(p.requires_grad for p in mod.parameters()):
                 state.host_models.add(mod)
                 state.host_model_names.setdefault(type(mod).__name__, None)
+            return
+        if state.depth == 0 and fc.current_autograd_node() is not None:
+            # a forward the autograd engine runs: torch.utils.checkpoint recomputing a block in the
+            # backward pass, which it is part of (no call of the model, no input of the training)
+            state.recomputing = True
+            state.depth += 1
             return
         if state.depth == 0:
             state.shape_from = None
@@ -1147,11 +1163,21 @@ def patched(state: ScriptState):
         state.depth += 1
 
     def post_forward(mod, args, out):
+        # (called also where the forward raised, always_call: a checkpointed block's recomputation
+        # in backward stops early by raising once it has the tensors it needs, torch.utils.
+        # checkpoint's _StopRecomputationError, and the modules it was inside must end too, or every
+        # later forward of the model was taken for an inner call)
         if state.depth == 0:
             return   # a host module's call (pre_forward let it be)
         state.depth = max(0, state.depth - 1)
+        if state.depth == 0 and state.recomputing:
+            state.recomputing = False
+            return   # (the phase stays the backward's)
+        raised = out is None and sys.exc_info()[1] is not None
         if state.depth == 0:
             tr.s.phase = "other"
+            if raised:
+                return
             if not state.first_forward_done and not state.batch_hint_no_grad and not any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in torch.utils._pytree.tree_leaves(out)):
                 # a forward that built no graph, though called under grad: a wrapper that turns
@@ -1356,7 +1382,7 @@ def patched(state: ScriptState):
     saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(pre_forward),
-        nn.modules.module.register_module_forward_hook(post_forward),
+        nn.modules.module.register_module_forward_hook(post_forward, always_call=True),
         register_optimizer_step_pre_hook(pre_step),
         register_optimizer_step_post_hook(post_step),
     ]

@@ -1078,17 +1078,21 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                 # most memory (Wav2Vec2's 12 layers all run in 0.9^12 = 28% of its steps), so
                 # torch.rand answers with the top of its range, below 1, which drops nothing;
                 # other draws come from a generator of fixed seed, so that an estimate repeats.
+                # A user's script (host_real) draws them all from its own generators, as the job
+                # does and as its Python and NumPy draws are (cuda_answers): a sampler's
+                # permutation (accelerate's SeedableRandomSampler seeds a generator of its own),
+                # an index drawn for a crop or a batch; the traced steps see the job's batches.
                 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
                 with unset_fake_temporarily():
+                    if self.host_real:
+                        return func(*args, **kwargs)
                     if func is torch.rand:
                         dtype = kwargs.get("dtype") or torch.get_default_dtype()
                         top = torch.nextafter(torch.tensor(1.0, dtype=dtype), torch.tensor(0.0, dtype=dtype))
                         real = torch.full(tuple(out.shape), top.item(), dtype=dtype)
                     else:
                         real = func(*args, **dict(kwargs, generator=self._host_generator()))
-                if self.host_real:
-                    return real
                 return torch.tensor(real.tolist(), dtype=real.dtype)
             return out
         if func is torch.Tensor.new_tensor and _is_fake_cuda(args[0]) and kwargs.get("device", DEVICE) is DEVICE:
