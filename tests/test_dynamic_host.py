@@ -1056,3 +1056,18 @@ def test_a_preference_step_with_adapters_and_checkpointed_blocks_is_traced_as_th
     assert len(said) == 1 and said[0].startswith("the PolicyLM model's"), run.flags
     assert ", ".join(str((4, n)) for n in list(dict.fromkeys(longest))[:4]) in said[0], (longest, said)
     assert f"the largest (4, {max(longest)})" in said[0], (longest, said)
+
+
+def test_the_host_generator_draws_as_the_jobs_after_a_model_built_on_the_host():
+    """A model initialised on the host keeps fake weights, whose fills drew nothing where the job's
+    draw from the host's generator: the DataLoader's shuffle (seeded from that generator) then gave
+    another order, and other padded lengths were traced than the job's first batches. The fills are
+    drawn into real scratch tensors, so the order is the job's (read here from the script run on the
+    host, with no GPU)."""
+    lengths = subprocess.run([sys.executable, "shuffled_padded_train.py", "--print-lengths"], cwd=SCRIPTS,
+                             capture_output=True, text=True, check=True).stdout.split()
+    (est,), run = estimate_script("shuffled_padded_train.py")
+    assert run.steps == 3
+    said = [f for f in run.flags if "changed shape" in f]
+    first = list(dict.fromkeys(lengths[:3]))
+    assert len(said) == 1 and f"steps ({', '.join(f'(4, {n})' for n in first)}" in said[0], (lengths, said)

@@ -613,6 +613,47 @@ def _fake_at_heart(a) -> bool:
     return isinstance(a, FakeTensor)
 
 
+# The most elements a run draws for real to keep the host generator where the job's would be: the
+# host generator makes about 50 M float draws a second here, so a GPT-2 small (124 M weights) built
+# on the host costs 1-2 s more; a larger model's later fills are not drawn, and the script's later
+# host draws differ from the job's (the batches traced are others of the same kind; where their
+# shapes differ, the estimate says so: standins.shapes_note).
+_ADVANCE_BUDGET = [1 << 27]
+
+
+def _spend_draws(n: int) -> bool:
+    """Whether ``n`` more draws fit in the run's _ADVANCE_BUDGET (taken from it if so)."""
+    if n > _ADVANCE_BUDGET[0]:
+        return False
+    _ADVANCE_BUDGET[0] -= n
+    return True
+
+
+def _advance_host_generator(func, args, kwargs) -> None:
+    """A random fill of a fake host tensor (the weights a module's constructor initialises on the
+    host, which stay fake: ``nn.init.kaiming_uniform_``, ``normal_``, ``trunc_normal_``) drew
+    nothing, where the job's draws from the host's generator. Every later host draw of the script
+    (the DataLoader's shuffle seed, a random crop, a sampler without its own generator) then
+    differed from the job's, and so did the batches traced (their lengths, where each batch is
+    padded to its longest). The same fill of a real tensor of the same layout takes as many
+    numbers from the same generator. (CudaFactoryMode does the same for torch.randn and its kind
+    in a constructor; fills of fake CUDA tensors are the GPU generator's draws: none.)"""
+    first = func._schema.arguments[0] if func._schema.arguments else None
+    target = args[0] if args else None
+    if not (isinstance(target, FakeTensor) and target.fake_device.type == "cpu" and first is not None
+            and first.alias_info is not None and first.alias_info.is_write):
+        return
+    if any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args[1:], kwargs))):
+        return   # a draw from other tensors (bernoulli_(p)): not a weight's initialisation
+    gen = kwargs.get("generator")
+    if (gen is not None and getattr(gen, "_vest_device", None) is not None) or not _spend_draws(target.numel()):
+        return   # a CUDA generator's draw; or past the budget
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        func(torch.empty_strided(tuple(target.shape), tuple(target.stride()), dtype=target.dtype), *args[1:], **kwargs)
+
+
 def _real_host_op(leaves) -> bool:
     """An aten op on real host tensors only, with no CUDA device asked for: it runs for real
     (``leaves``: its arguments, _op_leaves)."""
@@ -865,6 +906,8 @@ class FakeCudaMode(FakeTensorMode):
                 raise
         finally:
             self._depth -= 1
+        if self.host_real and outermost and torch.Tag.nondeterministic_seeded in func.tags:
+            _advance_host_generator(func, args, kwargs)
         if not outermost:
             # An op that FakeTensorMode runs as a Python decomposition (native_batch_norm, ...)
             # dispatches its pieces back here. On the GPU it is one kernel: only its outputs are
@@ -1065,11 +1108,18 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
         if func in self.HOST_RANDOM:
             out = func(*args, **kwargs)
             small = isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL
-            if self.host_real and not small and _host_call(func, args, kwargs) and not _in_module_constructor():
+            if self.host_real and not small and _host_call(func, args, kwargs):
                 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-                with unset_fake_temporarily():
-                    return func(*args, **kwargs)
+                constructing = _in_module_constructor()
+                if not constructing or _spend_draws(out.numel()):
+                    with unset_fake_temporarily():
+                        real = func(*args, **kwargs)
+                    if not constructing:
+                        return real
+                # a module's weight stays fake; its draw was made, as the job's host generator
+                # makes it (_advance_host_generator)
+                return out
             if small:
                 # A few random numbers drawn on the host steer the step: LayerDrop,
                 # `if torch.rand([]) < layerdrop: skip the layer` (transformers' Wav2Vec2 and
