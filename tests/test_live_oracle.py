@@ -88,6 +88,10 @@ def test_counts_what_worker_threads_move_to_the_device(scripts):
     "python custom_backward_train.py",
     # host batches moved to the GPU under inference_mode and kept (they reached for the real driver)
     "python inference_first_train.py",
+    # lengths drawn on the host after dropout and an initialisation on the device: those draw from
+    # the GPU's generator (the oracle's own, _on_the_device_generator), so both runs see the
+    # lengths the script's seed gives on a GPU
+    "python host_draw_after_dropout_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)

@@ -134,6 +134,7 @@ class Census:
         self.factory = 0
         self.propagate = True
         self.frozen = False
+        self.device_rng = torch.Generator().get_state()   # the GPU's generator (_on_the_device_generator)
 
     def is_device(self, t) -> bool:
         return isinstance(t, torch.Tensor) and any(id(s) in self.live for s in _storages(t))
@@ -199,13 +200,52 @@ class _Census(TorchDispatchMode):
         self.c = census
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        c = self.c
+        device = c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0]))
         out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else _ABSENT
         if out is _ABSENT:
-            out = func(*args, **(kwargs or {}))
-        c = self.c
-        if c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0])):
+            if device and torch.Tag.nondeterministic_seeded in func.tags and (kwargs or {}).get("generator") is None:
+                with _on_the_device_generator(c):
+                    out = func(*args, **(kwargs or {}))
+            else:
+                out = func(*args, **(kwargs or {}))
+        if device:
             c.mark_all(out)
         return out
+
+
+@contextlib.contextmanager
+def _on_the_device_generator(census: Census):
+    """A random op on device tensors (dropout, an initialisation on the device, randn(device=cuda))
+    draws from the GPU's generator, not the host's: here from a host generator of its own (the
+    census's state), so that the script's host draws after it (a sampler's shuffle, an augmentation)
+    are the job's, as the estimate's are. Seeded as the GPU's is: torch.manual_seed and
+    torch.cuda.manual_seed (_seeding)."""
+    host = torch.default_generator.get_state()
+    torch.default_generator.set_state(census.device_rng)
+    try:
+        yield
+    finally:
+        census.device_rng = torch.default_generator.get_state()
+        torch.default_generator.set_state(host)
+
+
+def _seeding(census: Census) -> list:
+    """(object, attribute, replacement): torch.manual_seed seeds the host's and the GPU's
+    generators; torch.cuda.manual_seed(_all) the GPU's (the census's, _on_the_device_generator)."""
+    real = torch.manual_seed
+
+    def device_seed(seed):
+        census.device_rng = torch.Generator().manual_seed(int(seed)).get_state()
+
+    def manual_seed(seed):
+        out = real(seed)
+        device_seed(seed)
+        return out
+
+    return [(torch, "manual_seed", manual_seed), (torch.random, "manual_seed", manual_seed),
+            (torch.cuda, "manual_seed", device_seed), (torch.cuda, "manual_seed_all", device_seed),
+            (torch.cuda.random, "manual_seed", device_seed), (torch.cuda.random, "manual_seed_all", device_seed)]
 
 
 def _device_property(census: Census, real):
@@ -539,6 +579,7 @@ def _patched(census: Census, steps: int, state: dict):
         *_dtensor_unsupported(),
         *_autocast_on_cpu(), *_gpu_kernels(census), *triton_patches(census.is_device, lambda t: None),
         *cuda_surface.patches(cuda_surface.Answers(lambda: census.live_bytes, lambda: census.peak_bytes)),
+        *_seeding(census),
     ]
     # a class's own attribute, or _ABSENT where it inherits it (restored by deleting the patch)
     saved = [(obj, attr, obj.__dict__.get(attr, _ABSENT) if isinstance(obj, type) else getattr(obj, attr))
