@@ -1071,3 +1071,19 @@ def test_the_host_generator_draws_as_the_jobs_after_a_model_built_on_the_host():
     said = [f for f in run.flags if "changed shape" in f]
     first = list(dict.fromkeys(lengths[:3]))
     assert len(said) == 1 and f"steps ({', '.join(f'(4, {n})' for n in first)}" in said[0], (lengths, said)
+
+
+def test_bitsandbytes_4bit_weights_are_quantized_on_the_fake_gpu():
+    """QLoRA: bitsandbytes' Params4bit wraps each weight with torch.Tensor._make_subclass, which
+    failed on a fake weight ("already associated to a python object of type FakeTensor"): every
+    4-bit or 8-bit load was refused. The wrapper is now a fake tensor of the library's class, its
+    .cuda() quantizes through bitsandbytes' own ops (fake kernels), and the weights take their
+    packed size: half a byte per weight and the quantisation statistics, not four bytes."""
+    (est,), run = estimate_script("bnb_qlora_train.py")
+    assert run.steps == 3
+    b = dict(est.breakdown)
+    weights = 2 * 1024 * 4096
+    adapters = 4 * 16 * (1024 + 4096) * 2
+    packed = weights // 2 + adapters
+    assert packed <= b["parameters"] <= packed + weights // 16, (b["parameters"], packed)   # (statistics: < 1 byte per 16 weights)
+    assert b["gradients"] == adapters and b["optimizer_state"] == 2 * adapters, b

@@ -92,6 +92,9 @@ def test_counts_what_worker_threads_move_to_the_device(scripts):
     # the GPU's generator (the oracle's own, _on_the_device_generator), so both runs see the
     # lengths the script's seed gives on a GPU
     "python host_draw_after_dropout_train.py",
+    # bitsandbytes' 4-bit weights, quantized by .cuda() (its CPU kernels run here: inside an op's
+    # kernel a tensor's device is the CPU's), with adapters
+    "python bnb_qlora_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)
@@ -203,6 +206,19 @@ def test_autocast_and_rms_norm_run_as_on_a_gpu(args, scripts):
     23.6 MiB). RMSNorm runs as CUDA's fused kernel (input, weight and one rstd per row saved), not
     the CPU's decomposition (106.9 against vest's 97.9 MiB before). Both now equal vest's."""
     command = f"python autocast_bf16_train.py {args}"
+    res = run_command(command, scripts, 3)
+    (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=scripts)
+    assert res["status"] == "ok" and res["steps"] == 3, res
+    vest, oracle = run.trace.live_peak_bytes(run.trace.step_ends[-1]), res["live_peak_bytes"]
+    assert abs(vest - oracle) <= 0.01 * oracle, (vest, oracle)
+
+
+def test_autocast_asked_about_cuda_answers_as_the_autocast_that_stands_for_it(scripts):
+    """A layer sizing its buffer from torch.get_autocast_dtype("cuda") when
+    torch.is_autocast_enabled("cuda") (TRL's chunked log-prob head), under autocast("cuda"): the
+    CPU's autocast that runs for CUDA's answers; it said "off", and the buffer was float32 (TRL's
+    DPO in bf16 counted 55 MiB more than vest, 25%)."""
+    command = "python autocast_query_train.py"
     res = run_command(command, scripts, 3)
     (_est,), run = estimate_command(parse_train_command(command), [get_profile("a100-40gb")], cwd=scripts)
     assert res["status"] == "ok" and res["steps"] == 3, res

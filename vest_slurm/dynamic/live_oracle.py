@@ -135,6 +135,7 @@ class Census:
         self.propagate = True
         self.frozen = False
         self.device_rng = torch.Generator().get_state()   # the GPU's generator (_on_the_device_generator)
+        self.in_kernel = 0   # > 0 while an op's kernel runs (_Census): its tensors are the CPU's there
 
     def is_device(self, t) -> bool:
         return isinstance(t, torch.Tensor) and any(id(s) in self.live for s in _storages(t))
@@ -202,13 +203,17 @@ class _Census(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         c = self.c
         device = c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0]))
-        out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else _ABSENT
-        if out is _ABSENT:
-            if device and torch.Tag.nondeterministic_seeded in func.tags and (kwargs or {}).get("generator") is None:
-                with _on_the_device_generator(c):
+        c.in_kernel += 1
+        try:
+            out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else _ABSENT
+            if out is _ABSENT:
+                if device and torch.Tag.nondeterministic_seeded in func.tags and (kwargs or {}).get("generator") is None:
+                    with _on_the_device_generator(c):
+                        out = func(*args, **(kwargs or {}))
+                else:
                     out = func(*args, **(kwargs or {}))
-            else:
-                out = func(*args, **(kwargs or {}))
+        finally:
+            c.in_kernel -= 1
         if device:
             c.mark_all(out)
         return out
@@ -249,9 +254,12 @@ def _seeding(census: Census) -> list:
 
 
 def _device_property(census: Census, real):
+    """Tensor.device: cuda for a device tensor, but inside an op's kernel (a library's Python kernel
+    of a custom op, bitsandbytes' quantize_4bit making its code table with ``device=A.device``),
+    which runs on the CPU here with no mode to map a cuda it would be given."""
     def get(self):
         d = real.__get__(self)
-        return _CUDA if d.type == "cpu" and census.is_device(self) else d
+        return _CUDA if d.type == "cpu" and not census.in_kernel and census.is_device(self) else d
     return property(get)
 
 
@@ -420,7 +428,18 @@ def _autocast_on_cpu():
             device_type, dtype = "cpu", dtype or torch.float16
         return real(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
-    return [(autocast_mode.autocast, "__init__", init)]
+    # and asked about CUDA's autocast, the answer is the CPU's that stands for it (TRL's chunked
+    # log-prob head takes its compute dtype from torch.get_autocast_dtype(hidden.device.type))
+    enabled, dtype_of = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+    def is_enabled(device_type="cuda"):
+        return enabled("cpu") if device_type == "cuda" else enabled(device_type)
+
+    def get_dtype(device_type):
+        return dtype_of("cpu") if device_type == "cuda" and enabled("cpu") else dtype_of(device_type)
+
+    return [(autocast_mode.autocast, "__init__", init), (torch, "is_autocast_enabled", is_enabled),
+            (torch, "get_autocast_dtype", get_dtype)]
 
 
 def _dtensor_unsupported() -> list[tuple]:
@@ -563,8 +582,8 @@ def _patched(census: Census, steps: int, state: dict):
         (BackwardCFunction, "apply", custom_backward),
         (threading.Thread, "run", thread_run),
         (torch.Tensor, "device", _device_property(census, real_device)),
-        (torch.Tensor, "is_cuda", property(lambda self: census.is_device(self))),
-        (torch.Tensor, "get_device", lambda self: 0 if census.is_device(self) else -1),
+        (torch.Tensor, "is_cuda", property(lambda self: not census.in_kernel and census.is_device(self))),
+        (torch.Tensor, "get_device", lambda self: 0 if not census.in_kernel and census.is_device(self) else -1),
         (torch.autograd, "backward", backward),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch, "compile", _compile),

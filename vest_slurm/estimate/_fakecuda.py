@@ -1262,6 +1262,39 @@ def storage_key(t: FakeTensor) -> int:
     return t.untyped_storage()._cdata
 
 
+_FAKE_SUBCLASSES: dict = {}
+
+
+def _fake_subclass(cls: type) -> type:
+    """A class that is ``cls`` to the script and FakeTensor to torch (``cls`` first in its MRO)."""
+    made = _FAKE_SUBCLASSES.get(cls)
+    if made is None:
+        made = _FAKE_SUBCLASSES[cls] = type(cls.__name__, (cls, FakeTensor), {"__module__": cls.__module__,
+                                                                          "__qualname__": cls.__qualname__})
+    return made
+
+
+def subclasses_of_fake_tensors() -> list:
+    """Patches (obj, attr, new): ``torch.Tensor._make_subclass(cls, data)`` of a fake tensor. A
+    library's parameter class that wraps a weight with it (bitsandbytes' Params4bit and Int8Params
+    for QLoRA and 8-bit training, a script's own Parameter subclass) failed on a fake weight: its
+    TensorImpl already has a Python object, the FakeTensor. The wrapper is a detached alias of the
+    fake tensor whose class is ``cls`` and FakeTensor at once (_fake_subclass): the library's own
+    methods (``.cuda()`` quantizing through bitsandbytes' ops, which have fake kernels) run on it,
+    and torch dispatches its ops to the fake mode as any fake tensor's."""
+    real = torch.Tensor._make_subclass
+
+    def make_subclass(cls, data, require_grad=False, *args, **kwargs):
+        if not isinstance(data, FakeTensor) or issubclass(cls, FakeTensor) or args or kwargs:
+            return real(cls, data, require_grad, *args, **kwargs)
+        out = data.detach()
+        out.requires_grad_(require_grad)
+        out.__class__ = _fake_subclass(cls)
+        return out
+
+    return [(torch.Tensor, "_make_subclass", staticmethod(make_subclass))]
+
+
 def fake_pointers() -> list:
     """Patches (obj, attr, new): ``data_ptr()`` of fake tensors and of their storages, distinct per
     storage as a GPU's are. Fake storages are meta storages, whose data pointer is 0 for all;
@@ -1596,7 +1629,7 @@ def cuda_answers(total_memory_bytes: int = 80 * 2**30, name: str = "NVIDIA A100-
         (torch.cuda, "_exchange_device", lambda device: -1 if device < 0 else 0),
         (torch.cuda, "_maybe_exchange_device", lambda device: -1 if device < 0 else 0),
     ]
-    patches += device_identity() + fake_pointers()
+    patches += device_identity() + fake_pointers() + subclasses_of_fake_tensors()
     if scalar_draws_at_the_top:
         patches += _host_draws_at_the_top()
     # Optimizer.step asks the current CUDA stream whether it is capturing a graph: it is not.
