@@ -1087,3 +1087,14 @@ def test_bitsandbytes_4bit_weights_are_quantized_on_the_fake_gpu():
     packed = weights // 2 + adapters
     assert packed <= b["parameters"] <= packed + weights // 16, (b["parameters"], packed)   # (statistics: < 1 byte per 16 weights)
     assert b["gradients"] == adapters and b["optimizer_state"] == 2 * adapters, b
+
+
+def test_a_parameter_rebuilt_with_its_own_class_stays_a_parameter():
+    """type(p)(data, requires_grad=...) (accelerate's set_module_tensor_to_device and
+    init_empty_weights, through which every diffusers from_pretrained loads): a fake parameter's
+    class is FakeTensor, whose constructor wanted a fake mode, so each diffusers training script
+    failed at its first load. The call makes a parameter, as it does with nn.Parameter's class."""
+    (est,), run = estimate_script("param_rebuild_train.py")
+    params = 4 * (256 * 512 + 512 + 512 * 256 + 256)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and b["parameters"] == params and b["optimizer_state"] == 2 * params, b

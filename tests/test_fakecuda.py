@@ -607,6 +607,42 @@ def test_bfloat16_before_sm80_is_emulated_as_pytorch_answers():
     assert fc.gpu_sdp_choice((8, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
 
 
+def test_the_attention_backend_follows_torchs_filters_and_the_scripts_switches():
+    """select_sdp_backend's filters (cuda/sdp_utils.cpp): flash takes any head dim up to 256 (one
+    not a multiple of 8 is padded), not a causal mask over a non-square score matrix; the
+    memory-efficient kernel's alignment is the GEMM's (fp32: 4 from sm80, 1 before); and a backend
+    the script turned off (enable_flash_sdp(False), sdpa_kernel(SDPBackend.MATH)) is not chosen.
+    vest took the math kernel for head dim 4 (+825% on a DreamBooth run) and flash where the
+    script had asked for math (-85%), with no word either way."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    h4 = torch.empty(2, 8, 64, 4, dtype=torch.float16, device="meta")
+    assert fc.gpu_sdp_choice((8, 0), h4, h4, h4, None, 0.0, False) == fc.SDP_FLASH
+    q = torch.empty(2, 8, 16, 64, dtype=torch.float16, device="meta")
+    kv = torch.empty(2, 8, 64, 64, dtype=torch.float16, device="meta")
+    assert fc.gpu_sdp_choice((8, 0), q, kv, kv, None, 0.0, False) == fc.SDP_FLASH
+    assert fc.gpu_sdp_choice((8, 0), q, kv, kv, None, 0.0, False, is_causal=True) == fc.SDP_EFFICIENT
+    f6 = torch.empty(2, 8, 64, 6, dtype=torch.float32, device="meta")
+    assert fc.gpu_sdp_choice((8, 0), f6, f6, f6, None, 0.0, False) == fc.SDP_MATH
+    assert fc.gpu_sdp_choice((7, 0), f6, f6, f6, None, 0.0, False) == fc.SDP_EFFICIENT
+    with sdpa_kernel(SDPBackend.MATH):
+        assert fc.gpu_sdp_choice((9, 0), kv, kv, kv, None, 0.0, False) == fc.SDP_MATH
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        assert fc.gpu_sdp_choice((9, 0), kv, kv, kv, None, 0.0, False) == fc.SDP_EFFICIENT
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        assert fc.gpu_sdp_choice((9, 0), kv, kv, kv, None, 0.0, False) == fc.SDP_EFFICIENT
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
+        fc.gpu_sdp_choice((7, 0), kv, kv, kv, None, 0.0, False)   # flash needs sm80; math is off
+    # the padded flash kernel on the fake GPU: q, k and v copied to head dim 8, the output a view
+    with fake_gpu(capability=(8, 0)):
+        x = torch.empty(2, 8, 64, 4, dtype=torch.float16, device="cuda", requires_grad=True)
+        out = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+        assert out.shape == (2, 8, 64, 4) and out._base is not None and out._base.shape[-1] == 8
+
+
 def _conv(dtype, groups=1, n=4, c=64, hw=28, k=3):
     x = torch.empty(n, c, hw, hw, device="cuda", dtype=dtype)
     w = torch.empty(c, c // groups, k, k, device="cuda", dtype=dtype)

@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from vest_slurm.dynamic.launch import parse_train_command
-from vest_slurm.dynamic.live_oracle import _ABSENT, Census, _Census, _half_in_fp32, run_command
+from vest_slurm.dynamic.live_oracle import _ABSENT, Census, _Census, _half_in_fp32, _out_dtype_gemm, run_command
 from vest_slurm.dynamic.runner import estimate_command
 from vest_slurm.estimate.profiles import get_profile
 
@@ -151,6 +151,19 @@ def test_half_gemms_and_convolutions_run_in_float32_with_the_half_kernels_output
             kept.append(o)
     # the outputs' own bytes, at the half dtype: the float32 copies were never counted
     assert census.live_bytes - before == sum(o.untyped_storage().nbytes() for o in kept)
+
+
+def test_gemms_with_an_output_dtype_run_on_the_cpu():
+    """addmm/mm/bmm/baddbmm with out_dtype (CUDA kernels only; TRL's chunked log-prob head sums bf16
+    products in an fp32 accumulator so): the float32 GEMM rounded to out_dtype, into ``out``."""
+    aten = torch.ops.aten
+    a, b = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 3, dtype=torch.bfloat16)
+    acc = torch.ones(4, 3)
+    got = _out_dtype_gemm(aten.addmm.dtype_out, (acc, a, b, torch.float32), {"alpha": 2.0, "out": acc})
+    assert got is acc and torch.allclose(got, 1 + 2 * (a.float() @ b.float()))
+    assert _out_dtype_gemm(aten.mm.dtype, (a, b, torch.float32), {}).dtype == torch.float32
+    x = torch.randn(2, 4, 8, dtype=torch.float16)
+    assert _out_dtype_gemm(aten.bmm.dtype, (x, x.transpose(1, 2), torch.float32), {}).shape == (2, 4, 4)
 
 
 def test_other_ops_and_mixed_dtypes_run_as_they_are():

@@ -193,6 +193,25 @@ def _half_in_fp32(func, args, kwargs):
     return tree_map_only(torch.Tensor, lambda t: t.to(half) if t.dtype == torch.float32 else t, out)
 
 
+# GEMMs with an output dtype of their own (torch >= 2.8: ``torch.addmm(acc, a, b, out_dtype=torch.float32)``,
+# TRL's chunked log-prob head accumulating bf16 products in fp32) have CUDA kernels only
+_OUT_DTYPE_GEMMS = {getattr(getattr(_aten, name), overload): getattr(_aten, name).default
+                    for name in ("addmm", "mm", "bmm", "baddbmm") for overload in ("dtype", "dtype_out")
+                    if hasattr(getattr(_aten, name), overload)}
+
+
+def _out_dtype_gemm(func, args, kwargs):
+    """``func`` (an _OUT_DTYPE_GEMMS overload) as the CPU can run it: the plain GEMM of its inputs in
+    float32 (as the GPU's kernel accumulates), rounded to ``out_dtype``, written to ``out`` if given."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out", None)
+    cut = 3 if func.overloadpacket in (_aten.addmm, _aten.baddbmm) else 2
+    tensors, out_dtype = args[:cut], args[cut] if len(args) > cut else kwargs.pop("out_dtype")
+    kwargs.pop("out_dtype", None)
+    result = _OUT_DTYPE_GEMMS[func](*(t.to(torch.float32) for t in tensors), **kwargs).to(out_dtype)
+    return out.copy_(result) if out is not None else result
+
+
 class _Census(TorchDispatchMode):
     """Marks every op's outputs as device storage when an input is one (or a device factory runs)."""
 
@@ -205,7 +224,8 @@ class _Census(TorchDispatchMode):
         device = c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0]))
         c.in_kernel += 1
         try:
-            out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else _ABSENT
+            out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else \
+                _out_dtype_gemm(func, args, kwargs or {}) if func in _OUT_DTYPE_GEMMS else _ABSENT
             if out is _ABSENT:
                 if device and torch.Tag.nondeterministic_seeded in func.tags and (kwargs or {}).get("generator") is None:
                     with _on_the_device_generator(c):

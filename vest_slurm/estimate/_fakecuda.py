@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -1284,15 +1285,28 @@ def subclasses_of_fake_tensors() -> list:
     and torch dispatches its ops to the fake mode as any fake tensor's."""
     real = torch.Tensor._make_subclass
 
-    def make_subclass(cls, data, require_grad=False, *args, **kwargs):
-        if not isinstance(data, FakeTensor) or issubclass(cls, FakeTensor) or args or kwargs:
-            return real(cls, data, require_grad, *args, **kwargs)
+    def make_subclass(cls, data, requires_grad=False, **kwargs):
+        if not isinstance(data, FakeTensor) or issubclass(cls, FakeTensor) or kwargs:
+            return real(cls, data, requires_grad, **kwargs)
         out = data.detach()
-        out.requires_grad_(require_grad)
+        out.requires_grad_(requires_grad)
         out.__class__ = _fake_subclass(cls)
         return out
 
-    return [(torch.Tensor, "_make_subclass", staticmethod(make_subclass))]
+    real_new = FakeTensor.__new__
+
+    def new(cls, *args, **kwargs):
+        if cls is FakeTensor and args and isinstance(args[0], torch.Tensor):
+            # type(param)(data, requires_grad=...): a parameter rebuilt with its own class
+            # (accelerate's set_module_tensor_to_device, which every diffusers from_pretrained
+            # runs); a fake parameter's class is FakeTensor (nn.Parameter keeps a subclass's).
+            # Other keywords are the fake tensor's own fields (accelerate's init_empty_weights
+            # passes the parameter's __dict__), which a parameter's __dict__ would not hold
+            grad = kwargs.get("requires_grad", args[1] if len(args) > 1 else True)
+            return torch.nn.Parameter(args[0], requires_grad=bool(grad))
+        return real_new(cls, *args, **kwargs)
+
+    return [(torch.Tensor, "_make_subclass", staticmethod(make_subclass)), (FakeTensor, "__new__", staticmethod(new))]
 
 
 def fake_pointers() -> list:
@@ -1420,40 +1434,71 @@ def installed_sdp_broadcasts_one_kv_head(header: str | None = None) -> bool:
 SDP_BROADCASTS_ONE_KV_HEAD = installed_sdp_broadcasts_one_kv_head()
 
 
-def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa) -> str:
-    """Flash attention: fp16/bf16, no explicit mask, one head dim for q, k and v, <= 256 and a
-    multiple of 8, sm80+; memory-efficient attention: any float dtype but fp64 (bf16 from sm80:
-    ``less_than_sm80_mem_efficient_dtypes``), masks allowed, q
-    and k of one head dim, head dims a multiple of 8 (fp16/bf16) or 4 (fp32), sm50+; math
-    otherwise (the priority order of torch 2.x). With ``enable_gqa`` (torch >= 2.5) key and value
-    may have fewer heads than the query, a divisor of its heads: flash and memory-efficient
-    attention take them as they are (``check_batch_size_and_num_heads_dense`` with GQA support),
-    and newer torch takes a key and value of one head so without it (SDP_BROADCASTS_ONE_KV_HEAD)."""
+def _sdp_enabled(name: str) -> bool:
+    """Whether the script left this backend on: torch.backends.cuda.enable_flash_sdp(False),
+    ``with sdpa_kernel(SDPBackend.MATH)`` (plain setters of torch's global context, no GPU)."""
+    return getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+
+
+def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa,
+                   is_causal: bool = False) -> str:
+    """The backend torch's select_sdp_backend picks on a GPU of this capability (flash, then
+    memory-efficient, then math: cuda/sdp_utils.cpp), among those the script left enabled.
+    Flash: fp16/bf16 on sm80+, no explicit mask, one head dim for q, k and v of at most 256 (one not
+    a multiple of 8 is padded: _gpu_sdpa), no causal mask over a non-square score matrix, not a head
+    dim over 192 that needs gradients on sm86/89/120. Memory-efficient: any float dtype but fp64 (bf16
+    from sm80: ``less_than_sm80_mem_efficient_dtypes``), masks allowed, q and k of one head dim,
+    head dims a multiple of the GEMM alignment (minimum_gemm_alignment: 8 for fp16/bf16, 4 for fp32
+    from sm80, 1 for fp32 before), sm50+. With ``enable_gqa`` (torch >= 2.5) key and value may have
+    fewer heads than the query, a divisor of its heads: flash and memory-efficient attention take
+    them as they are (``check_batch_size_and_num_heads_dense`` with GQA support), and newer torch
+    takes a key and value of one head so without it (SDP_BROADCASTS_ONE_KV_HEAD). None enabled that
+    can run: torch's "No available kernel" error."""
+    math_ok = _sdp_enabled("math")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return SDP_MATH
+        return _math_or_none(math_ok)
     q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
     if not (q_heads == k_heads == v_heads
             or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
             or (SDP_BROADCASTS_ONE_KV_HEAD and k_heads == v_heads == 1)):
-        return SDP_MATH
+        return _math_or_none(math_ok)
     head_dim = query.shape[-1]
     half = query.dtype in (torch.float16, torch.bfloat16)
     same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
-    if half and attn_mask is None and same_dims and head_dim <= 256 and head_dim % 8 == 0 and capability >= (8, 0):
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if (_sdp_enabled("flash") and half and attn_mask is None and same_dims and head_dim <= 256
+            and capability >= (8, 0)
+            and not (is_causal and query.shape[-2] != key.shape[-2])
+            and not (grads and head_dim > 192 and tuple(capability) in ((8, 6), (8, 9), (12, 0)))):
         return SDP_FLASH
-    align = 8 if half else 4
-    if (key.shape[-1] == head_dim and head_dim % align == 0 and value.shape[-1] % align == 0
-            and capability >= (5, 0) and query.dtype != torch.float64
+    align = 8 if half else 4 if capability >= (8, 0) else 1
+    if (_sdp_enabled("mem_efficient") and key.shape[-1] == head_dim and head_dim % align == 0
+            and value.shape[-1] % align == 0 and capability >= (5, 0) and query.dtype != torch.float64
             and (query.dtype != torch.bfloat16 or capability >= (8, 0))):
         return SDP_EFFICIENT
+    return _math_or_none(math_ok)
+
+
+def _math_or_none(math_ok: bool) -> str:
+    if not math_ok:
+        raise RuntimeError("No available kernel. Aborting execution. (scaled_dot_product_attention: the math "
+                           "backend is disabled and no fused one takes these inputs)")
     return SDP_MATH
 
 
 def _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """scaled_dot_product_attention as the GPU of this capability runs it (gpu_sdp_choice)."""
-    choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa)
+    choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
     if choice == SDP_FLASH:
-        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        head_dim = query.shape[-1]
+        if head_dim % 8 == 0:
+            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        # attention.cpp: q, k and v padded to a multiple of 8 (copies), the scale of the true head
+        # dim, and the output a view of the padded one's first head_dim columns
+        pad = 8 - head_dim % 8
+        q, k, v = (torch.nn.functional.pad(t, (0, pad)) for t in (query, key, value))
+        scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0][..., :head_dim]
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # the GPU converts a boolean mask to an additive one of the query's dtype
         # (attention.cpp convert_boolean_attn_mask) for the other kernels
