@@ -1098,3 +1098,15 @@ def test_a_parameter_rebuilt_with_its_own_class_stays_a_parameter():
     params = 4 * (256 * 512 + 512 + 512 * 256 + 256)
     b = dict(est.breakdown)
     assert run.steps == 3 and b["parameters"] == params and b["optimizer_state"] == 2 * params, b
+
+
+def test_passes_under_grad_before_an_optimizer_steps_are_no_training_steps():
+    """A DQN fills its replay buffer choosing actions with the Q-network under grad, its Adam made
+    before: those passes were taken for a forward-only training (2N + 1 passes, no backward), and
+    the estimate had no gradients, no optimizer state, batch 1 (CleanRL's dqn.py: -74%, no flag).
+    An optimizer holding the model's weights steps later: the run goes on to its steps."""
+    (est,), run = estimate_script("warmup_forwards_train.py")
+    params = 4 * (128 * 512 + 512 + 512 * 512 + 512 + 512 * 4 + 4)
+    b = dict(est.breakdown)
+    assert run.steps == 3 and run.stopped_by == "optimizer steps" and run.batch_hint == 32, (run.stopped_by, run.batch_hint)
+    assert b["gradients"] == params and b["optimizer_state"] == 2 * params, b

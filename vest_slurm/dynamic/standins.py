@@ -842,9 +842,11 @@ def _top_level_forward(state: ScriptState, mod) -> None:
     # in one step before its backward (fast_neural_style: VGG on the style image, then on the
     # output and on the input). One model may also run more than once before a backward (two
     # views, a siamese pair), so it takes 2N + 1 of its passes, still no backward, to be sure
-    # there is none; the first N are the run's N steps.
+    # there is none; the first N are the run's N steps. Not where an optimizer already holds the
+    # model's weights: it steps later, after passes under grad that train nothing yet (a DQN's
+    # actions chosen while its replay buffer fills, CleanRL's learning_starts), and the steps are its.
     trains = torch.is_grad_enabled() and any(p.requires_grad for p in mod.parameters())
-    if state.optimizer_steps == 0 and state.backwards == 0 and trains:
+    if state.optimizer_steps == 0 and state.backwards == 0 and trains and not _optimized(state, mod):
         tr = state.tracer
         marks = state.forward_marks.setdefault(id(mod), [])
         marks.append(len(tr.s.events))
@@ -854,6 +856,12 @@ def _top_level_forward(state: ScriptState, mod) -> None:
             state.steps = state.max_steps
             tr.freeze()
             raise state.stop()
+
+
+def _optimized(state: ScriptState, mod) -> bool:
+    """Whether an optimizer the script made holds one of ``mod``'s weights that take gradients."""
+    held = {id(p) for opt in state.optimizers for g in opt.param_groups for p in g["params"]}
+    return any(id(p) in held for p in mod.parameters() if p.requires_grad)
 
 
 def _note_frozen(state: ScriptState, opt) -> None:
@@ -1111,6 +1119,14 @@ def patched(state: ScriptState):
                 # forward, under grad, says the batch
                 state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
                 state.first_forward_done = state.batch_hint_no_grad = False
+            elif state.first_forward_done and not state.backwards and not state.optimizer_steps \
+                    and torch.is_grad_enabled() and _trains(state, mod) and _optimized(state, mod):
+                # passes under grad that train nothing yet, its optimizer waiting (a DQN choosing
+                # actions while its replay buffer fills): the batch, and the inputs' shapes, are
+                # those of the pass the first backward follows
+                state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
+                state.first_forward_done = False
+                state.input_shapes.clear()
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
             _top_level_forward(state, mod)
