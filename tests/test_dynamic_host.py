@@ -1110,3 +1110,11 @@ def test_passes_under_grad_before_an_optimizer_steps_are_no_training_steps():
     b = dict(est.breakdown)
     assert run.steps == 3 and run.stopped_by == "optimizer steps" and run.batch_hint == 32, (run.stopped_by, run.batch_hint)
     assert b["gradients"] == params and b["optimizer_state"] == 2 * params, b
+
+
+def test_torch_distributions_validation_reads_a_healthy_runs_answer():
+    """torch.distributions checks its parameters and samples (validate_args, on by default) with
+    `if not torch._is_all_true(constraint.check(value)): raise ValueError`: the read of a fake
+    tensor answered False, so every PPO/A2C/SAC script was refused. A validation reads true."""
+    (est,), run = estimate_script("policy_gradient_train.py")
+    assert run.steps == 3 and run.batch_hint == 512

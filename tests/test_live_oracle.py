@@ -95,6 +95,8 @@ def test_counts_what_worker_threads_move_to_the_device(scripts):
     # bitsandbytes' 4-bit weights, quantized by .cuda() (its CPU kernels run here: inside an op's
     # kernel a tensor's device is the CPU's), with adapters
     "python bnb_qlora_train.py",
+    # torch.distributions' validation of a policy's outputs (vest reads it as a healthy run's: valid)
+    "python policy_gradient_train.py",
 ])
 def test_agrees_with_the_estimate(command, scripts):
     res = run_command(command, scripts, 3)

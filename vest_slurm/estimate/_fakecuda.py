@@ -262,8 +262,11 @@ def depthwise_on_cudnn(xs, ws, stride, dilation, dtype, channels_last) -> bool:
 _AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
 _AUTOCAST_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)   # (the live oracle's: cuda_autocast.py)
 # Dynamic analysis's stand-ins for checks on values: what a healthy run reads (losses are finite:
-# isfinite true; isnan / isinf false). Kept as fills (below), so all/any/not carry them.
-_TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False}
+# isfinite true; isnan / isinf false; a validation's torch._is_all_true, torch.distributions' check of
+# its parameters and samples against their constraints, true). Kept as fills (below), so
+# all/any/not carry them.
+_TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf": False, "isneginf": False,
+                    "_is_all_true": True}
 _TRUTH_OPS = {getattr(aten, name): value for name, value in _TRUTH_FUNCTIONS.items()}
 
 
