@@ -1118,3 +1118,12 @@ def test_torch_distributions_validation_reads_a_healthy_runs_answer():
     tensor answered False, so every PPO/A2C/SAC script was refused. A validation reads true."""
     (est,), run = estimate_script("policy_gradient_train.py")
     assert run.steps == 3 and run.batch_hint == 512
+
+
+def test_generate_ends_at_its_max_length():
+    """transformers' generate ends its decoding loop on bool(unfinished.max() == 0), where
+    unfinished = ones & ~(criteria | ...): a read of a fake tensor answered False, so the loop ran
+    to the time limit. The max length's criterion is a known fill, and x | True is True whatever
+    the EOS check: the values known without data end the loop at the max length."""
+    (est,), run = estimate_script("generate_then_train.py")
+    assert run.steps == 3 and not [f for f in run.flags if "time limit" in f], run.flags

@@ -260,6 +260,8 @@ _NOT = {aten.logical_not.default, aten.bitwise_not.default}
 _BOOL_BINARY = {aten.bitwise_and.Tensor: operator.and_, aten.logical_and.default: operator.and_,
                 aten.bitwise_or.Tensor: operator.or_, aten.logical_or.default: operator.or_,
                 aten.mul.Tensor: operator.and_}
+_BITWISE = {aten.bitwise_and.Tensor: operator.and_, aten.bitwise_or.Tensor: operator.or_}   # also on integers
+_EXTREMUM = {aten.max.default, aten.min.default, aten.amax.default, aten.amin.default}   # one of the elements
 _ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 _SCALAR_ARITH = {aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar}   # with a Python number
 MASKED_FILL = {aten.masked_fill.Scalar, aten.masked_fill_.Scalar}
@@ -306,7 +308,13 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
     if func in _NOT and x.dtype == torch.bool:
         return monotone(known_of(x), operator.not_)
     if func in _BOOL_BINARY and x.dtype == torch.bool and dt == torch.bool:
-        return product(known_of(x), known_of(args[1]), _BOOL_BINARY[func])
+        return product(_truths(x, known_of), _truths(args[1], known_of), _BOOL_BINARY[func])
+    if func in _BITWISE and not dt.is_floating_point and not dt.is_complex:
+        # transformers' generate: unfinished (long ones) & ~(stopping criteria, one of them the
+        # max length's known fill): the length's True ends every sequence whatever the EOS check
+        return cast(product(_truths(x, known_of), _truths(args[1], known_of), _BITWISE[func]), dt)
+    if func in _EXTREMUM and x.numel() > 0:
+        return cast(known_of(x), dt)
     if func is aten.mul.Tensor and dt.is_floating_point:
         return exact(product(cast(known_of(x), dt), cast(known_of(args[1]), dt), operator.mul), dt)
     if func is aten.constant_pad_nd.default:
@@ -351,6 +359,16 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
     return None
 
 
+def _truths(t, known_of: Callable) -> Known | None:
+    """What ``t``'s elements can be; for a boolean tensor with no rule, one of False and True (sound:
+    so ``x | True`` is known to be True and ``x & False`` False, whatever ``x``)."""
+    k = known_of(t)
+    if k is None and isinstance(t, torch.Tensor) and t.dtype == torch.bool:
+        return frozenset({False, True})
+    return k
+
+
 HANDLED = frozenset(set(_FILLED) | set(_FULL) | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY)
+                    | set(_BITWISE) | _EXTREMUM
                     | _ARANGE | _SCALAR_ARITH | MASKED_FILL | _INDEX_PUT
                     | {aten.cat.default, aten.constant_pad_nd.default, aten.clamp.default, aten.where.self})
