@@ -1127,3 +1127,15 @@ def test_generate_ends_at_its_max_length():
     the EOS check: the values known without data end the loop at the max length."""
     (est,), run = estimate_script("generate_then_train.py")
     assert run.steps == 3 and not [f for f in run.flags if "time limit" in f], run.flags
+
+
+@pytest.mark.parametrize("args", [(), ("--lists",)])
+def test_a_ctc_loss_takes_its_shape_from_the_target_lengths(args):
+    """CTC's log_alpha is (batch, T, 2 * max(target_lengths) + 1): a shape the lengths' values
+    decide, so FakeTensorMode stopped on it and every CTC script (wav2vec2, OCR) was refused as
+    data-dependent, though the lengths are the script's own host data. They are read; the backward
+    makes the gradient and a log_beta as LossCTC.cu does."""
+    (est,), run = estimate_script("ctc_train.py", *args)
+    alpha = 4 * 8 * 200 * (2 * 40 + 1)
+    sizes = [e.size_bytes for e in run.trace.events if e.action == "alloc"]
+    assert run.steps == 3 and sizes.count(alpha) >= 2 * 3, sizes.count(alpha)   # log_alpha and log_beta each step

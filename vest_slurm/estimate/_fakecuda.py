@@ -658,6 +658,10 @@ def _advance_host_generator(func, args, kwargs) -> None:
         func(torch.empty_strided(tuple(target.shape), tuple(target.stride()), dtype=target.dtype), *args[1:], **kwargs)
 
 
+_CTC_FORWARD = {aten._ctc_loss.default, aten._ctc_loss.Tensor}
+_CTC_OPS = _CTC_FORWARD | {aten._ctc_loss_backward.default, aten._ctc_loss_backward.Tensor}
+
+
 def _real_host_op(leaves) -> bool:
     """An aten op on real host tensors only, with no CUDA device asked for: it runs for real
     (``leaves``: its arguments, _op_leaves)."""
@@ -892,6 +896,8 @@ class FakeCudaMode(FakeTensorMode):
             func, args, kwargs = _grouped_mm_fp32_output(*args, **kwargs)
         outermost = self._depth == 0
         leaves = _op_leaves(args, kwargs) if outermost else ()
+        if outermost and func in _CTC_OPS and _is_fake_cuda(args[0] if func in _CTC_FORWARD else args[1]):
+            return self._ctc(func, args, kwargs)
         if self.host_real and outermost and _real_host_op(leaves):
             # host data the script computes on (C++ reached past CudaFactoryMode): real values
             from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -934,6 +940,44 @@ class FakeCudaMode(FakeTensorMode):
         finally:
             CURRENT_OP[0] = ""
         return out
+
+    def _lengths(self, lengths) -> list | None:
+        """The values of a CTC loss's lengths: a list, a host tensor's, or a device tensor's copied
+        from the host (its shadow); None where they are not known here."""
+        if isinstance(lengths, (list, tuple)):
+            return [int(v) for v in lengths]
+        if not isinstance(lengths, FakeTensor):
+            return [int(v) for v in lengths.reshape(-1).tolist()]
+        real = self.shadows.read(lengths) if self.shadows is not None else None
+        return None if real is None else [int(v) for v in real.reshape(-1).tolist()]
+
+    def _ctc(self, func, args, kwargs):
+        """CTC loss on the GPU (LossCTC.cu): its forward makes the loss per sequence and log_alpha,
+        (batch, T, 2 * max(target_lengths) + 1), a shape the target lengths' values decide, so
+        FakeTensorMode stops on it (dynamic output shape). The lengths are the script's: a list,
+        host data, or device data copied from the host, whose values are read here. The backward
+        makes the gradient (full_like the log-probabilities) and a log_beta like log_alpha, freed
+        when it returns (the kernel's smaller scratch for long targets is not counted)."""
+        from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+        if func in _CTC_FORWARD:
+            log_probs, target_lengths = args[0], args[3]
+            lengths = self._lengths(target_lengths)
+            if lengths is None:
+                raise DynamicOutputShapeException(func)
+            batched = log_probs.dim() == 3
+            opts = dict(dtype=log_probs.dtype, device=DEVICE)
+            with self:
+                nll = torch.empty((log_probs.shape[1],) if batched else (), **opts)
+                alpha = torch.empty((log_probs.shape[1] if batched else 1, log_probs.shape[0],
+                                     2 * max(lengths, default=0) + 1), **opts)
+            return nll, alpha
+        log_probs, log_alpha = args[1], args[6]
+        with self:
+            beta = torch.empty_like(log_alpha, memory_format=torch.contiguous_format)
+            grad = torch.full_like(log_probs, float("-inf"), memory_format=torch.contiguous_format)
+            del beta
+        return grad
 
     def _onto_the_gpu(self, types, args, kwargs, flat):
         """C++ composite ops build new tensors from ``input.options()``, whose device is the
@@ -1061,6 +1105,14 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             if isinstance(out, FakeTensor) and getattr(out.fake_mode, "scalar_stand_in", False):
                 out.fake_mode.set_fill(out, truth)
             return out
+        if func in (torch.ctc_loss, torch.nn.functional.ctc_loss) and len(args) >= 4 and _is_fake_cuda(args[0]) \
+                and any(isinstance(a, (list, tuple)) for a in args[2:4]):
+            # lengths as lists: ATen's composite makes a tensor of them from its output's options
+            # (at::tensor, a copy into a fake storage, which fails); as host tensors the composite
+            # takes its path for tensor subclasses, to the same kernel (_ctc)
+            args = (*args[:2], *(torch.tensor(a, dtype=torch.long) if isinstance(a, (list, tuple)) else a
+                                 for a in args[2:4]), *args[4:])
+            return func(*args, **kwargs)
         if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
             return _deepcopy_fake(*args)
         if func is torch.Tensor.__deepcopy__ and not _fake_at_heart(args[0]):
