@@ -1139,3 +1139,15 @@ def test_a_ctc_loss_takes_its_shape_from_the_target_lengths(args):
     alpha = 4 * 8 * 200 * (2 * 40 + 1)
     sizes = [e.size_bytes for e in run.trace.events if e.action == "alloc"]
     assert run.steps == 3 and sizes.count(alpha) >= 2 * 3, sizes.count(alpha)   # log_alpha and log_beta each step
+
+
+def test_a_tokenizer_saved_by_its_compiled_code_goes_to_the_overlay():
+    """tokenizers' Tokenizer.save (Rust, under every save_pretrained and Trainer.save_model) wrote
+    past the overlay into a folder the script made, which exists in the overlay only: the save
+    failed, the flag quoted it as the script's error, and the evaluation after it, the job's peak,
+    went untraced. Its paths go through the overlay; nothing lands in the script's folder."""
+    before = set(os.listdir(SCRIPTS))
+    (est,), run = estimate_script("tokenizer_save_train.py")
+    assert set(os.listdir(SCRIPTS)) == before and not [f for f in run.flags if "stopped there" in f], run.flags
+    assert run.trace.live_peak_bytes() >= 2 * 16384 * 1024 * 4   # the evaluation's input and output
+    assert any(p.endswith(os.path.join("tok_out", "tokenizer.json")) for p in run.redirected_writes)

@@ -353,7 +353,28 @@ class Sandbox:
             setattr(os, name, guarded(make(name), real[name]))
         self._real = real
         self._native_readers()
+        self._tokenizer_files()
         sys.addaudithook(self._audit)
+
+    def _tokenizer_files(self) -> None:
+        """Hugging Face's tokenizers (Rust) write and read a tokenizer's file themselves, past the
+        overlay: ``Tokenizer.save`` (every save_pretrained, Trainer.save_model) into a folder the
+        script made, which is in the overlay only, failed with "No such file or directory (os error
+        2)", and what the script did after it went untraced. Their paths go through the overlay."""
+        try:
+            import tokenizers
+        except ImportError:
+            return
+        cls, sandbox = tokenizers.Tokenizer, self
+        real_save, real_from_file = cls.save, cls.from_file
+
+        def save(tokenizer, path, pretty=True):
+            return real_save(tokenizer, sandbox.redirect(path), pretty)
+
+        def from_file(path):
+            return real_from_file(sandbox.seen(path))
+
+        cls.save, cls.from_file = save, staticmethod(from_file)
 
     def _native_readers(self) -> None:
         """Readers in compiled code open their files past Python's ``open``: safetensors'
@@ -813,8 +834,12 @@ def run(ns) -> dict:
                 # the traced steps stand, and the estimate says what was not traced
                 traceback.print_exc()
                 where, _ = _user_frame(e.__traceback__, ns.script)
-                state.stop_draining(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                                    + (f" at {where}" if where else ""))
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}" + (f" at {where}" if where else "")
+                past = past_the_overlay(e, sandbox)
+                if past:   # (tokenizers' save after trainer.save_model: on the node it succeeds)
+                    why = (f"a write by compiled code {past}, past the overlay vest's run writes into ({why}): "
+                           "vest's gap, not the script's")
+                state.stop_draining(why)
             state.finish()
             # what the run asked of the GPU, each question with its answer (trace.holds_on: another
             # GPU class answering them alike makes the same run, so it is not run again there)
