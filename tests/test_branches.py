@@ -77,3 +77,47 @@ def test_only_the_users_files_are_marked(tmp_path):
     assert b.owns(str(tmp_path / "train.py")) and not b.owns(str(tmp_path / "lib" / "site-packages" / "x.py"))
     assert not b.owns(sys.executable) and not b.owns(str(tmp_path / "data.txt"))
     assert b.compile(b"def broken(:\n", str(tmp_path / "bad.py")) is None   # the real compile raises it
+
+
+NESTED = '''def train(data):
+    for epoch in range(2):
+        for x in data:
+            on_step()
+        if epoch % 2 == 0:
+            evaluate()
+'''
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_note_names_the_scripts_calls_not_the_markers(tmp_path):
+    """The end of a loop's iteration after its inner loop of steps, not reached: what it calls was
+    read with the markers already put into it (an if's operand, its body's marker), and the note
+    told the user of `__vest_reached__` and `__vest_operand__`."""
+    path = tmp_path / "nested.py"
+    path.write_text(NESTED)
+    b = Branches([str(tmp_path)])
+    code = b.compile(path.read_bytes(), str(path))
+
+    def on_step():
+        b.at_step()
+        if len(b.step_lines) >= 1 and on_step.n >= 2:
+            raise _Stop
+        on_step.n += 1
+    on_step.n = 0
+    ns = {"evaluate": lambda: None, "on_step": on_step}
+    setattr(builtins, MARK, b.reach)
+    setattr(builtins, OPERAND, b.operand)
+    try:
+        exec(code, ns)
+        try:
+            ns["train"](range(10))
+        except _Stop:
+            pass
+    finally:
+        delattr(builtins, MARK)
+        delattr(builtins, OPERAND)
+    note = b.note(2)
+    assert note and "nested.py:5" in note and "__vest" not in note, note

@@ -126,9 +126,11 @@ def _on_host(call: ast.Call) -> bool:
 
 
 def _calls(nodes) -> tuple:
-    """The names ``nodes`` call beyond the host (HOST_ONLY, HOST_MODULES), in order."""
+    """The names ``nodes`` call beyond the host (HOST_ONLY, HOST_MODULES), in order (not the markers
+    put in already, into an inner loop or if: no call of the script's)."""
     return tuple(dict.fromkeys(name for n in _walk_own(nodes)
-                               if isinstance(n, ast.Call) and not _on_host(n) and (name := _callee(n))))
+                               if isinstance(n, ast.Call) and not _on_host(n) and (name := _callee(n))
+                               and name not in (MARK, OPERAND)))
 
 
 def _mark(ident: int, at) -> ast.Expr:
