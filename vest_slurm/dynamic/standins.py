@@ -122,6 +122,7 @@ class ScriptState:
     input_shapes: dict = field(default_factory=dict)   # (model id, class) -> its training inputs' shapes, in order (shapes_note)
     shape_from: tuple | None = None   # that key, while a training forward called with keywords only awaits its input's shape
     recomputing: bool = False   # in a forward the autograd engine runs (a checkpointed block's recomputation)
+    hint_top: int = 0   # id of the outermost module of the forward the batch is read in
     trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
     def finish(self) -> None:
@@ -1120,15 +1121,19 @@ def patched(state: ScriptState):
                 state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
                 state.first_forward_done = state.batch_hint_no_grad = False
             elif state.first_forward_done and not state.backwards and not state.optimizer_steps \
-                    and torch.is_grad_enabled() and _trains(state, mod) and _optimized(state, mod):
-                # passes under grad that train nothing yet, its optimizer waiting (a DQN choosing
-                # actions while its replay buffer fills): the batch, and the inputs' shapes, are
-                # those of the pass the first backward follows
+                    and state.hint_top == id(mod) and torch.is_grad_enabled() and _trains(state, mod) \
+                    and _optimized(state, mod):
+                # the model that said the batch called again under grad before any backward, its
+                # optimizer waiting (a DQN choosing actions while its replay buffer fills): the
+                # batch, and the inputs' shapes, are those of the pass the first backward follows
+                # (not another module's of the same step: an embedding, then a head on a selection)
                 state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
                 state.first_forward_done = False
                 state.input_shapes.clear()
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
+            if not state.first_forward_done:
+                state.hint_top = id(mod)
             _top_level_forward(state, mod)
             if torch.is_grad_enabled() and mod.training and not state.draining and _trains(state, mod):
                 # a training forward's input (not a frozen loss network's: fast_neural_style's VGG)
