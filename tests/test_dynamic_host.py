@@ -783,9 +783,10 @@ def test_a_tensor_made_from_device_scalars_reads_them_as_stand_ins():
 
 
 def test_a_native_write_past_the_overlay_is_vests_gap_not_the_scripts():
-    """Compiled code (a fast tokenizer's Rust save) opens its path itself, past the Python-level
+    """Compiled code (Arrow's parquet writer, C++) opens its path itself, past the Python-level
     overlay, and misses the folder the script made there: on the node the save succeeds, so the
-    failure is vest's to say (before: "the script failed", fix the script)."""
+    failure is vest's to say (before: "the script failed", fix the script). (tokenizers' Rust save,
+    the first such writer seen, now goes through the overlay: the test below.)"""
     with pytest.raises(EstimateError) as e:
         estimate_script("native_save_train.py")
     assert e.value.kind == "vest-unsupported" and "past vest's file overlay" in str(e.value)

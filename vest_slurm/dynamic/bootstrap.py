@@ -525,7 +525,9 @@ def _user_frame(tb, script_path: str | None):
     frames = traceback.extract_tb(tb)
     libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
     for fr in reversed(frames):
-        if not any(part in fr.filename for part in libs) and not fr.filename.startswith("<"):
+        # (Cython's frames name their .pyx/.pxi sources relative to the package: pyarrow/error.pxi)
+        if not any(part in fr.filename for part in libs) and not fr.filename.startswith("<") \
+                and not fr.filename.endswith((".pyx", ".pxi", ".pxd")):
             return f"{fr.filename}:{fr.lineno}", (fr.line or "").strip()
     return None, None
 
@@ -654,6 +656,16 @@ def past_the_overlay(e: BaseException, sandbox: Sandbox) -> str | None:
         return "reached the read-only file system"
     if "(os error 2)" in text and sandbox.redirected:
         return "missed a folder the script made (it is in the overlay)"
+    if isinstance(e, OSError) and e.errno == errno.ENOENT:
+        # C++'s (Arrow: "Failed to open local file 'out/x.parquet'"): the file's folder is in the overlay only
+        import re
+
+        paths = [e.filename] if e.filename else re.findall(r"'([^']+)'|\"([^\"]+)\"", text)
+        for path in paths:
+            path = path if isinstance(path, str) else next((p for p in path if p), "")
+            folder = os.path.dirname(os.path.abspath(path)) if path else ""
+            if folder and sandbox.seen(folder) != folder:   # (a folder on disk too: not ENOENT)
+                return "missed a folder the script made (it is in the overlay)"
     return None
 
 
