@@ -140,6 +140,13 @@ class Census:
     def is_device(self, t) -> bool:
         return isinstance(t, torch.Tensor) and any(id(s) in self.live for s in _storages(t))
 
+    def shown_as_device(self, t) -> bool:
+        """Whether the script sees ``t`` on the GPU (Tensor.device, is_cuda, get_device): a device
+        tensor, but inside an op's kernel, which runs on the CPU here (a library's Python kernel
+        of a custom op: bitsandbytes' quantize_4bit makes its code table with ``device=A.device``,
+        a cuda no mode would map there)."""
+        return not self.in_kernel and self.is_device(t)
+
     def mark(self, t) -> None:
         if not isinstance(t, torch.Tensor) or self.frozen or t.device.type != "cpu":
             return
@@ -206,9 +213,8 @@ def _out_dtype_gemm(func, args, kwargs):
     kwargs = dict(kwargs)
     out = kwargs.pop("out", None)
     cut = 3 if func.overloadpacket in (_aten.addmm, _aten.baddbmm) else 2
-    tensors, out_dtype = args[:cut], args[cut] if len(args) > cut else kwargs.pop("out_dtype")
-    kwargs.pop("out_dtype", None)
-    result = _OUT_DTYPE_GEMMS[func](*(t.to(torch.float32) for t in tensors), **kwargs).to(out_dtype)
+    out_dtype = args[cut] if len(args) > cut else kwargs.pop("out_dtype")
+    result = _OUT_DTYPE_GEMMS[func](*(t.to(torch.float32) for t in args[:cut]), **kwargs).to(out_dtype)
     return out.copy_(result) if out is not None else result
 
 
@@ -220,18 +226,18 @@ class _Census(TorchDispatchMode):
         self.c = census
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        c = self.c
+        c, kwargs = self.c, kwargs or {}
         device = c.propagate and (c.factory or any(c.is_device(t) for t in tree_flatten((args, kwargs))[0]))
         c.in_kernel += 1
         try:
-            out = _half_in_fp32(func, args, kwargs or {}) if func in _HALF_SLOW else \
-                _out_dtype_gemm(func, args, kwargs or {}) if func in _OUT_DTYPE_GEMMS else _ABSENT
+            out = _half_in_fp32(func, args, kwargs) if func in _HALF_SLOW else \
+                _out_dtype_gemm(func, args, kwargs) if func in _OUT_DTYPE_GEMMS else _ABSENT
             if out is _ABSENT:
-                if device and torch.Tag.nondeterministic_seeded in func.tags and (kwargs or {}).get("generator") is None:
+                if device and torch.Tag.nondeterministic_seeded in func.tags and kwargs.get("generator") is None:
                     with _on_the_device_generator(c):
-                        out = func(*args, **(kwargs or {}))
+                        out = func(*args, **kwargs)
                 else:
-                    out = func(*args, **(kwargs or {}))
+                    out = func(*args, **kwargs)
         finally:
             c.in_kernel -= 1
         if device:
@@ -274,12 +280,9 @@ def _seeding(census: Census) -> list:
 
 
 def _device_property(census: Census, real):
-    """Tensor.device: cuda for a device tensor, but inside an op's kernel (a library's Python kernel
-    of a custom op, bitsandbytes' quantize_4bit making its code table with ``device=A.device``),
-    which runs on the CPU here with no mode to map a cuda it would be given."""
     def get(self):
         d = real.__get__(self)
-        return _CUDA if d.type == "cpu" and not census.in_kernel and census.is_device(self) else d
+        return _CUDA if d.type == "cpu" and census.shown_as_device(self) else d
     return property(get)
 
 
@@ -602,8 +605,8 @@ def _patched(census: Census, steps: int, state: dict):
         (BackwardCFunction, "apply", custom_backward),
         (threading.Thread, "run", thread_run),
         (torch.Tensor, "device", _device_property(census, real_device)),
-        (torch.Tensor, "is_cuda", property(lambda self: not census.in_kernel and census.is_device(self))),
-        (torch.Tensor, "get_device", lambda self: 0 if not census.in_kernel and census.is_device(self) else -1),
+        (torch.Tensor, "is_cuda", property(census.shown_as_device)),
+        (torch.Tensor, "get_device", lambda self: 0 if census.shown_as_device(self) else -1),
         (torch.autograd, "backward", backward),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch, "compile", _compile),

@@ -125,6 +125,11 @@ class ScriptState:
     hint_top: int = 0   # id of the outermost module of the forward the batch is read in
     trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
+    def reread_batch(self) -> None:
+        """The batch read so far was not the training's: the next forward of the model reads it."""
+        self.batch_hint, self.batch_hint_depth, self.first_input_shape = None, 1 << 30, None
+        self.first_forward_done = self.batch_hint_no_grad = False
+
     def finish(self) -> None:
         if self.manual_step_pending and not self.tracer.frozen:   # (not after the run's end: a step of the epoch's end)
             self.close_manual_step(stop=False)
@@ -1091,8 +1096,7 @@ def patched(state: ScriptState):
             # far was the attempt's that failed; the retry's first forward says the batch
             tr.s.oom_pending = False
             state.depth, tr.s.phase, state.recomputing = 0, "other", False
-            state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
-            state.first_forward_done = state.batch_hint_no_grad = False
+            state.reread_batch()
         if state.depth == 0 and (not _on_the_device(mod, args) or next(mod.parameters(), None) is None):
             # host code: a transform (torchvision's and timm's are modules) on real data; or a
             # module without weights on device data (normalisation, augmentation on the GPU): no
@@ -1118,8 +1122,7 @@ def patched(state: ScriptState):
                 # the batch read so far was a setup pass under no_grad (hlb-CIFAR10 initialises its
                 # whitening layer on 50,000 images; a summary's dummy input): the model's training
                 # forward, under grad, says the batch
-                state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
-                state.first_forward_done = state.batch_hint_no_grad = False
+                state.reread_batch()
             elif state.first_forward_done and not state.backwards and not state.optimizer_steps \
                     and state.hint_top == id(mod) and torch.is_grad_enabled() and _trains(state, mod) \
                     and _optimized(state, mod):
@@ -1127,8 +1130,7 @@ def patched(state: ScriptState):
                 # optimizer waiting (a DQN choosing actions while its replay buffer fills): the
                 # batch, and the inputs' shapes, are those of the pass the first backward follows
                 # (not another module's of the same step: an embedding, then a head on a selection)
-                state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
-                state.first_forward_done = False
+                state.reread_batch()
                 state.input_shapes.clear()
             elif not state.first_forward_done:
                 state.batch_hint_no_grad = not torch.is_grad_enabled()
@@ -1296,8 +1298,7 @@ def patched(state: ScriptState):
             # estimated for an initialisation, importance scores, a dry run): the training's batch
             # and accumulation are read from its own passes, which start here
             state.backwards_at_step, state.closure_backwards = state.backwards, 0
-            state.batch_hint, state.batch_hint_depth, state.first_input_shape = None, 1 << 30, None
-            state.first_forward_done = state.batch_hint_no_grad = False
+            state.reread_batch()
             state.input_shapes.clear()   # (the shapes the training's inputs take start here too)
 
     orig_dl_init = torch.utils.data.DataLoader.__init__

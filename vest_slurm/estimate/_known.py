@@ -257,10 +257,9 @@ _REDUCE = {getattr(packet, name): fn for packet, fn in ((aten.all, all), (aten.a
 _COPIES = {aten._to_copy.default, aten.clone.default, aten.index.Tensor, aten.index_select.default,
            aten.gather.default, aten.repeat.default}   # values only move (or convert)
 _NOT = {aten.logical_not.default, aten.bitwise_not.default}
-_BOOL_BINARY = {aten.bitwise_and.Tensor: operator.and_, aten.logical_and.default: operator.and_,
-                aten.bitwise_or.Tensor: operator.or_, aten.logical_or.default: operator.or_,
-                aten.mul.Tensor: operator.and_}
 _BITWISE = {aten.bitwise_and.Tensor: operator.and_, aten.bitwise_or.Tensor: operator.or_}   # also on integers
+_BOOL_BINARY = {**_BITWISE, aten.logical_and.default: operator.and_, aten.logical_or.default: operator.or_,
+                aten.mul.Tensor: operator.and_}
 _EXTREMUM = {aten.max.default, aten.min.default, aten.amax.default, aten.amin.default}   # one of the elements
 _ARANGE = {aten.arange.default, aten.arange.start, aten.arange.start_step}
 _SCALAR_ARITH = {aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar}   # with a Python number
@@ -369,6 +368,6 @@ def _truths(t, known_of: Callable) -> Known | None:
 
 
 HANDLED = frozenset(set(_FILLED) | set(_FULL) | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY)
-                    | set(_BITWISE) | _EXTREMUM
+                    | _EXTREMUM
                     | _ARANGE | _SCALAR_ARITH | MASKED_FILL | _INDEX_PUT
                     | {aten.cat.default, aten.constant_pad_nd.default, aten.clamp.default, aten.where.self})
