@@ -33,7 +33,7 @@ def test_nvls_buffers_per_communicator_on_nvswitch_hopper(args, expected_mib):
     nvls, est = _nvls(args)
     assert nvls == expected_mib * MiB
     if nvls:   # outside the allocator, in both answers
-        d = dict(est.breakdown)
+        d = dict(est.parts())
         assert est.required_bytes == d["cuda_context"] + d["nccl"] + nvls + d["allocator_required"]
 
 

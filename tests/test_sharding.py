@@ -316,7 +316,7 @@ def _whole_and_scaled(spec):
     from vest_slurm.estimate.models import build_model
 
     cspec = st._compute_spec(spec)
-    st.unit_trace.cache_clear()
+    st.forget_unit_traces()
     made = st.unit_trace(cspec, (9, 0), 80 * 2**30)
     with st._transformers_quiet(cspec):
         whole = st._unit_trace(cspec, build_model(cspec), (9, 0), 80 * 2**30)
@@ -350,10 +350,10 @@ def test_identical_blocks_scaled_equal_the_whole_trace(extra, monkeypatch, capsy
 
     notes = json.loads(capsys.readouterr().out)["trace_notes"]
     assert len(notes) == 1 and notes[0].startswith(bs.SCALED_NOTE) and "7 blocks" in notes[0]
-    st.unit_trace.cache_clear()
+    st.forget_unit_traces()
     monkeypatch.setattr(bs, "MIN_BLOCKS", 99)   # trace it whole
     (full,) = estimate(spec, [h100])
-    st.unit_trace.cache_clear()
+    st.forget_unit_traces()
     assert scaled.breakdown == full.breakdown and scaled.peak_bytes == full.peak_bytes
 
 
@@ -609,3 +609,21 @@ def test_the_job_pythons_torch_decides_the_fsdp_schedule(monkeypatch, tmp_path):
     assert sharding.use_job_torch(sys.executable) == "" and "VEST_JOB_TORCH" not in os.environ
     monkeypatch.setenv("VEST_JOB_TORCH", "2.3")
     assert sharding.use_job_torch(str(python)) == "" and sharding.job_torch_version() == (2, 3)
+
+
+def test_gpu_types_of_one_class_share_the_unit_trace(monkeypatch):
+    """The A100 and the H100 (both sm80+) build every GPU count of a sharding alternative from one
+    trace of the unsharded model, as they share a job's trace on one GPU; the V100 makes its own."""
+    from vest_slurm.estimate import sharded_trace as st
+
+    made = []
+    real = st._traced_units
+    monkeypatch.setattr(st, "_traced_units", lambda *a: made.append(a[1:]) or real(*a))
+    st.forget_unit_traces()
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--batch-size", "2", "--input", "seq64", "--optimizer",
+                                "adamw", "--parallelism", "fsdp2", "--param-dtype", "bf16", "--reduce-dtype", "fp32"])
+    for n, gpu in ((2, "a100-40gb"), (4, "h100-80gb"), (2, "h100-80gb"), (2, "v100-16gb")):
+        p = get_profile(gpu)
+        st.trace_sharded(spec.with_(num_gpus=n), p.capability, p.total_bytes)
+    st.forget_unit_traces()
+    assert made == [((8, 0), get_profile("a100-40gb").total_bytes), ((7, 0), get_profile("v100-16gb").total_bytes)]

@@ -771,6 +771,25 @@ def replay(events: Iterable[AllocEvent], config: AllocatorConfig = AllocatorConf
     return _replay_ops(_compile(events), config, capacity_bytes, check)
 
 
+def _live_need(ops: Sequence[tuple[bool, int, int, int]], config: AllocatorConfig) -> int:
+    live = need = 0
+    sizes: dict[int, int] = {}
+    for is_alloc, block, size, _ in ops:
+        if is_alloc:
+            sizes[block] = round_size(size, config) if size else 0
+            live += sizes[block]
+            need = max(need, live)
+        else:
+            live -= sizes.pop(block, 0)
+    return need
+
+
+def live_need_bytes(events: Iterable[AllocEvent], config: AllocatorConfig = AllocatorConfig()) -> int:
+    """The peak of the live blocks' rounded requests: no capacity below it runs ``events`` (every
+    block handed out is at least its rounded request), so min_capacity_bytes is never below it."""
+    return _live_need(_compile(events), config)
+
+
 def min_capacity_bytes(events: Sequence[AllocEvent], config: AllocatorConfig = AllocatorConfig(),
                        granularity_bytes: int = 2 * MiB) -> int:
     """Smallest capacity (a multiple of granularity_bytes) at which the replay has no OOM.
@@ -786,15 +805,7 @@ def min_capacity_bytes(events: Sequence[AllocEvent], config: AllocatorConfig = A
     """
     g = granularity_bytes
     config_ops = _compile(events)
-    live = need = 0
-    sizes: dict[int, int] = {}
-    for is_alloc, block, size, _ in config_ops:
-        if is_alloc:
-            sizes[block] = round_size(size, config) if size else 0
-            live += sizes[block]
-            need = max(need, live)
-        else:
-            live -= sizes.pop(block, 0)
+    need = _live_need(config_ops, config)
     if need == 0:
         return 0
     free_run = _replay_ops(config_ops, config, None, False)

@@ -17,17 +17,18 @@ gradient_as_bucket_view=False) and NCCL's buffers.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from . import steady
-from .allocator import replay
+from .allocator import live_need_bytes, replay
 from .allocator_config import parse_alloc_conf
 from ..errors import EstimateError, WorkloadError
 from .record import MemoryEstimate
 from .sharding import data_world, strategy_world
-from .profiles import DeviceProfile, eager_loading
+from .profiles import DeviceProfile, capability_class, eager_loading
 from .trace import BF16_NOTE, CAUGHT_OOM, AllocEvent, AllocTrace, with_size
 from ..units import MiB
 from .workload import SHARDED, WorkloadSpec
@@ -208,6 +209,14 @@ def _settled_need(full: list[AllocEvent], config) -> int:
     return need_bytes(list(alive.values()) + list(full[last:]), config)
 
 
+def live_need(events: list[AllocEvent], config) -> int:
+    """No capacity below this runs ``events`` without cuDNN's workspaces (which the capacity search
+    zeroes): the peak of the live blocks' rounded requests (allocator.live_need_bytes)."""
+    from .replaycache import zero_cudnn
+
+    return live_need_bytes(zero_cudnn(events), config)
+
+
 def _peak_on(profile: DeviceProfile, peak: int, required: int) -> int:
     """The peak as this GPU shows it. The replay's peak has no ceiling; where it is above what the
     GPU has but the job runs (required fits), the allocator empties its cache and retries and cuDNN
@@ -294,9 +303,12 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
     config = parse_alloc_conf(spec.alloc_conf)
     events = _events_for(summary.trace.events, profile, spec, summary)
     done = _replayed(summary, events, spec, config)
-    result, need = done.result, done.need_bytes
-    if any(e.module == CAUGHT_OOM for e in events):
-        need = min(need, _settled_need(done.full(), config))
+    result = done.result
+    caught = any(e.module == CAUGHT_OOM for e in events)
+
+    @functools.cache
+    def need_of() -> int:
+        return min(done.need_bytes, _settled_need(done.full(), config)) if caught else done.need_bytes
     # the steps steady.py adds repeat the last one: the run's largest workspaces are the trace's
     cudnn_ws_max = _largest(events, "cudnn", default=0)
     cudnn_find_max = _largest(events, "cudnn_find", default=None)
@@ -329,7 +341,6 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         ("live_tensor_peak", summary.live_peak_bytes),
         ("allocator_peak_allocated", result.peak_allocated_bytes),
         ("allocator_peak_reserved", result.peak_reserved_bytes),
-        ("allocator_required", need),
     )
     trace = summary.trace
     if trace.step_ends and any(e.action == "alloc" for e in trace.events[trace.step_ends[-1]:]):
@@ -345,11 +356,18 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
             breakdown += (("cudnn_engines_bound_peak", placement),)
     if cudnn_find_max is not None:
         breakdown += (("cudnn_benchmark_workspace_max", cudnn_find_max),)
+    peak = fixed + result.peak_reserved_bytes
+    # The capacity search decides the peak only where the uncapped replay is above the GPU and the
+    # live tensors are not (the job may run by flushing the cache): elsewhere it is searched when
+    # asked for (record.MemoryEstimate.required_bytes). A script that caught out-of-memory has the
+    # failed attempts' tensors among the live ones: its need is the settled run's, searched.
+    if peak > profile.usable_bytes and (caught or profile.usable_bytes >= fixed + live_need(events, config)):
+        peak = _peak_on(profile, peak, fixed + need_of())
     return MemoryEstimate(
         gpu=profile.key,
         capacity_bytes=profile.usable_bytes,
-        required_bytes=fixed + need,
-        peak_bytes=_peak_on(profile, fixed + result.peak_reserved_bytes, fixed + need),
+        required=lambda: fixed + need_of(),
+        peak_bytes=peak,
         breakdown=breakdown,
         floor=profile.floor,
         placement_bytes=placement,
@@ -375,9 +393,8 @@ def _engines_bound(full_events, profile: DeviceProfile, config, fixed: int) -> i
 
 
 def gpu_class(profile: DeviceProfile) -> bool:
-    """What a trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need
-    sm80+. GPU types of one class share a trace."""
-    return profile.capability >= (8, 0)
+    """The profile's GPU class (profiles.capability_class): GPU types of one class share a trace."""
+    return capability_class(profile.capability)
 
 
 def shared_trace(made: Iterable, profile: DeviceProfile) -> TraceSummary | None:

@@ -42,6 +42,12 @@ _WS_PRE_HOPPER = 2 * 4096 * KiB + 8 * 16 * KiB   # CUBLAS_WORKSPACE_CONFIG defau
 _WS_HOPPER = 8 * 4096 * KiB                        # default on sm90: :4096:8
 
 
+def capability_class(capability: tuple[int, int]) -> bool:
+    """What a trace can depend on: flash attention, cuDNN's bf16 convolutions and native bf16 need
+    sm80+. GPU types of one class share a trace (estimator.gpu_class)."""
+    return tuple(capability) >= (8, 0)
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     key: str                 # e.g. "a100-40gb"

@@ -4,7 +4,8 @@ and on disk beside the trace cache for the next process.
 Enters: the events estimator._events_for makes for one GPU type (the trace with that type's
 workspace sizes and DDP's buckets), the trace's step ends and the allocator settings. Leaves a
 ``Replayed``: the uncapped replay of the run (with the steps steady.py adds), the smallest capacity
-at which it runs (allocator.min_capacity_bytes after flush-and-retry, cuDNN's workspaces at zero),
+at which it runs (allocator.min_capacity_bytes after flush-and-retry, cuDNN's workspaces at zero;
+searched when first asked for: estimator.estimate_from_trace asks only where it decides the peak),
 and the events of the whole run, made on demand where the answers were read from disk.
 
 Both answers are pure functions of what the replay reads of each event (action, block, size,
@@ -41,16 +42,35 @@ _NEEDS_KEPT = 256
 
 @dataclass
 class Replayed:
+    """``result``: the uncapped replay of the whole run. ``need_bytes``: the smallest capacity at
+    which it runs, searched on first use (a capacity search replays the run ~15 times; placement
+    needs it only where the uncapped peak is above a GPU the live tensors fit in) and then kept,
+    on disk too where the trace cache is on."""
+
     result: ReplayResult
-    need_bytes: int
+    _need: int | None = None
     _full: list[AllocEvent] | None = None
     _make_full: Callable[[], list[AllocEvent]] | None = field(default=None, repr=False)
+    _config: AllocatorConfig | None = field(default=None, repr=False)
+    _path: object = field(default=None, repr=False)
 
     def full(self) -> list[AllocEvent]:
         """The events of the whole run (the trace and the steps steady.py adds)."""
         if self._full is None:
             self._full = self._make_full()
         return self._full
+
+    @property
+    def need_bytes(self) -> int:
+        if self._need is None:
+            # The job runs where its replay reached its reserved peak (every allocation found room
+            # there, the workspaces included): the need is never above it. The search over the
+            # workspace-free events can land above it, as the allocator's splits of other sizes
+            # need not fit the same way.
+            self._need = min(need_bytes(self.full(), self._config), self.result.peak_reserved_bytes)
+            if self._path is not None:
+                _store(self._path, self)
+        return self._need
 
 
 def _digest(events: Sequence[AllocEvent], *extra) -> str:
@@ -95,18 +115,15 @@ def replayed(events: Sequence[AllocEvent], step_ends: Sequence[int], config: All
         path = tracecache.cache_dir() / "replays" / k[:2] / f"{k}.json.gz"
         hit = _load(path)
         if hit is not None:
-            return Replayed(hit[0], hit[1], None, lambda: with_rest_of_run()[0])
+            return Replayed(hit[0], hit[1], None, lambda: with_rest_of_run()[0], config, path)
     full, result = with_rest_of_run()
-    # The job runs where its replay reached its reserved peak (every allocation found room there,
-    # the workspaces included): the need is never above it. The search over the workspace-free
-    # events can land above it, as the allocator's splits of other sizes need not fit the same way.
-    out = Replayed(result, min(need_bytes(full, config), result.peak_reserved_bytes), full)
+    out = Replayed(result, None, full, None, config, path)
     if path is not None:
         _store(path, out)
     return out
 
 
-def _load(path) -> tuple[ReplayResult, int] | None:
+def _load(path) -> tuple[ReplayResult, int | None] | None:
     import os
 
     try:
@@ -114,7 +131,8 @@ def _load(path) -> tuple[ReplayResult, int] | None:
         os.utime(path)   # used now: the pruning keeps the most recently used
         r = dict(doc["result"])
         r["oom"] = OomPoint(**r["oom"]) if r["oom"] is not None else None
-        return ReplayResult(**r), int(doc["need_bytes"])
+        need = doc["need_bytes"]
+        return ReplayResult(**r), None if need is None else int(need)
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         return None   # none, or damaged: a miss, and the store replaces it
 
@@ -122,7 +140,7 @@ def _load(path) -> tuple[ReplayResult, int] | None:
 def _store(path, out: Replayed) -> None:
     from .tracecache import _prune, write_atomic
 
-    doc = {"result": asdict(out.result), "need_bytes": out.need_bytes}
+    doc = {"result": asdict(out.result), "need_bytes": out._need}   # None: not searched yet
     try:
         write_atomic(path, gzip.compress(json.dumps(doc).encode(), 3))
         _prune(path.parent.parent, MAX_ENTRIES)

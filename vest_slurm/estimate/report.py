@@ -82,7 +82,7 @@ def estimate_table(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], slow
                      tablefmt="simple", disable_numparse=True,
                      colalign=("left", "right", "right", "right", "right", "left", "left"))
     first = estimates[0]
-    brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.breakdown]
+    brows = [[_BREAKDOWN_LABELS.get(k, k), _mib(v)] for k, v in first.parts()]
     breakdown = tabulate(brows, headers=[f"breakdown on {first.gpu}", "MiB"], tablefmt="simple",
                          disable_numparse=True, colalign=("left", "right"))
     slow = slow or {}
@@ -143,7 +143,7 @@ def estimate_json(spec: WorkloadSpec, estimates: Sequence[MemoryEstimate], secon
                 "fits": e.fits,
                 "placement_mib": round(max(e.peak_bytes, e.required_bytes, e.placement_bytes) / MiB, 1),
                 "floor": {"context_mib": round(_context(e) / MiB, 1), "source": e.floor or "unknown"},
-                "breakdown": {k: round(v / MiB, 1) for k, v in e.breakdown},
+                "breakdown": {k: round(v / MiB, 1) for k, v in e.parts()},
             }
             for e in estimates
         ],

@@ -28,6 +28,7 @@ from . import _fakecuda as fc
 from . import block_scaling as bs
 from . import optimizer_scaling as os_
 from .models import build_model
+from .profiles import capability_class
 from .sharding import (OptimizerTrace, Unit, UnitTrace, dtypes, rank_trace, shard_layout)
 from .trace import AllocEvent, AllocTrace
 from .tracing import _DTYPES, Tracer, _TracerHooks, _module_hooks, _transformers_quiet, cudnn_flags, \
@@ -142,11 +143,31 @@ class _Marks:
             h.remove()
 
 
-@functools.lru_cache(maxsize=8)
+_UNIT_TRACES: dict[tuple[WorkloadSpec, bool], UnitTrace] = {}
+_UNIT_TRACES_KEPT = 8
+
+
 def unit_trace(cspec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> UnitTrace:
-    """The unsharded model's one traced iteration with its units marked (kept in memory). A stack of
-    at least block_scaling.MIN_BLOCKS identical blocks is traced cut to 4 and 5 blocks and scaled
-    (block_scaling.py), where the 4-block trace repeated gives the 5-block one exactly; else whole."""
+    """The unsharded model's one traced iteration with its units marked, kept in memory per GPU
+    class (profiles.capability_class): GPU types of one class share it, as they share the trace of
+    a job on one GPU (estimator.trace_classes), so every GPU count of a sharding alternative on the
+    A100 and the H100 is built from one trace, the first one asked for."""
+    k = (cspec, capability_class(capability))
+    if k not in _UNIT_TRACES:
+        while len(_UNIT_TRACES) >= _UNIT_TRACES_KEPT:
+            _UNIT_TRACES.pop(next(iter(_UNIT_TRACES)))
+        _UNIT_TRACES[k] = _traced_units(cspec, capability, total_memory_bytes)
+    return _UNIT_TRACES[k]
+
+
+def forget_unit_traces() -> None:
+    _UNIT_TRACES.clear()
+
+
+def _traced_units(cspec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> UnitTrace:
+    """unit_trace, made. A stack of at least block_scaling.MIN_BLOCKS identical blocks is traced cut
+    to 4 and 5 blocks and scaled (block_scaling.py), where the 4-block trace repeated gives the
+    5-block one exactly; else whole."""
     # the model is built seeing the GPU it is traced on (tracing._trace_training)
     with _transformers_quiet(cspec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
                                                      scalar_draws_at_the_top=True):

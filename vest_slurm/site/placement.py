@@ -106,8 +106,11 @@ def needed_bytes(peak_bytes: int, headroom_percent: float, headroom_bytes: int) 
 
 def estimate_need(est: MemoryEstimate) -> int:
     """What the headroom rule is applied to: the peak (never below what the job requires, nor below
-    the cuDNN engines' bound where the cuDNN asked is not the job's: record.py)."""
-    return max(est.peak_bytes, est.required_bytes, est.placement_bytes)
+    the cuDNN engines' bound where the cuDNN asked is not the job's: record.py). The estimator's
+    peak is never below its need (the uncapped replay runs; a peak capped at the GPU is one the need
+    fits), so a need not yet searched (record.MemoryEstimate.required) is not searched for this."""
+    required = 0 if callable(est.required) else est.required
+    return max(est.peak_bytes, required, est.placement_bytes)
 
 
 # ---------------------------------------------------------------- context and rules
