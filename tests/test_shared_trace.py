@@ -29,6 +29,7 @@ def traced(monkeypatch):
         return real(spec, capability, total_memory_bytes)
 
     monkeypatch.setattr(tracing, "trace_training", counting)
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "0")   # counted in this process: no class traced in a child (ahead.py)
     monkeypatch.setenv("VEST_CACHE_DIR", "off")
     return calls
 

@@ -33,6 +33,7 @@ def cache(tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(tracing, "trace_training", counting)
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "0")   # counted in this process: no class traced in a child (ahead.py)
     return tmp_path, calls
 
 

@@ -97,6 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-mib", type=int, required=True)
     ap.add_argument("--cpu-s", type=float, required=True)
     ns = ap.parse_args(argv)
+    # every trace in this process, under its CPU and memory limits: the server's pool of workers is
+    # the bridge's parallelism, not children of a worker (estimate/ahead.py)
+    os.environ["VEST_TRACE_AHEAD"] = "0"
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)          # whatever a library prints goes to stderr, never into the answers
     try:

@@ -230,8 +230,13 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     """The CPU trace of ``spec`` on a GPU like ``profile``. ``cache``: read it from the trace cache
     (tracecache.py) where the same workload was traced by the same code before, and keep it there;
     the CLI commands use it, the benchmarks (which time the tracing) do not."""
-    from . import tracecache
+    from . import ahead, tracecache
 
+    made, answer = ahead.take((spec, profile.key, cache))   # traced beside another class (trace_ahead)
+    if made:
+        if isinstance(answer, EstimateError):
+            raise answer
+        return answer
     if spec.parallelism in SHARDED:
         # per rank (sharding.py); the unsharded model's trace is kept in memory by sharded_trace
         from .sharded_trace import trace_sharded
@@ -404,23 +409,51 @@ def shared_trace(made: Iterable, profile: DeviceProfile) -> TraceSummary | None:
     return next((s for s in made if isinstance(s, TraceSummary) and holds_on(s.trace, profile.capability)), None)
 
 
+def trace_ahead(spec: WorkloadSpec, profiles: Iterable[DeviceProfile], cache: bool = False) -> list[tuple]:
+    """Start the traces of ``spec`` on the first GPU type of every GPU class of ``profiles`` but the
+    first in forked children (ahead.py), where they are not in the trace cache: trace_for takes them.
+    Returns the keys started (the caller cancels those it does not take: ahead.cancel)."""
+    from . import ahead, tracecache
+
+    if spec.model.startswith("script:"):   # a training script runs in its own child (dynamic/runner.py)
+        return []
+    firsts: dict[bool, DeviceProfile] = {}
+    for p in profiles:
+        firsts.setdefault(gpu_class(p), p)
+    started = []
+    for p in list(firsts.values())[1:]:
+        if cache and tracecache.load(tracecache.key(spec, p.capability, p.total_bytes)) is not None:
+            continue
+        if ahead.start((spec, p.key, cache), trace_for, spec, p, cache):
+            started.append((spec, p.key, cache))
+    return started
+
+
 def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
                   cache: bool = False) -> dict[bool, TraceSummary | EstimateError]:
     """One trace per GPU class of ``profiles``, or the EstimateError of a class whose trace failed
     (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised. A class whose
     GPUs answer every GPU-dependent question a trace of another class asked alike (trace.holds_on:
-    none asked, as for a CNN in fp32 or fp16) takes that trace: it is the trace it would make."""
+    none asked, as for a CNN in fp32 or fp16) takes that trace: it is the trace it would make.
+    The other classes are traced beside the first one where there are cores (trace_ahead)."""
+    from . import ahead
+
+    profiles = list(profiles)
+    started = trace_ahead(spec, profiles, cache)
     out: dict[bool, TraceSummary | EstimateError] = {}
-    for p in profiles:
-        if gpu_class(p) not in out:
-            same = shared_trace(out.values(), p)
-            if same is not None:
-                out[gpu_class(p)] = same
-                continue
-            try:
-                out[gpu_class(p)] = trace_for(spec, p, cache)
-            except EstimateError as e:
-                out[gpu_class(p)] = e
+    try:
+        for p in profiles:
+            if gpu_class(p) not in out:
+                same = shared_trace(out.values(), p)
+                if same is not None:
+                    out[gpu_class(p)] = same
+                    continue
+                try:
+                    out[gpu_class(p)] = trace_for(spec, p, cache)
+                except EstimateError as e:
+                    out[gpu_class(p)] = e
+    finally:
+        ahead.cancel(lambda k: k in started)   # the classes that took another's trace
     return out
 
 

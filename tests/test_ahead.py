@@ -1,0 +1,119 @@
+"""The other GPU classes traced beside the first in forked children (estimate/ahead.py): the same
+traces as one after another, the children's work not repeated here, and no child left behind."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch  # noqa: F401
+
+from vest_slurm.estimate import ahead, estimator, tracing
+from vest_slurm.estimate.profiles import get_profile
+from vest_slurm.estimate.workload import parse_workload_args
+
+V100, A100 = get_profile("v100-16gb"), get_profile("a100-40gb")
+
+
+def spec(precision):
+    return parse_workload_args(["--model", "hf:tiny-llama", "--input", "seq32", "--batch-size", "2",
+                                "--precision", precision])
+
+
+@pytest.fixture
+def here(monkeypatch):
+    """The traces made in this process (a child's are made in its own copy of this list)."""
+    calls = []
+    real = tracing.trace_training
+
+    def counting(sp, capability=(8, 0), total_memory_bytes=80 << 30):
+        calls.append(tuple(capability))
+        return real(sp, capability, total_memory_bytes)
+
+    monkeypatch.setattr(tracing, "trace_training", counting)
+    monkeypatch.setenv("VEST_CACHE_DIR", "off")
+    monkeypatch.setattr(ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)   # whatever else runs on this machine
+    return calls
+
+
+def _children() -> set[int]:
+    """This process's child processes that have not been waited for (zombies included)."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        out.add(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def test_the_second_class_is_traced_in_a_child_and_is_the_trace_made_here(here, monkeypatch):
+    before = _children()
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    beside = estimator.trace_classes(spec("amp-bf16"), [A100, V100])
+    assert here == [(8, 0)]                       # the V100's trace came from the child
+    assert not ahead._AHEAD and _children() == before
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "0")
+    here.clear()
+    alone = estimator.trace_classes(spec("amp-bf16"), [A100, V100])
+    assert here == [(8, 0), (7, 0)]
+    for cls in (True, False):
+        assert beside[cls].trace.events == alone[cls].trace.events
+        assert beside[cls].trace.gpu_asked == alone[cls].trace.gpu_asked
+    assert beside[False].trace.events != beside[True].trace.events   # bf16 on the V100 is another run
+
+
+def test_a_child_whose_class_takes_the_first_trace_is_stopped(here, monkeypatch):
+    """A CNN in fp32 asks the GPU nothing: the V100 takes the A100's trace (trace.holds_on) and
+    the child tracing it is killed and waited for."""
+    before = _children()
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    cnn = parse_workload_args(["--model", "torchvision:resnet18", "--input", "3x32x32", "--batch-size", "4"])
+    got = estimator.trace_classes(cnn, [A100, V100])
+    assert here == [(8, 0)] and got[True] is got[False]
+    assert not ahead._AHEAD and _children() == before
+
+
+def test_the_prober_traces_the_job_beside_too(here, monkeypatch):
+    from vest_slurm.site.advice import Prober
+    from vest_slurm.site.config import parse_site_config
+
+    site = parse_site_config("""
+[gpu.v100]
+profile = "v100-16gb"
+[gpu.a100]
+profile = "a100-40gb"
+[partition.gpu]
+gpu_types = ["v100", "a100"]
+gpus_per_node = 4
+""")
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    prober = Prober.for_site(site, budget_s=600)
+    ok, failed = prober.estimates(spec("amp-bf16"))
+    assert sorted(ok) == ["a100", "v100"] and not failed and here == [(7, 0)] and prober.traces_made == 2
+    assert not ahead._AHEAD
+
+
+def test_an_error_in_the_child_is_the_error_made_here(here, monkeypatch):
+    """A trace that fails in the child fails as it would here: the same EstimateError."""
+    from vest_slurm.errors import EstimateError
+
+    def refuses(sp, capability=(8, 0), total_memory_bytes=80 << 30):
+        raise EstimateError(f"refused on sm{capability[0]}{capability[1]}", "nothing to do")
+
+    monkeypatch.setattr(tracing, "trace_training", refuses)
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    got = estimator.trace_classes(spec("amp-bf16"), [A100, V100])
+    assert isinstance(got[False], EstimateError) and "refused on sm70" in str(got[False])
+    assert isinstance(got[True], EstimateError) and "refused on sm80" in str(got[True])
+
+
+def test_no_child_where_no_core_is_idle(here, monkeypatch):
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 0.4)
+    estimator.trace_classes(spec("amp-bf16"), [A100, V100])
+    assert here == [(8, 0), (7, 0)]

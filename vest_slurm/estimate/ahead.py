@@ -1,0 +1,127 @@
+"""Traces of the other GPU classes made beside the first one, in forked children.
+
+A job is traced once per GPU class (estimator.trace_classes; advice.Prober for `vest check`), one
+after another, and a trace is most of what an estimate costs. On a login node with cores to spare
+the other classes' traces start ahead in children forked before the first one begins: ``start``
+forks one per (workload, GPU type) asked for; ``take`` gives the child's trace (TraceSummary, or the
+EstimateError its trace raised) where the same workload is traced on the same GPU type, and
+estimator.trace_for calls it first. Where the first class's trace turns out to hold on another
+(trace.holds_on) the caller shares it and ``cancel`` stops that child. Nothing here changes what
+is traced: a child runs trace_for as the parent would, from the state the parent had at the fork
+(no trace running), and a child that fails to answer (killed, a result that cannot be pickled)
+leaves the trace to the parent. ``VEST_TRACE_AHEAD=0`` turns it off; it is off with one core, and where no core is idle (the
+load average), as on a login node busy with other users' work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+
+_AHEAD: dict[tuple, "_Child"] = {}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))   # the cores this process may run on (a cgroup's cpuset)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _idle_cores() -> float:
+    """Cores no runnable process wants (this one's and a login node's other users' counted by the
+    load average over the last minute): a child on a busy core only slows the trace beside it."""
+    try:
+        return _cores() - os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def enabled() -> bool:
+    return os.environ.get("VEST_TRACE_AHEAD", "1") != "0" and _cores() >= 2 and _idle_cores() >= 1
+
+
+class _Child:
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd = pid, fd
+
+    def result(self):
+        """(True, value) or (False, None) where the child gave no answer."""
+        try:
+            with os.fdopen(self.fd, "rb") as f:
+                data = f.read()
+            os.waitpid(self.pid, 0)
+            ok, value = pickle.loads(data)
+            return ok, value
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError):
+            return False, None
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.close(self.fd)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+
+
+def _run_child(w: int, fn, args) -> None:
+    from . import progress
+
+    progress.set_quiet(True)   # the parent shows progress
+    try:
+        out = (True, fn(*args))
+    except Exception as e:   # an EstimateError is an answer; anything else the parent meets itself
+        from ..errors import EstimateError
+
+        out = (True, e) if isinstance(e, EstimateError) else (False, None)
+    try:
+        data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        data = pickle.dumps((False, None))
+    with os.fdopen(w, "wb") as f:
+        f.write(data)
+
+
+def start(key: tuple, fn, *args) -> bool:
+    """Fork a child computing ``fn(*args)`` for ``key`` (where none runs yet); False where none
+    could be started (off, one core, no fork)."""
+    if key in _AHEAD or not enabled():
+        return False
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:   # the child: never returns into the caller's code
+        code = 0
+        try:
+            os.close(r)
+            _run_child(w, fn, args)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    _AHEAD[key] = _Child(pid, r)
+    return True
+
+
+def take(key: tuple):
+    """(True, the child's answer) for ``key``, waiting for it; (False, None) where no child ran
+    for it or it gave no answer (the caller makes the trace itself)."""
+    child = _AHEAD.pop(key, None)
+    if child is None:
+        return False, None
+    return child.result()
+
+
+def cancel(match=lambda key: True) -> None:
+    """Stop the children whose key ``match``es (their traces are not needed)."""
+    for key in [k for k in _AHEAD if match(k)]:
+        _AHEAD.pop(key).kill()
+
+
+atexit.register(cancel)
