@@ -1152,3 +1152,17 @@ def test_a_tokenizer_saved_by_its_compiled_code_goes_to_the_overlay():
     assert set(os.listdir(SCRIPTS)) == before and not [f for f in run.flags if "stopped there" in f], run.flags
     assert run.trace.live_peak_bytes() >= 2 * 16384 * 1024 * 4   # the evaluation's input and output
     assert any(p.endswith(os.path.join("tok_out", "tokenizer.json")) for p in run.redirected_writes)
+
+
+def test_draws_on_the_host_in_a_constructor_are_the_jobs_not_sampled():
+    """A model's constructor runs where its tensors stay fake (no host memory for weights): a random
+    fill there (``torch.empty(1).uniform_()``, a random crop in a mock forward pass) got a value
+    drawn from vest's own seeds and was flagged as the GPU's random draw deciding shapes. It is a
+    host draw: its value now comes from the script's generator, as in the job. The layer width the
+    script draws is the job's (read from the script run on the host), and nothing is flagged."""
+    width = int(subprocess.run([sys.executable, "constructor_mock_pass_train.py", "--print-width"], cwd=SCRIPTS,
+                               capture_output=True, text=True, check=True).stdout)
+    (est,), run = estimate_script("constructor_mock_pass_train.py")
+    assert run.steps == 3 and not run.flags, run.flags
+    params = (3 * 8 * 9 + 8) + (8 * 32 * 32 * width + width) + (width * 10 + 10)
+    assert dict(est.breakdown)["parameters"] == 4 * params, width

@@ -633,7 +633,7 @@ def _spend_draws(n: int) -> bool:
     return True
 
 
-def _advance_host_generator(func, args, kwargs) -> None:
+def _advance_host_generator(func, args, kwargs) -> torch.Tensor | None:
     """A random fill of a fake host tensor (the weights a module's constructor initialises on the
     host, which stay fake: ``nn.init.kaiming_uniform_``, ``normal_``, ``trunc_normal_``) drew
     nothing, where the job's draws from the host's generator. Every later host draw of the script
@@ -641,21 +641,24 @@ def _advance_host_generator(func, args, kwargs) -> None:
     differed from the job's, and so did the batches traced (their lengths, where each batch is
     padded to its longest). The same fill of a real tensor of the same layout takes as many
     numbers from the same generator. (CudaFactoryMode does the same for torch.randn and its kind
-    in a constructor; fills of fake CUDA tensors are the GPU generator's draws: none.)"""
+    in a constructor; fills of fake CUDA tensors are the GPU generator's draws: none.) Returns the
+    real tensor filled: the values the job draws there (None where nothing was drawn)."""
     first = func._schema.arguments[0] if func._schema.arguments else None
     target = args[0] if args else None
     if not (isinstance(target, FakeTensor) and target.fake_device.type == "cpu" and first is not None
             and first.alias_info is not None and first.alias_info.is_write):
-        return
+        return None
     if any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args[1:], kwargs))):
-        return   # a draw from other tensors (bernoulli_(p)): not a weight's initialisation
+        return None   # a draw from other tensors (bernoulli_(p)): not a weight's initialisation
     gen = kwargs.get("generator")
     if (gen is not None and getattr(gen, "_vest_device", None) is not None) or not _spend_draws(target.numel()):
-        return   # a CUDA generator's draw; or past the budget
+        return None   # a CUDA generator's draw; or past the budget
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        func(torch.empty_strided(tuple(target.shape), tuple(target.stride()), dtype=target.dtype), *args[1:], **kwargs)
+        real = torch.empty_strided(tuple(target.shape), tuple(target.stride()), dtype=target.dtype)
+        func(real, *args[1:], **kwargs)
+    return real
 
 
 _CTC_FORWARD = {aten._ctc_loss.default, aten._ctc_loss.Tensor}
@@ -916,8 +919,9 @@ class FakeCudaMode(FakeTensorMode):
                 raise
         finally:
             self._depth -= 1
+        host_draw = None
         if self.host_real and outermost and torch.Tag.nondeterministic_seeded in func.tags:
-            _advance_host_generator(func, args, kwargs)
+            host_draw = _advance_host_generator(func, args, kwargs)
         if not outermost:
             # An op that FakeTensorMode runs as a Python decomposition (native_batch_norm, ...)
             # dispatches its pieces back here. On the GPU it is one kernel: only its outputs are
@@ -927,7 +931,7 @@ class FakeCudaMode(FakeTensorMode):
         if self.shadows is not None:
             written = [w for w in (args[i] if i < len(args) else kwargs.get(name) for i, name in _written_args(func))
                        if isinstance(w, FakeTensor)]
-            self.shadows.after_op(func, args, kwargs, out, written)
+            self.shadows.after_op(func, args, kwargs, out, written, host_draw)
         CURRENT_OP[0] = func.__name__
         try:
             for t in (out,) if isinstance(out, torch.Tensor) else pytree.tree_leaves(out):   # a tensor is a leaf

@@ -315,10 +315,13 @@ class Shadows:
         rkwargs.pop("pin_memory", None)
         return rargs, rkwargs
 
-    def after_op(self, func, args, kwargs, out, written) -> None:
+    def after_op(self, func, args, kwargs, out, written, host_draw: torch.Tensor | None = None) -> None:
         """Mirror one op on the shadows (the fake mode calls it after the op, outermost only):
-        ``written`` are the fake tensors the op wrote to."""
+        ``written`` are the fake tensors the op wrote to; ``host_draw``: the values a random fill
+        of a fake host tensor drew from the script's own generator (_fakecuda._advance_host_generator)."""
         first = args[0] if args else None
+        if host_draw is not None and self._host_fill(first, host_draw):
+            return
         if torch.Tag.nondeterministic_seeded in func.tags and self._sample(func, args, kwargs, out, written):
             return
         if func.overloadpacket.__name__ in _LAYOUT_ONLY and isinstance(first, FakeTensor) and self.get(first) is None:
@@ -527,6 +530,19 @@ class Shadows:
                 return func(*((target(),) if target else ()), *rargs, **rkwargs)
         except Exception:   # no CPU kernel for it: no shadow
             return None
+
+    def _host_fill(self, t, drawn: torch.Tensor) -> bool:
+        """A random fill of a fake host tensor (one made in a module's constructor, as a mock
+        forward pass there makes its inputs and a random crop's ``torch.empty(1).uniform_()``): the
+        host's draw, made from the script's own generator as the job makes it, so its values are the
+        job's: an exact shadow, not a sampled one (no GPU draw decides what it decides). Not for
+        weights (``requires_grad``) nor for what is too large to shadow."""
+        if not isinstance(t, FakeTensor) or t.requires_grad or not worthy(t):
+            return False
+        if t.storage_offset() != 0 or not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            return False
+        self.forget(t)
+        return self.set(t, drawn)
 
     def _sample_fill(self, func, args, kwargs, name: str) -> bool:
         """An in-place fill that draws every element of a tensor that is not a weight (hlb-CIFAR10's
