@@ -302,3 +302,18 @@ def test_interpreter_flags_that_change_the_program_reach_the_child():
     assert dict(parse_train_command("python -O train.py --x 1").env) == {"PYTHONOPTIMIZE": "1"}
     assert dict(parse_train_command("python -u -OO train.py").env) == {"PYTHONOPTIMIZE": "2"}
     assert parse_train_command("python -u train.py").env == ()
+
+
+@pytest.mark.parametrize("command,script,args,nproc,nnodes", [
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", "train.py", ("--local_rank=0", "--deepspeed", "ds.json"), 2, 1),
+    ("deepspeed --num_gpus=4 --num_nodes=2 --hostfile=hosts train.py --x 1", "train.py", ("--local_rank=0", "--x", "1"), 4, 2),
+    ("deepspeed --hostfile hosts --master_port 29501 train.py", "train.py", ("--local_rank=0",), -1, -1),
+    ("deepspeed --no_local_rank train.py --lr 1", "train.py", ("--lr", "1"), -1, 1),
+])
+def test_deepspeeds_launcher_is_read_without_deepspeed_installed(command, script, args, nproc, nnodes):
+    """`deepspeed train.py` was found only as the console script of an installed DeepSpeed (not a
+    dependency here); its launcher is now read as torchrun's is: GPUs per node (--num_gpus, default
+    every GPU of the node), nodes (--num_nodes, default the hostfile's), and the legacy
+    --local_rank=0 it passes rank 0 before the script's own arguments."""
+    cmd = parse_train_command(command)
+    assert (cmd.script, cmd.args, cmd.nproc, cmd.nnodes, cmd.launcher) == (script, args, nproc, nnodes, "deepspeed")

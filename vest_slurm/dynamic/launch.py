@@ -44,12 +44,19 @@ _FABRIC_FLAGS_WITH_VALUE = {
     "--accelerator", "--strategy", "--devices", "--num-nodes", "--num_nodes", "--node-rank", "--node_rank",
     "--main-address", "--main_address", "--main-port", "--main_port", "--precision",
 }
+# DeepSpeed's launcher (deepspeed/launcher/runner.py parse_args): the options that take a value
+_DEEPSPEED_FLAGS_WITH_VALUE = {
+    "-H", "--hostfile", "-i", "--include", "-e", "--exclude", "--num_nodes", "--min_elastic_nodes",
+    "--max_elastic_nodes", "--num_gpus", "--num_accelerators", "--master_port", "--master_addr", "--node_rank",
+    "--launcher", "--launcher_args", "--ssh_port", "--bind_core_list", "--venv_script", "--comment", "--account",
+    "--autotuning", "--enable_each_rank_log",
+}
 # Python console scripts a job script runs to set itself up, not to train: a job script's training
 # command is its first Python file or module run, else its first other console script (find_train_command)
 _SETUP_TOOLS = {"pip", "pip3", "uv", "conda", "mamba", "micromamba", "huggingface-cli", "hf", "wandb", "gdown",
                 "jupyter", "tensorboard", "nvitop", "gpustat", "accelerate", "deepspeed", "vest", "vsbatch"}
 # launchers that start --nproc_per_node processes on each node through torch.distributed.run
-TORCHRUN_LIKE = ("torchrun", "fabric")
+TORCHRUN_LIKE = ("torchrun", "fabric", "deepspeed")
 _PYTHON_FLAGS = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-b", "-bb", "-q", "-v"}
 # the interpreter flags that change what the script does, as the variables that say the same to the
 # child's Python (-O: asserts removed, as a job's `python -O train.py` runs them)
@@ -259,6 +266,24 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         launcher = "accelerate"
         launcher_args = tuple(w for w in words[first:i] if w != "--")
         config_file = seen.get("--config_file", seen.get("--config-file"))
+    elif base == "deepspeed":
+        # DeepSpeed's launcher: torch.distributed's variables per rank, as torchrun gives them, and
+        # the legacy --local_rank=N before the script's own arguments (launcher/launch.py), unless
+        # --no_local_rank. Its defaults: every GPU of the node (--num_gpus -1), the hostfile's nodes.
+        i, seen = _skip_options(words, i + 1, _named(_DEEPSPEED_FLAGS_WITH_VALUE))
+        launcher = "deepspeed"
+        nproc = _int(seen.get("--num_gpus", seen.get("--num_accelerators", "gpu")), "--num_gpus")
+        nnodes = _int(seen.get("--num_nodes", "-1" if "--hostfile" in seen or "-H" in seen else "1"), "--num_nodes")
+        if "--no_python" in seen:
+            raise WorkloadError("deepspeed --no_python runs a program that is not Python", "estimate the Python training script directly")
+        if i >= len(words):
+            raise WorkloadError(f"no training script after {command!r}", "give e.g. `deepspeed train.py ...`")
+        rank = () if "--no_local_rank" in seen else ("--local_rank=0",)
+        if "--module" in seen:
+            return TrainCommand(None, words[i], rank + tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head,
+                                srun=srun, nnodes=nnodes)
+        return TrainCommand(words[i], None, rank + tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head,
+                            srun=srun, nnodes=nnodes)
     elif (base == "fabric" and words[i + 1:i + 2] == ["run"]) or (base == "lightning" and words[i + 1:i + 3] == ["run", "model"]):
         i, seen = _skip_options(words, i + (2 if base == "fabric" else 3), _named(_FABRIC_FLAGS_WITH_VALUE))
         launcher = "fabric"
@@ -285,7 +310,7 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         if found is None:
             raise WorkloadError(f"`{' '.join(words)}` is not a Python training command",
                                 "use python train.py, python -m pkg.train, torchrun ... train.py, srun python ..., "
-                                "accelerate launch ..., fabric run ..., or a Python package's console script")
+                                "accelerate launch ..., fabric run ..., deepspeed ..., or a Python package's console script")
         script, interpreter = found
         return TrainCommand(script, None, tuple(words[i + 1:]), 1, "python", tuple(env), program=interpreter, srun=srun)
     if i >= len(words):
