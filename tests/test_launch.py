@@ -317,3 +317,16 @@ def test_deepspeeds_launcher_is_read_without_deepspeed_installed(command, script
     --local_rank=0 it passes rank 0 before the script's own arguments."""
     cmd = parse_train_command(command)
     assert (cmd.script, cmd.args, cmd.nproc, cmd.nnodes, cmd.launcher) == (script, args, nproc, nnodes, "deepspeed")
+
+
+@pytest.mark.parametrize("command,args", [
+    ("python -m torch.distributed.launch --nproc_per_node 2 train.py --lr 1", ("--local-rank=0", "--lr", "1")),
+    ("python -m torch.distributed.launch --use_env --nproc_per_node 2 train.py --lr 1", ("--lr", "1")),
+    ("torchrun --nproc_per_node 2 train.py --lr 1", ("--lr", "1")),
+])
+def test_the_legacy_launcher_passes_the_local_rank_as_an_argument(command, args):
+    """torch.distributed.launch, unlike torchrun, passes --local-rank=N to the script unless
+    --use-env (torch/distributed/launch.py): a script that reads it (``if args.local_rank != -1``:
+    DDP) took its single-GPU branch here."""
+    cmd = parse_train_command(command)
+    assert cmd.args == args and cmd.nproc == 2

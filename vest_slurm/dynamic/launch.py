@@ -246,16 +246,20 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
     head = words[i]
     base = os.path.basename(head)
     launcher, nproc, nnodes, mixed = "python", 1, 1, None
-    launcher_args, config_file = (), None
+    launcher_args, config_file, rank_args = (), None, ()
     if base == "torchrun" or (_is_python(base) and words[i + 1:i + 3] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])):
         start = i + 1 if base == "torchrun" else i + 3
+        legacy = words[i + 1:i + 3] == ["-m", "torch.distributed.launch"]
         i, seen = _skip_options(words, start, _named(_TORCHRUN_FLAGS_WITH_VALUE))
         nproc = _int(seen.get("--nproc_per_node", seen.get("--nproc-per-node", "1")), "--nproc_per_node")
         nnodes = _nodes(seen.get("--nnodes", "1"))
         launcher = "torchrun"
+        if legacy and not {"--use-env", "--use_env"} & set(seen):
+            # the legacy launcher passes the local rank as an argument (torch/distributed/launch.py)
+            rank_args = ("--local-rank=0",)
         if ("-m" in seen or "--module" in seen) and i < len(words):   # torchrun -m: the target is a module
-            return TrainCommand(None, words[i], tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head, srun=srun,
-                                nnodes=nnodes)
+            return TrainCommand(None, words[i], rank_args + tuple(words[i + 1:]), nproc, launcher, tuple(env),
+                                program=head, srun=srun, nnodes=nnodes)
         if "--no_python" in seen or "--no-python" in seen:
             raise WorkloadError("torchrun --no-python runs a program that is not Python", "estimate the Python training script directly")
     elif base == "accelerate" and i + 1 < len(words) and words[i + 1] == "launch":
@@ -315,8 +319,8 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         return TrainCommand(script, None, tuple(words[i + 1:]), 1, "python", tuple(env), program=interpreter, srun=srun)
     if i >= len(words):
         raise WorkloadError(f"`{' '.join(words)}` names no script", "give the training script, e.g. python train.py")
-    return TrainCommand(words[i], None, tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed, launcher_args,
-                        config_file, program=head, srun=srun, nnodes=nnodes)
+    return TrainCommand(words[i], None, rank_args + tuple(words[i + 1:]), nproc, launcher, tuple(env), mixed,
+                        launcher_args, config_file, program=head, srun=srun, nnodes=nnodes)
 
 
 def find_train_command(command_lines: list[str], env: dict | None = None) -> TrainCommand | None:
