@@ -750,6 +750,11 @@ def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds
     assert dict(est.breakdown)["optimizer_state"] == 2 * 4 * (1024 * 10 + 10)   # the head's, as traced
     (_, ), alone = estimate_script("staged_finetune_train.py", "--head-only-optimizer")
     assert not [f for f in alone.flags if "frozen" in f]
+    # bf16 weights: torch's Adam keeps its states in the parameters' dtype (zeros_like), so the
+    # stage adds 3x the weights' bytes there too, not gradients plus fp32 states (5x)
+    (_, ), half = estimate_script("staged_finetune_train.py", "--bf16")
+    note = [f for f in half.flags if "frozen" in f]
+    assert len(note) == 1 and f"about {frozen * 2 * 3 / 2**20:,.0f} MiB more" in note[0], note
     (_, ), unfrozen = estimate_script("staged_finetune_train.py", "--unfreeze-at", "0")
     assert not [f for f in unfrozen.flags if "frozen" in f]
     # frozen for good and kept by the script (a momentum encoder): not a stage to come

@@ -1090,6 +1090,20 @@ def test_bitsandbytes_4bit_weights_are_quantized_on_the_fake_gpu():
     assert b["gradients"] == adapters and b["optimizer_state"] == 2 * adapters, b
 
 
+def test_quantized_weights_moved_again_keep_their_class():
+    """A trainer moves a QLoRA model that .cuda() already quantized (accelerate's prepare, trl's SFT
+    with --load_in_4bit, litgpt's --quantize bnb.nf4 through Fabric): Params4bit.to() returns a new
+    Params4bit, which vest wrapped in another Parameter, and torch refused ("detach() returns ...
+    FakeTensor"). The library's own parameter now takes the old one's place, as on a GPU."""
+    (est,), run = estimate_script("bnb_moved_again_train.py")
+    (once,), _ = estimate_script("bnb_qlora_train.py")
+    assert run.steps == 3
+    b, b1 = dict(est.breakdown), dict(once.breakdown)
+    adapters = 4 * 16 * (1024 + 4096) * 2
+    assert b["parameters"] < 2 * 1024 * 4096 and b["gradients"] == adapters and b["optimizer_state"] == 2 * adapters, b
+    assert b["parameters"] <= b1["parameters"]   # (bnb_qlora_train.py's statistics are double-quantized)
+
+
 def test_a_parameter_rebuilt_with_its_own_class_stays_a_parameter():
     """type(p)(data, requires_grad=...) (accelerate's set_module_tensor_to_device and
     init_empty_weights, through which every diffusers from_pretrained loads): a fake parameter's

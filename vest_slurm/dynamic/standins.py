@@ -272,7 +272,14 @@ def _apply_overwrite(state: ScriptState):
                 if applied is p:
                     memo[id(p)] = p
                     continue
-                new = nn.Parameter(applied, requires_grad=p.requires_grad)
+                if isinstance(applied, nn.Parameter):
+                    # a Parameter subclass's own conversion made the new one (bitsandbytes'
+                    # Params4bit.to() of a quantized weight: a Params4bit with its quant_state);
+                    # wrapping it again asks torch's subclass path for a detach of its own type
+                    new = applied
+                    new.requires_grad_(p.requires_grad)
+                else:
+                    new = nn.Parameter(applied, requires_grad=p.requires_grad)
                 if p.grad is not None:
                     with torch.no_grad():
                         new.grad = fn(p.grad)
@@ -895,7 +902,9 @@ def _written(state: ScriptState, p) -> bool:
 def frozen_note(state: ScriptState) -> str | None:
     """The flag for parameters frozen at an optimizer's last traced step but held by it
     (_note_frozen), with what a stage that unfreezes them would add: their gradients (the
-    parameters' bytes) and the optimizer's state (--optimizer's table: states per element, in fp32)."""
+    parameters' bytes) and the optimizer's state (--optimizer's table: states per element, each of
+    the parameter's dtype for torch.optim's, which keep ``zeros_like(param)``; bitsandbytes' 8-bit
+    ones a fraction of fp32's whatever the parameter's dtype)."""
     from ..estimate.workload import OPTIMIZER_TABLE
 
     held = [f for f in state.frozen.values() if f[2]]
@@ -904,7 +913,8 @@ def frozen_note(state: ScriptState) -> str | None:
     count, nbytes = sum(f[2] for f in held), sum(f[3] for f in held)
     names = ", ".join(sorted({f[0] for f in held}))
     if all(f[1] in OPTIMIZER_TABLE for f in held):
-        more = nbytes + sum(int(OPTIMIZER_TABLE[f[1]][2] * 4 * f[4]) for f in held)
+        more = nbytes + sum(int(OPTIMIZER_TABLE[f[1]][2] * (4 * f[4] if ":" in OPTIMIZER_TABLE[f[1]][0] else f[3]))
+                            for f in held)
         what = f"about {more / 2**20:,.0f} MiB more (their gradients and {names}'s state)"
     else:
         what = f"their gradients ({nbytes / 2**20:,.0f} MiB) and {names}'s state besides"

@@ -13,10 +13,12 @@ p.add_argument("--epochs", type=int, default=4)
 p.add_argument("--unfreeze-at", type=int, default=2)
 p.add_argument("--head-only-optimizer", action="store_true")
 p.add_argument("--momentum", action="store_true")
+p.add_argument("--bf16", action="store_true")
 args = p.parse_args()
+dtype = torch.bfloat16 if args.bf16 else torch.float32
 
-backbone = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()).cuda()
-head = nn.Linear(1024, 10).cuda()
+backbone = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU()).cuda().to(dtype)
+head = nn.Linear(1024, 10).cuda().to(dtype)
 for prm in backbone.parameters():
     prm.requires_grad = False
 params = head.parameters() if args.head_only_optimizer else list(backbone.parameters()) + list(head.parameters())
@@ -26,7 +28,7 @@ for epoch in range(args.epochs):
         for prm in backbone.parameters():
             prm.requires_grad = True
     for _ in range(5):
-        x, y = torch.randn(32, 256).cuda(), torch.randint(0, 10, (32,)).cuda()
+        x, y = torch.randn(32, 256).cuda().to(dtype), torch.randint(0, 10, (32,)).cuda()
         loss = nn.functional.cross_entropy(head(backbone(x)), y)
         opt.zero_grad()
         loss.backward()
