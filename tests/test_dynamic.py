@@ -535,6 +535,19 @@ def test_a_name_the_installed_version_lacks_names_that_version_and_the_scripts_p
     assert "requirements.txt asks for toml==0.9.0" in msg and e.value.kind == "script-error"
 
 
+def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
+    """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
+    another than the script's, as with a name the installed version lacks; not "fix the script"."""
+    from importlib import metadata
+
+    (tmp_path / "train.py").write_text("import torch\nimport toml as t\nassert t.__version__ == '0.0.1'\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert f"checks the version of toml at train.py:3" in msg and f"toml {metadata.version('toml')}" in msg, msg
+    assert "fix the script" not in msg and "environment the job activates" in e.value.fix
+
+
 def test_a_command_run_by_another_python_says_to_run_vest_from_it(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
     (tmp_path / "train.py").write_text("import vest_no_such_package_xyz\n")
@@ -755,6 +768,10 @@ def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds
     (_, ), half = estimate_script("staged_finetune_train.py", "--bf16")
     note = [f for f in half.flags if "frozen" in f]
     assert len(note) == 1 and f"about {frozen * 2 * 3 / 2**20:,.0f} MiB more" in note[0], note
+    # a frozen parameter fixed by design (random Fourier features, 32 floats): what unfreezing it
+    # would add is below the allocator's smallest segment; no flag
+    (_, ), fourier = estimate_script("fourier_features_train.py")
+    assert not fourier.flags, fourier.flags
     (_, ), unfrozen = estimate_script("staged_finetune_train.py", "--unfreeze-at", "0")
     assert not [f for f in unfrozen.flags if "frozen" in f]
     # frozen for good and kept by the script (a momentum encoder): not a stage to come

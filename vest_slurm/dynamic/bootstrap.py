@@ -640,7 +640,37 @@ def missing_import(e: BaseException) -> dict | None:
                 version = None
             what = {"module": m.group(2), "symbol": m.group(1)} if m else {"module": x.name, "symbol": None}
             return what | {"package": dists[0], "version": version}
-    return None
+    return _pinned_version(e)
+
+
+def _pinned_version(e: BaseException) -> dict | None:
+    """A version check that failed: an AssertionError raised on a line that reads a module's
+    ``__version__`` (MAE's ``assert timm.__version__ == "0.3.2"``): {"module", "package",
+    "version", "pinned": the line}. The installed package is another version than the script's."""
+    import re
+    from importlib import metadata
+
+    if not isinstance(e, AssertionError) or e.__traceback__ is None:
+        return None
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frames = traceback.extract_tb(e.__traceback__)
+    src = (frames[-1].line or "") if frames else ""
+    m = re.search(r"([A-Za-z_]\w*)(?:\.\w+)*\.__version__", src)
+    if m is None:
+        return None
+    module = tb.tb_frame.f_globals.get(m.group(1), tb.tb_frame.f_locals.get(m.group(1)))
+    name = getattr(module, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    top = name.split(".")[0]
+    dists = metadata.packages_distributions().get(top) or [top]
+    try:
+        version = metadata.version(dists[0])
+    except metadata.PackageNotFoundError:
+        version = getattr(module, "__version__", None)
+    return {"module": name, "symbol": None, "package": dists[0], "version": version, "pinned": src.strip()}
 
 
 def past_the_overlay(e: BaseException, sandbox: Sandbox) -> str | None:

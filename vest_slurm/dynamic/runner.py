@@ -826,7 +826,14 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
         else:
             env_fix = ("install vest-slurm into the environment the job activates (venv, conda, module) and run vest "
                        "from there, so that the estimate imports what the job imports")
-        if miss.get("package"):
+        if miss.get("pinned"):
+            pkg, version = miss["package"], miss.get("version")
+            what = (f"the script checks the version of {pkg}{at} (`{miss['pinned']}`), and {pkg} "
+                    f"{version or '(version unknown)'} in {who} is not the one it asks for")
+            fix = ((f"install the {pkg} it was written for into the job's environment" if ran_theirs
+                    else f"run the estimate with the {pkg} the job uses ({env_fix})") +
+                   "; the job fails the same way in an environment like this one")
+        elif miss.get("package"):
             pkg, version = miss["package"], miss.get("version")
             pin = requirement_pin(pkg, cmd, cwd)
             imported = f"{miss['symbol']!r} from {miss['module']}" if miss.get("symbol") else miss["module"]

@@ -899,6 +899,11 @@ def _written(state: ScriptState, p) -> bool:
     return id(p) in state.written or (isinstance(p, fc.FakeTensor) and p.untyped_storage()._cdata in state.written)
 
 
+# What unfreezing may add below which the flag says nothing: less than one 2 MiB segment of the
+# caching allocator's small pool (kSmallBuffer), far inside any site's headroom
+FROZEN_NEGLIGIBLE_BYTES = 2 << 20
+
+
 def frozen_note(state: ScriptState) -> str | None:
     """The flag for parameters frozen at an optimizer's last traced step but held by it
     (_note_frozen), with what a stage that unfreezes them would add: their gradients (the
@@ -917,7 +922,10 @@ def frozen_note(state: ScriptState) -> str | None:
                             for f in held)
         what = f"about {more / 2**20:,.0f} MiB more (their gradients and {names}'s state)"
     else:
+        more = 4 * nbytes   # gradients and up to three states of the parameters' size (OPTIMIZER_TABLE)
         what = f"their gradients ({nbytes / 2**20:,.0f} MiB) and {names}'s state besides"
+    if more < FROZEN_NEGLIGIBLE_BYTES:
+        return None   # a buffer kept as a frozen parameter (random Fourier features): fixed by design
     return (f"the {names} optimizer holds {count} parameter tensor(s) ({nbytes / 2**20:,.0f} MiB) that were frozen "
             f"(requires_grad=False) in the traced steps: if the script unfreezes them later (fine-tuning in stages), "
             f"that stage needs {what}, which this estimate does not include")
