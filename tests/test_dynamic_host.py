@@ -1180,3 +1180,25 @@ def test_draws_on_the_host_in_a_constructor_are_the_jobs_not_sampled():
     assert run.steps == 3 and not run.flags, run.flags
     params = (3 * 8 * 9 + 8) + (8 * 32 * 32 * width + width) + (width * 10 + 10)
     assert dict(est.breakdown)["parameters"] == 4 * params, width
+
+
+def test_lightnings_own_launcher_runs_rank_0_here_and_starts_no_other_rank():
+    """Fabric(devices=2).launch() run as ``python train.py`` re-runs the script for rank 1 with
+    subprocess.Popen, which the run refuses (its GPU work would be missing): the estimate was
+    refused. Rank 0 now runs here, rank 1 is not started (it runs the same step on its own GPU, as
+    an mp.spawn rank does), and the process group of 2 is the fake one: DDP's buckets and NCCL."""
+    cmd = parse_train_command(["python", "fabric_two_devices_train.py"])
+    (est,), run = estimate_command(cmd, [A100], num_gpus=2, cwd=SCRIPTS)
+    assert run.steps == 3
+    b = dict(est.breakdown)
+    params = 4 * (1024 * 4096 + 4096 + 4096 * 1024 + 1024)
+    assert b["parameters"] == params and b["optimizer_state"] == 2 * params and b["nccl"] > 0, b
+
+
+def test_a_script_asking_for_more_gpus_than_it_was_given_says_to_give_the_jobs_count():
+    """The same script estimated as one GPU (no --num-gpus): Lightning finds one device and raises;
+    that is not the script's fault but the estimate's GPU count, and the message says so."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("fabric_two_devices_train.py")
+    assert "asks for more GPUs than the 1 it ran with here" in str(e.value), str(e.value)
+    assert "--num-gpus" in e.value.fix and "fix the script" not in e.value.fix

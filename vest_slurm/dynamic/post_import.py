@@ -8,6 +8,8 @@ already imported is handed over at once.
 The hooks here:
 - transformers' ``PreTrainedModel.from_pretrained``: which models it loaded (LOADED_PRETRAINED), for
   the note on the Hub kernels it would have swapped in (bootstrap.hub_kernels_note).
+- Lightning's subprocess launcher (Fabric.launch(), a Trainer of N devices run by ``python
+  train.py``): rank 0 runs here, the other ranks' processes are not started (_lightning_launcher).
 - datasets' ``Dataset.map`` / ``Dataset.filter`` with ``num_proc`` (HF examples'
   ``--preprocessing_num_workers``; ``DatasetDict.map`` calls them per split): they would fork a pool
   of worker processes (and a manager process) to preprocess the data set; the run has one process
@@ -115,4 +117,57 @@ def _transformers_models(module) -> None:
     cls.from_pretrained = classmethod(from_pretrained)
 
 
-HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models}
+class _OtherRank:
+    """What the launcher keeps for a rank it would have started: running (poll() None) for its
+    process observer, which ends the run only when a child fails."""
+
+    pid, returncode = -1, None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout=None):
+        return 0
+
+    def kill(self):
+        pass
+
+    terminate = kill
+
+    def send_signal(self, sig):
+        pass
+
+
+class _NoChildren:
+    Popen = _OtherRank
+
+
+def _lightning_launcher(module) -> None:
+    """Lightning's _SubprocessScriptLauncher (``Fabric.launch()``, ``Trainer(strategy="ddp",
+    devices=N)`` in a script run as ``python train.py``): rank 0 runs in this process and the script
+    is run again for ranks 1..N-1 with subprocess.Popen, which the run refuses (their GPU work would
+    be missing). Those ranks run the same step on their own GPUs, as torch.multiprocessing.spawn's
+    do (standins._spawn): they are not started; the launcher sets rank 0's environment (MASTER_ADDR,
+    NODE_RANK, LOCAL_RANK, WORLD_SIZE) as it does, and the process group of N ranks is the fake one."""
+    cls = getattr(module, "_SubprocessScriptLauncher", None)
+    real = getattr(cls, "_call_children_scripts", None)
+    if real is None or not hasattr(module, "subprocess"):
+        return
+
+    @functools.wraps(real)
+    def _call_children_scripts(self):
+        started, module.subprocess = module.subprocess, _NoChildren
+        try:
+            return real(self)
+        finally:
+            module.subprocess = started
+
+    cls._call_children_scripts = _call_children_scripts
+
+
+HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models,
+         **{f"{pkg}.strategies.launchers.subprocess_script": _lightning_launcher
+            for pkg in ("lightning.fabric", "lightning_fabric", "lightning.pytorch", "pytorch_lightning")}}

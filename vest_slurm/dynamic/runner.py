@@ -556,7 +556,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
-            _raise_for_status(cmd, result, _keep_log(log_path), where, python, theirs, why_not)
+            _raise_for_status(cmd, result, _keep_log(log_path), where, python, theirs, why_not, _per_node(cmd, world))
         events = tuple(AllocEvent("alloc" if a == "a" else "free", b, size, 0, phase, cat, mod, detail)
                        for a, b, size, phase, cat, mod, detail in result["events"])
         allocates = any(e.action == "alloc" for e in events)
@@ -763,8 +763,15 @@ def _no_gpu(cmd: TrainCommand, what: str, log: str = "") -> EstimateError:
                          "x.to('cuda')); else submit it without --gres/--gpus, to a CPU partition", kind="no-gpu")
 
 
+# What a library or torch says when a script asks for more GPUs than the node has: Lightning's
+# device parser ("You requested gpu: [0, 1] / But your machine only has: [0]"), CUDA's
+# cudaErrorInvalidDevice ("invalid device ordinal"), torch's device guard ("Invalid device id")
+_TOO_FEW_GPUS = re.compile(r"requested gpu|machine only has|invalid device ordinal|invalid device id", re.IGNORECASE)
+
+
 def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd: str | None = None,
-                      python: str = sys.executable, theirs: str | None = None, why_not: str = "") -> None:
+                      python: str = sys.executable, theirs: str | None = None, why_not: str = "",
+                      gpus: int = 1) -> None:
     status = result.get("status")
     if status == "ok":
         return
@@ -860,6 +867,12 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
         raise EstimateError(f"{cmd.display}: the estimator failed: {msg}{log}",
                             "this is a bug in vest-slurm; report it with the script; meanwhile " + _WORKAROUND,
                             kind="vest-unsupported", where=where)
+    if status == "script-error" and _TOO_FEW_GPUS.search(msg):
+        raise EstimateError(f"{cmd.display}: the script asks for more GPUs than the {gpus} it ran with here "
+                            f"(torch.cuda.device_count() answered {gpus}, the estimate's GPUs per node){at}: {msg}{line}{log}",
+                            "give the estimate the job's GPU count (vest estimate --num-gpus N; in a job script, "
+                            "#SBATCH --gres=gpu:N or --gpus-per-node); a job given fewer GPUs than the script asks "
+                            "for fails the same way", kind="script-error", where=where)
     raise EstimateError(f"{cmd.display}: the script failed{at}: {msg}{line}{log}",
                         "fix the script (run it directly to see the error); the estimate runs it unchanged",
                         kind="script-error", where=where)
