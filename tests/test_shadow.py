@@ -58,16 +58,22 @@ def test_host_index_and_mask_give_real_shapes_and_values_and_the_gpu_allocations
         assert ids[0, 0].item() == 1
 
 
-def test_values_computed_from_the_model_have_none_and_stay_data_dependent():
+def test_values_computed_from_the_model_have_none_and_a_mask_of_them_is_bounded_or_data_dependent(monkeypatch):
+    """A mask the model's outputs decide has no values here: a small one is taken as all selected
+    (the most it can select: FakeCudaMode._bounded_nonzero, flagged), a large one stays data-dependent."""
+    fc.BOUNDED_MASKS.clear()
     with fake_gpu():
         labels = (torch.arange(64) % 4).cuda()
         model = nn.Linear(16, 4, device="cuda")
         out = model(torch.randn(64, 16).cuda())
         hard = out.argmax(1) != labels   # one input from the model: no shadow
         assert _shadow.of(out) is None and _shadow.of(hard) is None and _shadow.of(labels) is not None
+        assert labels[hard].shape == (64,) and len(fc.BOUNDED_MASKS) == 1
+        monkeypatch.setattr(fc, "BOUNDED_MASK_NUMEL", 32)
         with pytest.raises(DynamicOutputShapeException):
             labels[hard]
         assert hard.sum().item() == 1   # the stand-in, as before
+    fc.BOUNDED_MASKS.clear()
 
 
 def test_the_bound_floats_only_small_ones_and_never_activations(monkeypatch):
@@ -168,8 +174,8 @@ def test_a_write_at_distinct_integer_indices_is_mirrored_and_a_racy_one_is_not()
         racy = torch.zeros(4, 2, 2, device="cuda")
         racy[torch.tensor([0, 0, 2]).cuda(), torch.tensor([1, -1, 0]).cuda()] = boxes   # (0, 1) twice
         assert _shadow.of(racy) is None
-        with pytest.raises(DynamicOutputShapeException):
-            racy.gt(0).nonzero()
+        assert racy.gt(0).nonzero().shape == (16, 3)   # no values: every element taken (_bounded_nonzero)
+        fc.BOUNDED_MASKS.clear()
         summed = torch.zeros(4, device="cuda").index_put_((torch.tensor([1, 1]).cuda(),),
                                                           torch.tensor([2.0, 3.0]).cuda(), accumulate=True)
         assert summed.tolist() == [0.0, 5.0, 0.0, 0.0]   # accumulation has no race

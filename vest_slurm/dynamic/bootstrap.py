@@ -609,6 +609,19 @@ def _needs_network(e: BaseException) -> bool:
     return needs_hub(e)
 
 
+def _bounded_note() -> list[str]:
+    """The flag of masks over values the GPU computed that were taken as all selected
+    (_fakecuda.FakeCudaMode._bounded_nonzero)."""
+    from ..estimate._fakecuda import BOUNDED_MASKS
+
+    places = list(dict.fromkeys(BOUNDED_MASKS))
+    if not places:
+        return []
+    more = f" and {len(places) - 3} more" if len(places) > 3 else ""
+    return [f"a mask over values the GPU computed decided a shape ({', '.join(places[:3])}{more}): with no data here, "
+            "every element was taken as selected, the most it can select, so the estimate is an upper bound there"]
+
+
 def missing_import(e: BaseException) -> dict | None:
     """What a script imports that this Python does not have, from the exception's chain: a module
     whose top-level package is not installed here ({"module"}), or a name its installed version
@@ -935,7 +948,7 @@ def run(ns) -> dict:
     # (shapes the GPU's random draws decided are said by the runner's sampled note: not twice)
     notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps),
              None if result["sampled"] else sp.shapes_note(state))
-    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f]))
+    result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f] + _bounded_note()))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     from .cuda_surface import MEMORY_FRACTION
 

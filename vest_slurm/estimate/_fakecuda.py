@@ -679,6 +679,11 @@ def _real_host_op(leaves) -> bool:
 # Calls under the script's torch.compile (dynamic analysis: standins._compile runs them eagerly, and
 # counts here): what a compiled region's higher-order operators allocate is their fused kernels'
 COMPILED = [0]
+# nonzero of a device tensor without host values, of at most this many elements, is taken as all
+# selected (FakeCudaMode._bounded_nonzero): per-sample and per-sequence masks (a batch of 64K
+# sequences, or 8 x 8K tokens), not a detector's anchors (hundreds of thousands)
+BOUNDED_MASK_NUMEL = 1 << 16
+BOUNDED_MASKS: list = []   # where it was (the script's file:line), for the run's flag
 
 _PRIM_DEVICE = torch.ops.prim.device.default   # autograd's device query (four attribute lookups per op otherwise)
 
@@ -915,6 +920,8 @@ class FakeCudaMode(FakeTensorMode):
         except (DataDependentOutputException, DynamicOutputShapeException):
             # nonzero, boolean indexing, unique, ... : on values copied from the host, the real shape
             out = self.shadows.run_for_real(func, args, kwargs, self._fake_like) if self.shadows is not None else None
+            if out is None and self.host_real:
+                out = self._bounded_nonzero(func, types, args)
             if out is None:
                 raise
         finally:
@@ -943,6 +950,20 @@ class FakeCudaMode(FakeTensorMode):
                 self.recorder.on_op(func, args, out)
         finally:
             CURRENT_OP[0] = ""
+        return out
+
+    def _bounded_nonzero(self, func, types, args):
+        """``nonzero`` of a small device tensor whose values no host data decided (a mask over the
+        tokens a model sampled, per sequence: trl's GRPO ``eos_idx[is_eos.any(dim=1)] = ...``; a
+        boolean index is nonzero under the hood): every element taken as selected, the most it can
+        select, so that what follows from it is the most it can need, and flagged (BOUNDED_MASKS).
+        Larger masks (a detector's anchors and proposals) stay data-dependent: their count decides
+        much more than a small temporary."""
+        t = args[0] if args else None
+        if func is not aten.nonzero.default or not isinstance(t, FakeTensor) or t.numel() > BOUNDED_MASK_NUMEL:
+            return None
+        out = super().__torch_dispatch__(aten.new_empty.default, types, (t, [t.numel(), t.dim()]), {"dtype": torch.int64})
+        BOUNDED_MASKS.append(_shadow._script_place())
         return out
 
     def _lengths(self, lengths) -> list | None:

@@ -1,6 +1,7 @@
 """Hard-example mining: the rows kept depend on the model's own predictions (a value computed from
 the model's outputs, which no host data gives), though the labels came from the host. The second
-model's input shape follows the data of the run: the estimate must refuse, not guess."""
+model's input shape follows the data of the run: the estimate takes the most the mask can select
+(every row) and says so, it does not guess."""
 import torch
 import torch.nn.functional as F
 from torch import nn
