@@ -523,6 +523,22 @@ def test_gradients_of_a_reused_tensor_accumulate_in_place(hook, expected):
             live.remove(e.block)
 
 
+@pytest.mark.parametrize("by_hand,expected", [(False, 1), (True, 2)])
+def test_linears_bias_on_a_transposed_input_is_added_in_place(by_hand, expected):
+    """nn.functional.linear on a 3-D input that is not contiguous (nn.MultiheadAttention's
+    in-projection of a batch_first input) adds its bias to the matmul's output in place on the GPU
+    (Linear.cpp: output.add_(bias)), out of place under the fake mode; the tracer folds the copy
+    back. ``x @ w.t() + b`` written in Python allocates the sum on the GPU too, and keeps it."""
+    batch, length, hidden = 8, 16, 256
+    s = spec("--model", f"{USER}:project_transposed", "--model-args", f'{{"by_hand": {str(by_hand).lower()}}}',
+             "--batch-size", str(batch), "--input", f"{length}x32", "--loss", "mse", "--optimizer", "sgd", "--steps", "2")
+    trace = trace_training(s)
+    outputs = [e for e in trace.events
+               if e.action == "alloc" and e.phase == "forward" and e.size_bytes == batch * length * hidden * 4
+               and e.op != "zeros.default"]   # (the loss's target)
+    assert len(outputs) == expected * trace.iterations, [e.op for e in outputs]
+
+
 @pytest.mark.parametrize("pick,expected", [("gather", 2), ("max", 1)])
 def test_backward_formulas_fill_their_zeros_in_place(pick, expected):
     """gather_backward and max's backward fill zeros of the scores' size: in place on the GPU

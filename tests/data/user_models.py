@@ -307,3 +307,25 @@ class _PicksItsKernelWhenBuilt(nn.Module):
 
 def picks_its_kernel_when_built():
     return _PicksItsKernelWhenBuilt()
+
+
+class _ProjectTransposed(nn.Module):
+    """A linear layer on a transposed (non-contiguous) 3-D input, as nn.MultiheadAttention's
+    in-projection of a batch_first input: ATen's linear adds the bias in place on the GPU. With
+    ``by_hand`` the same projection written ``x @ w.t() + b`` in Python: two calls, the sum a new
+    tensor on the GPU too."""
+
+    def __init__(self, features: int, hidden: int, by_hand: bool):
+        super().__init__()
+        self.proj = nn.Linear(features, hidden)
+        self.by_hand = by_hand
+
+    def forward(self, x):
+        x = x.transpose(0, 1)
+        if self.by_hand:
+            return x @ self.proj.weight.t() + self.proj.bias
+        return self.proj(x)
+
+
+def project_transposed(features: int = 32, hidden: int = 256, by_hand: bool = False):
+    return _ProjectTransposed(features, hidden, by_hand)

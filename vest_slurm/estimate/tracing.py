@@ -45,6 +45,21 @@ _ZEROS_FILLED_IN_PLACE = {_aten.index_put.default, _aten.scatter_add.default, _a
                           _aten.masked_scatter.default, _aten.scatter.src, _aten.scatter.value}
 
 
+_MATMULS = {_aten.mm.default, _aten.bmm.default}
+# the dispatch machinery between a Python call and the tracer (_python_call looks past it)
+_DISPATCH_MODULES = ("vest_slurm.", "torch._subclasses", "torch.utils._python_dispatch", "torch._ops",
+                     "torch.utils._stats", "torch._compile", "torch._dynamo", "torch.overrides", "torch._prims")
+
+
+def _python_call() -> tuple[int, int] | None:
+    """(frame, instruction) of the Python code whose call is dispatching now: two ops with the same
+    one came from one call into C++ (a composite such as linear), not from two Python expressions."""
+    f = sys._getframe(1)
+    while f is not None and f.f_globals.get("__name__", "").startswith(_DISPATCH_MODULES):
+        f = f.f_back
+    return None if f is None else (id(f), f.f_lasti)
+
+
 def _called_by_autograd_engine() -> bool:
     """Whether the op being dispatched was called by autograd's C++ engine itself (or a C++
     backward formula), not by Python code that runs during backward: the first Python frame below
@@ -95,6 +110,7 @@ class _State:
     cudnn_found: set = field(default_factory=set)    # (thread, convolution) cuDNN's benchmark mode has timed
     next_ws: int = -1
     pending: _InPlace | None = None   # Tracer._maybe_in_place; dropped by the next op or free
+    matmul: tuple | None = None      # (block, _python_call()) of the last mm/bmm output (Tracer._linear_bias)
     alias: dict = field(default_factory=dict)   # block -> the block whose storage it is on the GPU
     peak_before_alloc: int = 0
     step_ends: list = field(default_factory=list)   # len(events) at the end of each training step
@@ -256,7 +272,11 @@ class Tracer:
         s.pending = None
         if not s.bf16 and getattr(out, "dtype", None) is torch.bfloat16:
             s.bf16 = True
-        if func is _ADD or func in _ZEROS_FILLED_IN_PLACE:
+        if func in _MATMULS:
+            s.matmul = (self.block_of(out), _python_call())
+        elif func is _ADD and self._linear_bias(args, out):
+            pass
+        elif func is _ADD or func in _ZEROS_FILLED_IN_PLACE:
             self._maybe_in_place(func, args, out)
         if not _on_the_gpu(args, out):
             return   # a model kept on the host: no CUDA library runs it
@@ -328,6 +348,26 @@ class Tracer:
         if not s.events or s.events[-1][:2] != ["alloc", out_block]:
             return   # not a new storage just allocated for the result
         s.pending = _InPlace(old_block, len(s.events) - 1, s.peak_before_alloc)
+
+    def _linear_bias(self, args, out) -> bool:
+        """nn.functional.linear's bias on its matmul's output (an input addmm does not take whole: a
+        3-D one that is not contiguous, as nn.MultiheadAttention's in-projection of a batch_first
+        input, or one of more dims): on the GPU ``output.add_(bias)`` (Linear.cpp), here ``add``,
+        as the bias is "subclass-like" under the fake mode. It is that sum where a 1-D tensor is
+        added along the last dimension of the last matmul's output within the same Python call
+        (one C++ call made both: ``x @ w + b`` in a script is two, and allocates on the GPU too);
+        where that output is dropped right after, _free makes the sum live in its storage."""
+        s = self.s
+        old, bias = (args[0], args[1]) if len(args) == 2 else (None, None)
+        if s.matmul is None or not (isinstance(out, torch.Tensor) and fc._is_fake_cuda(old) and isinstance(bias, torch.Tensor)
+                                    and bias.dim() == 1 and old.shape == out.shape and old.dtype == out.dtype
+                                    and bias.shape[-1] == out.shape[-1] and fc.is_dense(old)):
+            return False
+        old_block, out_block = self.recorder.live_block(old), self.block_of(out)
+        if s.matmul != (old_block, _python_call()) or not s.events or s.events[-1][:2] != ["alloc", out_block]:
+            return False
+        s.pending = _InPlace(old_block, len(s.events) - 1, s.peak_before_alloc)
+        return True
 
     def _fold_in_place(self, acc: _InPlace) -> None:
         """The op's output is its first operand's storage on the GPU: undo its allocation."""
