@@ -8,6 +8,7 @@ import os
 import pytest
 import torch  # noqa: F401
 
+from test_shared_trace import traced  # noqa: F401  (the fixture: traces made in this process)
 from vest_slurm.estimate import ahead, estimator, tracing
 from vest_slurm.estimate.profiles import get_profile
 from vest_slurm.estimate.workload import parse_workload_args
@@ -21,20 +22,12 @@ def spec(precision):
 
 
 @pytest.fixture
-def here(monkeypatch):
-    """The traces made in this process (a child's are made in its own copy of this list)."""
-    calls = []
-    real = tracing.trace_training
-
-    def counting(sp, capability=(8, 0), total_memory_bytes=80 << 30):
-        calls.append(tuple(capability))
-        return real(sp, capability, total_memory_bytes)
-
-    monkeypatch.setattr(tracing, "trace_training", counting)
-    monkeypatch.setenv("VEST_CACHE_DIR", "off")
+def here(traced, monkeypatch):
+    """The traces made in this process (a child's are made in its own copy of the list), on a
+    machine of two cores with one idle, whatever else runs on this one."""
     monkeypatch.setattr(ahead, "_cores", lambda: 2)
-    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)   # whatever else runs on this machine
-    return calls
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
+    return traced
 
 
 def _children() -> set[int]:
