@@ -508,7 +508,7 @@ def test_a_mask_computed_from_the_models_outputs_is_bounded_and_flagged():
     model sees the whole batch, and the estimate says it is an upper bound at the script's line."""
     (est,), run = estimate_script("model_mask_train.py")
     said = [f for f in run.flags if "every element was taken as selected" in f]
-    assert len(said) == 1 and "model_mask_train.py:16" in said[0], run.flags
+    assert len(said) == 1 and "model_mask_train.py:17" in said[0], run.flags
     steps = [e for e in run.trace.events if e.action == "alloc" and e.phase != "setup"]
     assert any(e.size_bytes == 64 * 16 * 4 for e in steps)   # x[hard]: all 64 rows of 16 features
 

@@ -16,7 +16,7 @@ model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 5)).cuda()
 
 def amp_works(m):
     try:
-        x = torch.rand(8, 64, device="cuda")
+        x = torch.rand(1 << 17, 64, device="cuda")   # as many candidates as a detector's anchors
         with torch.no_grad():
             a = m(x)
             a = a[a[:, 4].sigmoid() > 0.25]
@@ -33,7 +33,7 @@ def train(amp):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler(enabled=amp)
     for step in range(5):
-        x = torch.randn(512, 64, device="cuda")
+        x = torch.randn(1 << 17, 64, device="cuda")
         with torch.autocast("cuda", enabled=amp):
             out = model(x)
             if args.mode == "catch-all":
