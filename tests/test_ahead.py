@@ -25,7 +25,7 @@ def spec(precision):
 def here(traced, monkeypatch):
     """The traces made in this process (a child's are made in its own copy of the list), on a
     machine of two cores with one idle, whatever else runs on this one."""
-    monkeypatch.setattr(ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
     monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
     return traced
 

@@ -9,8 +9,8 @@ estimator.trace_for calls it first. Where the first class's trace turns out to h
 (trace.holds_on) the caller shares it and ``cancel`` stops that child. Nothing here changes what
 is traced: a child runs trace_for as the parent would, from the state the parent had at the fork
 (no trace running), and a child that fails to answer (killed, a result that cannot be pickled)
-leaves the trace to the parent. ``VEST_TRACE_AHEAD=0`` turns it off; it is off with one core, and where no core is idle (the
-load average), as on a login node busy with other users' work.
+leaves the trace to the parent. ``VEST_TRACE_AHEAD=0`` turns it off; it is off with one core, and
+where no core is idle (the load average), as on a login node busy with other users' work.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import signal
 _AHEAD: dict[tuple, "_Child"] = {}
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on (cudnn_ws's pool of workers sizes itself by them too)."""
     try:
         return len(os.sched_getaffinity(0))   # the cores this process may run on (a cgroup's cpuset)
     except (AttributeError, OSError):
@@ -34,13 +35,13 @@ def _idle_cores() -> float:
     """Cores no runnable process wants (this one's and a login node's other users' counted by the
     load average over the last minute): a child on a busy core only slows the trace beside it."""
     try:
-        return _cores() - os.getloadavg()[0]
+        return cores() - os.getloadavg()[0]
     except OSError:
         return 0.0
 
 
 def enabled() -> bool:
-    return os.environ.get("VEST_TRACE_AHEAD", "1") != "0" and _cores() >= 2 and _idle_cores() >= 1
+    return os.environ.get("VEST_TRACE_AHEAD", "1") != "0" and cores() >= 2 and _idle_cores() >= 1
 
 
 class _Child:

@@ -44,6 +44,7 @@ import json
 import os
 import re
 
+from .ahead import cores as _cores
 from .profiles import DeviceProfile
 
 # cudaDeviceProp fields of each board (CUDA deviceQuery / NVIDIA's specifications): what cuDNN's
@@ -595,13 +596,6 @@ def find_workspace_bytes(profile_props: str, key: str) -> int | None:
 # multiprocessing's os._exit, so nothing of the parent's (atexit, the answers file) runs twice.
 ASK_PER_WORKER = 16
 ASK_WORKERS_MAX = 8
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))   # the cores this process may run on (a cgroup's cpuset)
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _answer_of(question: tuple[str, str, str]) -> int | None:

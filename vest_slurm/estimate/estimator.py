@@ -17,6 +17,7 @@ gradient_as_bucket_view=False) and NCCL's buffers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, replace
@@ -232,7 +233,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     the CLI commands use it, the benchmarks (which time the tracing) do not."""
     from . import ahead, tracecache
 
-    made, answer = ahead.take((spec, profile.key, cache))   # traced beside another class (trace_ahead)
+    made, answer = ahead.take((spec, profile.key, cache))   # traced beside another class (traced_ahead)
     if made:
         if isinstance(answer, EstimateError):
             raise answer
@@ -409,24 +410,28 @@ def shared_trace(made: Iterable, profile: DeviceProfile) -> TraceSummary | None:
     return next((s for s in made if isinstance(s, TraceSummary) and holds_on(s.trace, profile.capability)), None)
 
 
-def trace_ahead(spec: WorkloadSpec, profiles: Iterable[DeviceProfile], cache: bool = False) -> list[tuple]:
-    """Start the traces of ``spec`` on the first GPU type of every GPU class of ``profiles`` but the
-    first in forked children (ahead.py), where they are not in the trace cache: trace_for takes them.
-    Returns the keys started (the caller cancels those it does not take: ahead.cancel)."""
+@contextlib.contextmanager
+def traced_ahead(spec: WorkloadSpec, profiles: Iterable[DeviceProfile], cache: bool = False):
+    """For the duration: the traces of ``spec`` on the first GPU type of every GPU class of
+    ``profiles`` but the first, made in forked children (ahead.py) where they are not in the trace
+    cache; trace_for takes them, and those not taken (a class that took another's trace) are stopped
+    at the end."""
     from . import ahead, tracecache
 
-    if spec.model.startswith("script:"):   # a training script runs in its own child (dynamic/runner.py)
-        return []
-    firsts: dict[bool, DeviceProfile] = {}
-    for p in profiles:
-        firsts.setdefault(gpu_class(p), p)
     started = []
-    for p in list(firsts.values())[1:]:
-        if cache and tracecache.load(tracecache.key(spec, p.capability, p.total_bytes)) is not None:
-            continue
-        if ahead.start((spec, p.key, cache), trace_for, spec, p, cache):
-            started.append((spec, p.key, cache))
-    return started
+    if not spec.model.startswith("script:"):   # a training script runs in its own child (dynamic/runner.py)
+        firsts: dict[bool, DeviceProfile] = {}
+        for p in profiles:
+            firsts.setdefault(gpu_class(p), p)
+        for p in list(firsts.values())[1:]:
+            if cache and tracecache.stored(tracecache.key(spec, p.capability, p.total_bytes)):
+                continue
+            if ahead.start((spec, p.key, cache), trace_for, spec, p, cache):
+                started.append((spec, p.key, cache))
+    try:
+        yield
+    finally:
+        ahead.cancel(lambda k: k in started)
 
 
 def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
@@ -435,13 +440,10 @@ def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
     (a model that refuses GPUs before sm80). Bad input (WorkloadError) is raised. A class whose
     GPUs answer every GPU-dependent question a trace of another class asked alike (trace.holds_on:
     none asked, as for a CNN in fp32 or fp16) takes that trace: it is the trace it would make.
-    The other classes are traced beside the first one where there are cores (trace_ahead)."""
-    from . import ahead
-
+    The other classes are traced beside the first one where there are cores (traced_ahead)."""
     profiles = list(profiles)
-    started = trace_ahead(spec, profiles, cache)
     out: dict[bool, TraceSummary | EstimateError] = {}
-    try:
+    with traced_ahead(spec, profiles, cache):
         for p in profiles:
             if gpu_class(p) not in out:
                 same = shared_trace(out.values(), p)
@@ -452,8 +454,6 @@ def trace_classes(spec: WorkloadSpec, profiles: Iterable[DeviceProfile],
                     out[gpu_class(p)] = trace_for(spec, p, cache)
                 except EstimateError as e:
                     out[gpu_class(p)] = e
-    finally:
-        ahead.cancel(lambda k: k in started)   # the classes that took another's trace
     return out
 
 

@@ -92,6 +92,12 @@ def _path(k: str) -> Path | None:
     return None if d is None else d / "traces" / k[:2] / f"{k}.json.gz"
 
 
+def stored(k: str | None) -> bool:
+    """Whether a trace (or a tracing error) is stored under ``k``, without reading it."""
+    path = _path(k) if k else None
+    return path is not None and path.is_file()
+
+
 _ERRORS = {"EstimateError": EstimateError, "WorkloadError": WorkloadError}
 
 
@@ -99,9 +105,9 @@ def load(k: str | None) -> tuple[AllocTrace, float] | None:
     """The trace stored under ``k`` and the seconds it took to make; None if there is none (or it
     cannot be read: a damaged entry is a miss, and the next store replaces it). A workload whose
     tracing failed raises the same error again (a variant the model refuses, an input that does not match the model)."""
-    path = _path(k) if k else None
-    if path is None or not path.is_file():
+    if not stored(k):
         return None
+    path = _path(k)
     try:
         doc = json.loads(gzip.decompress(path.read_bytes()))
         os.utime(path)   # used now: the pruning keeps the most recently used

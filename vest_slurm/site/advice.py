@@ -342,18 +342,14 @@ class Prober:
                   ) -> tuple[dict[str, MemoryEstimate], dict[str, EstimateError]]:
         """The job's own estimate on every GPU type (or ``types``), unbounded: (estimates, errors).
         A workload can fail on one class only (a script that needs sm80+); the caller decides."""
-        from ..estimate.estimator import TraceSummary, ask_cudnn_ahead
-
-        from ..estimate import ahead
-        from ..estimate.estimator import trace_ahead
+        from ..estimate.estimator import TraceSummary, ask_cudnn_ahead, traced_ahead
 
         types = list(types or self.profiles)
         pairs = []
-        # the other GPU classes traced beside the first, where there are cores (estimator.trace_ahead)
+        # the other GPU classes traced beside the first, where there are cores
         key = _trace_key(spec)
-        started = trace_ahead(key, [self.profiles[t] for t in types
-                                    if (key, gpu_class(self.profiles[t])) not in self._traces], self.cache)
-        try:
+        with traced_ahead(key, [self.profiles[t] for t in types
+                                if (key, gpu_class(self.profiles[t])) not in self._traces], self.cache):
             for t in types:   # the traces first, then cuDNN's questions of all of them at once, in parallel
                 if (spec, t) not in self._estimates:
                     try:
@@ -362,8 +358,6 @@ class Prober:
                         continue   # estimate() raises it again below
                     if isinstance(summary, TraceSummary):
                         pairs.append((summary, self.profiles[t]))
-        finally:
-            ahead.cancel(lambda k: k in started)   # the classes that took another's trace
         ask_cudnn_ahead(pairs)
         ok, failed = {}, {}
         for t in types:
