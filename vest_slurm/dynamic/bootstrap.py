@@ -660,6 +660,7 @@ def _pinned_version(e: BaseException) -> dict | None:
     """A version check that failed: an AssertionError raised on a line that reads a module's
     ``__version__`` (MAE's ``assert timm.__version__ == "0.3.2"``): {"module", "package",
     "version", "pinned": the line}. The installed package is another version than the script's."""
+    import linecache
     import re
     from importlib import metadata
 
@@ -668,8 +669,7 @@ def _pinned_version(e: BaseException) -> dict | None:
     tb = e.__traceback__
     while tb.tb_next is not None:
         tb = tb.tb_next
-    frames = traceback.extract_tb(e.__traceback__)
-    src = (frames[-1].line or "") if frames else ""
+    src = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
     m = re.search(r"([A-Za-z_]\w*)(?:\.\w+)*\.__version__", src)
     if m is None:
         return None

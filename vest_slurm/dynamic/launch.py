@@ -280,14 +280,10 @@ def parse_train_command(command: str | list[str]) -> TrainCommand:
         nnodes = _int(seen.get("--num_nodes", "-1" if "--hostfile" in seen or "-H" in seen else "1"), "--num_nodes")
         if "--no_python" in seen:
             raise WorkloadError("deepspeed --no_python runs a program that is not Python", "estimate the Python training script directly")
-        if i >= len(words):
-            raise WorkloadError(f"no training script after {command!r}", "give e.g. `deepspeed train.py ...`")
-        rank = () if "--no_local_rank" in seen else ("--local_rank=0",)
-        if "--module" in seen:
-            return TrainCommand(None, words[i], rank + tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head,
-                                srun=srun, nnodes=nnodes)
-        return TrainCommand(words[i], None, rank + tuple(words[i + 1:]), nproc, launcher, tuple(env), program=head,
-                            srun=srun, nnodes=nnodes)
+        rank_args = () if "--no_local_rank" in seen else ("--local_rank=0",)
+        if "--module" in seen and i < len(words):
+            return TrainCommand(None, words[i], rank_args + tuple(words[i + 1:]), nproc, launcher, tuple(env),
+                                program=head, srun=srun, nnodes=nnodes)
     elif (base == "fabric" and words[i + 1:i + 2] == ["run"]) or (base == "lightning" and words[i + 1:i + 3] == ["run", "model"]):
         i, seen = _skip_options(words, i + (2 if base == "fabric" else 3), _named(_FABRIC_FLAGS_WITH_VALUE))
         launcher = "fabric"
