@@ -141,11 +141,11 @@ def test_an_estimate_from_the_cache_imports_no_torch(tmp_path):
     import sys
 
     env = dict(os.environ, VEST_CACHE_DIR=str(tmp_path), VEST_QUIET="1")
-    code = ("import sys, io, contextlib\nfrom vest_slurm.cli import main\n"
+    code = ("import sys, io, contextlib\nfrom vest_slurm.cli import run\n"
             "sys.argv = ['vest', 'estimate', '--model', 'torchvision:resnet18', '--input', '3x64x64',"
             " '--batch-size', '4', '--gpu', 'a100-40gb', '--json']\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "    assert run() == 0\n"
             "print(out.getvalue().strip().splitlines()[-1][-1], 'torch' in sys.modules)\n")
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
             for _ in range(2)]

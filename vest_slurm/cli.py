@@ -227,7 +227,13 @@ def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(argv))
+    from . import oneshot
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["bridge"]:   # the bridge's server and worker live on: the normal exit
+        sys.exit(run(argv))
+    oneshot.begin()
+    oneshot.leave(run(argv))
 
 
 if __name__ == "__main__":

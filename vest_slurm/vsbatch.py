@@ -3,20 +3,17 @@ places it first. The command itself is ``site/vsbatch.py``; this is its entry po
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from . import oneshot
     from .site.vsbatch import run
 
-    code = run(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip the interpreter's teardown: freeing torch and the traces took 0.5 to 3.5 s here after the
-    # job id was printed, and nothing of ours needs it (output flushed, the script copy removed).
-    os._exit(code)
+    oneshot.begin()
+    # without the interpreter's teardown: freeing torch and the traces took 0.5 to 3.5 s here after
+    # the job id was printed (oneshot.leave runs the atexit handlers, as the normal exit does)
+    oneshot.leave(run(argv))
 
 
 if __name__ == "__main__":

@@ -250,8 +250,11 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
+    from .. import oneshot
     from . import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
+
+    oneshot.settle()   # torch's and torchvision's objects out of the collector's scans
 
     progress.step(f"tracing {spec.model} at batch {spec.batch_size} on fake CUDA "
                   f"(sm{profile.capability[0]}{profile.capability[1]} class)")
@@ -487,7 +490,10 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
     EstimateError} for the others)."""
     from . import progress
 
+    from .. import oneshot
+
     progress.step(f"allocator replay on {len(targets)} GPU type(s)")
+    oneshot.settle()   # the traces, kept to the end: out of the collector's scans during the replays
     ask_cudnn_ahead((summaries[gpu_class(p)], p) for p in targets.values()
                     if isinstance(summaries[gpu_class(p)], TraceSummary))
     estimates, failed = [], {}
