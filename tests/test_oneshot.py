@@ -1,4 +1,4 @@
-"""One-shot commands (oneshot.py): `vest` and `vsbatch` leave without the interpreter's teardown but
+"""One-shot commands (estimate/oneshot.py): `vest` and `vsbatch` leave without the interpreter's teardown but
 with everything a normal exit does (output, exit code, atexit handlers), and freeze the collector's
 long-lived objects; the bridge, which lives on, does neither."""
 
@@ -51,7 +51,7 @@ def test_an_error_keeps_its_exit_code_after_torch_was_imported(tmp_path):
 def test_only_a_one_shot_process_freezes(tmp_path, one_shot):
     """settle() freezes in a command's process and nowhere else: the bridge's worker estimates in a
     process that lives on, where frozen garbage would stay for good."""
-    r = _vest("from vest_slurm import oneshot\n"
+    r = _vest("from vest_slurm.estimate import oneshot\n"
               + ("oneshot.begin()\n" if one_shot else "")
               + "import gc; oneshot.settle(); print(gc.get_freeze_count())\n", tmp_path)
     assert r.returncode == 0, r.stderr
@@ -60,7 +60,7 @@ def test_only_a_one_shot_process_freezes(tmp_path, one_shot):
 
 def test_the_bridge_command_is_not_one_shot(tmp_path):
     """`vest bridge ...` (the server's and the systemd unit's command line) is not marked."""
-    r = _vest("from vest_slurm import cli, oneshot\n"
+    r = _vest("from vest_slurm import cli\nfrom vest_slurm.estimate import oneshot\n"
               "try:\n    cli.main(['bridge', '--help'])\nexcept SystemExit:\n    pass\n"
               "print(oneshot._ONE_SHOT)\n", tmp_path)
     assert r.returncode == 0, r.stderr

@@ -227,7 +227,7 @@ def run(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from . import oneshot
+    from .estimate import oneshot
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["bridge"]:   # the bridge's server and worker live on: the normal exit

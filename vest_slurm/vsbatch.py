@@ -7,7 +7,7 @@ from typing import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from . import oneshot
+    from .estimate import oneshot
     from .site.vsbatch import run
 
     oneshot.begin()

@@ -250,7 +250,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
-    from .. import oneshot
+    from . import oneshot
     from . import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
@@ -490,7 +490,7 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
     EstimateError} for the others)."""
     from . import progress
 
-    from .. import oneshot
+    from . import oneshot
 
     progress.step(f"allocator replay on {len(targets)} GPU type(s)")
     oneshot.settle()   # the traces, kept to the end: out of the collector's scans during the replays
