@@ -3,6 +3,7 @@ traces as one after another, the children's work not repeated here, and no child
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -110,3 +111,19 @@ def test_no_child_where_no_core_is_idle(here, monkeypatch):
     monkeypatch.setattr(ahead, "_idle_cores", lambda: 0.4)
     estimator.trace_classes(spec("amp-bf16"), [A100, V100])
     assert here == [(8, 0), (7, 0)]
+
+
+@pytest.mark.parametrize("loadavg, idle", [
+    ("1.09 1.00 1.59 1/110 7480", 0.91),   # a benchmark's commands one after another: this one runs alone
+    ("0.40 0.75 0.82 2/110 7480", 0.0),    # another task runnable now beside this one
+    ("1.60 1.50 1.40 1/110 7480", 0.4),    # another user's work most of the last minute
+    ("0.10 0.10 0.10 1/110 7480", 1.0),
+])
+def test_idle_cores_count_this_process_once(monkeypatch, loadavg, idle):
+    """This process is among the runnable tasks and has been adding to the load average: neither
+    is another user's work. Ahead children start from half a core free (MIN_IDLE_CORES)."""
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    assert ahead._idle_cores(loadavg) == pytest.approx(idle)
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    monkeypatch.setattr(ahead, "_idle_cores", functools.partial(ahead._idle_cores, loadavg))
+    assert ahead.enabled() == (idle >= 0.5)
