@@ -283,3 +283,40 @@ def test_a_siblings_floor_is_below_every_variants_need_and_saves_its_trace():
     assert floor > prober.capacity("small")
     before = prober.traces_made
     assert prober.needed(eight, "small") == floor and prober.is_floor(eight, "small") and prober.traces_made == before
+
+
+@pytest.mark.slow
+def test_sharded_alternatives_searched_beside_one_another_answer_as_one_after_another(monkeypatch):
+    """The sharded variants built from different unsharded traces (with and without activation
+    checkpointing) are searched in a forked child beside this process (Prober.in_groups): the same
+    advice and the same trace counts as searched one after another, the child's traces made there."""
+    from vest_slurm.estimate import ahead
+    from vest_slurm.estimate import sharded_trace as st
+    from vest_slurm.estimate.sharding import unit_spec
+
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
+    # a job whose states (a 256k-token vocabulary's embeddings and AdamW's two states) are what
+    # does not fit: sharded over 8 GPUs it does, with checkpointing and without
+    site = parse_site_config('[gpu.v100]\nprofile = "v100-16gb"\nmemory_mib = 2500\ncontext_mib = 300\n'
+                             '[partition.v100]\ngpu_types = ["v100"]\ngpus_per_node = 8\n'
+                             '[policy]\nheadroom_percent = 0\nexempt_users = []\n')
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "vocab_size=256000", "--input", "seq128",
+                                "--batch-size", "2", "--optimizer", "adamw"])
+    ckpt_unit = unit_spec(spec.with_(parallelism="fsdp2", num_gpus=2, gradient_checkpointing="on"))
+    runs = {}
+    for beside in ("0", "1"):
+        monkeypatch.setenv("VEST_TRACE_AHEAD", beside)
+        st.forget_unit_traces()
+        prober = Prober.for_site(site, budget_s=600)
+        estimates, failed = prober.estimates(spec)
+        nofit = place(estimates, GpuRequest(None, None, 0, 0), (), site)
+        assert not failed and isinstance(nofit, NoFit)
+        advice = advise(spec, site, prober, nofit)
+        made_here = {k[0] for k in st._UNIT_TRACES}
+        runs[beside] = ([(a.kind, a.text) for a in advice], prober.traces_made, ckpt_unit in made_here)
+    alone, beside = runs["0"], runs["1"]
+    sharded = [text for kind, text in alone[0] if kind == "sharded"]
+    assert any("activation checkpointing" in t for t in sharded) and len(sharded) >= 2, alone[0]
+    assert beside[:2] == alone[:2]
+    assert alone[2] and not beside[2]   # the checkpointed variant's unsharded trace was made in the child

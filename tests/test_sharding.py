@@ -313,9 +313,10 @@ def test_vest_check_num_gpus_auto_estimates_at_the_smallest_count(tmp_path, caps
 def _whole_and_scaled(spec):
     """(the unit trace of the whole model, the one sharded_trace made: scaled where it could)."""
     from vest_slurm.estimate import sharded_trace as st
+    from vest_slurm.estimate import sharding
     from vest_slurm.estimate.models import build_model
 
-    cspec = st._compute_spec(spec)
+    cspec = sharding.unit_spec(spec)
     st.forget_unit_traces()
     made = st.unit_trace(cspec, (9, 0), 80 * 2**30)
     with st._transformers_quiet(cspec):

@@ -118,6 +118,9 @@ def start(key: tuple, fn, *args) -> bool:
         code = 0
         try:
             os.close(r)
+            for other in _AHEAD.values():   # the parent's other children are the parent's to take
+                os.close(other.fd)
+            _AHEAD.clear()
             _run_child(w, fn, args)
         except BaseException:
             code = 1

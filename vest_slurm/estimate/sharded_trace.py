@@ -29,32 +29,12 @@ from . import block_scaling as bs
 from . import optimizer_scaling as os_
 from .models import build_model
 from .profiles import capability_class
-from .sharding import (OptimizerTrace, Unit, UnitTrace, dtypes, rank_trace, shard_layout)
+from .sharding import (OptimizerTrace, Unit, UnitTrace, rank_trace, shard_layout, unit_spec)
 from .trace import AllocEvent, AllocTrace
 from .tracing import _DTYPES, Tracer, _TracerHooks, _module_hooks, _transformers_quiet, cudnn_flags, \
     make_optimizer, run_training_loop
 from .workload import WorkloadSpec
 from ..errors import EstimateError
-
-_PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
-
-
-def _compute_spec(spec: WorkloadSpec) -> WorkloadSpec:
-    """The spec the unsharded model is traced with: weights in the param dtype (what the forward
-    computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step, and
-    nothing of the parallelism (the per-rank trace adds it) or of the optimizer (traced apart)."""
-    _, param, _ = dtypes(spec)
-    precision = spec.precision
-    if param != spec.weight_dtype:
-        precision = _PRECISION_OF.get(param, "fp32")
-    # The unit trace is cut before the optimizer step (optimizer_trace traces the step on the
-    # rank's shards), so the unsharded model steps with plain SGD: no state, one in-place update.
-    return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
-                   optimizer="sgd", optimizer_impl="auto", weight_decay=None,
-                   shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
-                   offload="none", reshard_after_forward="on", reduce_bucket_size=0,
-                   max_reuse_distance=WorkloadSpec.max_reuse_distance, alloc_conf="")
-
 
 def wrap_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The wrapping units in forward (module) order, outermost matches only; the root is not listed."""
@@ -358,7 +338,7 @@ def trace_sharded(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0),
 
     check_supported(spec)
     t0 = time.perf_counter()
-    ut = unit_trace(_compute_spec(spec), capability, total_memory_bytes)
+    ut = unit_trace(unit_spec(spec), capability, total_memory_bytes)
     layout = shard_layout(ut.units, spec)
     opt = optimizer_trace(spec.with_(num_gpus=1, parallelism="none"), layout.optimizer_tensors,
                           layout.optimizer_dtype, spec.parallelism.startswith("zero"))

@@ -60,7 +60,7 @@ job's own Python); FSDP1's record_stream frees are placed two all-gathers later
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from ..errors import WorkloadError
@@ -627,3 +627,24 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
         notes += (f"ZeRO-3 keeps {len(kept_fwd)} of {sum(not u.is_root for u in units)} units gathered from forward to "
                   f"backward (used again within stage3_max_reuse_distance, {spec.max_reuse_distance:.0e} elements)",)
     return AllocTrace(tuple(b.events), steps, notes, tuple(step_ends))
+
+
+_PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def unit_spec(spec: WorkloadSpec) -> WorkloadSpec:
+    """The spec the unsharded model is traced with (sharded_trace.unit_trace; variants of a job with
+    the same unit_spec share that trace): weights in the param dtype (what the forward
+    computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step, and
+    nothing of the parallelism (the per-rank trace adds it) or of the optimizer (traced apart)."""
+    _, param, _ = dtypes(spec)
+    precision = spec.precision
+    if param != spec.weight_dtype:
+        precision = _PRECISION_OF.get(param, "fp32")
+    # The unit trace is cut before the optimizer step (optimizer_trace traces the step on the
+    # rank's shards), so the unsharded model steps with plain SGD: no state, one in-place update.
+    return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
+                   optimizer="sgd", optimizer_impl="auto", weight_decay=None,
+                   shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
+                   offload="none", reshard_after_forward="on", reduce_bucket_size=0,
+                   max_reuse_distance=WorkloadSpec.max_reuse_distance, alloc_conf="")

@@ -140,6 +140,56 @@ class Prober:
     def capacity(self, gres_type: str) -> int:
         return self.profiles[gres_type].usable_bytes
 
+    # ---- independent searches beside one another
+    #
+    # Searches that share no trace (the sharded alternatives built from different unsharded
+    # traces) are independent: each gives what it would give after the others. Where there are
+    # cores (estimate/ahead.py: the same gate and fork as the traces of other GPU classes), each
+    # group but the first runs in a forked child from this prober's state, and its answers and
+    # counts come back; a child that gives no answer leaves its group to this process. Not where
+    # the budget counts traces (vsbatch's advice): the groups would share that count.
+
+    _COUNTS = ("traces_made", "traces_scaled", "trace_seconds")
+
+    def in_groups(self, items: Sequence, run: Callable, group_of: Callable) -> list:
+        """[run(item) for item in items], the items grouped by ``group_of(item)`` (in order within a
+        group), the groups after the first beside this process where ahead.enabled()."""
+        from ..estimate import ahead
+
+        groups: dict = {}
+        for i, item in enumerate(items):
+            groups.setdefault(group_of(item), []).append(i)
+        order = list(groups.values())
+
+        def child(idx):
+            before = [getattr(self, c) for c in self._COUNTS]
+            answers = [run(items[i]) for i in idx]
+            return answers, [getattr(self, c) - b for c, b in zip(self._COUNTS, before)], self.stopped, self.floored
+
+        started = {}
+        if self.max_traces is None:
+            for g, idx in enumerate(order[1:], 1):
+                key = ("in_groups", id(self), tuple(idx))
+                if ahead.start(key, child, idx):
+                    started[g] = key
+        out: list = [None] * len(items)
+        try:
+            for g, idx in enumerate(order):
+                ok, got = ahead.take(started[g]) if g in started else (False, None)
+                if ok and isinstance(got, tuple):
+                    answers, deltas, stopped, floored = got
+                    for c, d in zip(self._COUNTS, deltas):
+                        setattr(self, c, getattr(self, c) + d)
+                    self.stopped = self.stopped or stopped
+                    self.floored |= floored
+                else:
+                    answers = [run(items[i]) for i in idx]
+                for i, answer in zip(idx, answers):
+                    out[i] = answer
+        finally:
+            ahead.cancel(lambda k: k in started.values())
+        return out
+
     def _over_budget(self) -> bool:
         if self.budget_s is not None and self._clock() - self._start >= self.budget_s:
             return True
@@ -910,13 +960,14 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
     # where the states are smaller than the shortfall no GPU count closes it without checkpointing
     closes = states > need - prober.capacity(big)
     switch = _checkpointing_not_used(spec)
-    for kind, extra, name in SHARDED_VARIANTS:
-        if not (switch if "gradient_checkpointing" in extra else closes):
-            continue
+    variants = [v for v in SHARDED_VARIANTS if (switch if "gradient_checkpointing" in v[1] else closes)]
+
+    def search(variant) -> Advice | None:
+        kind, extra, name = variant
         for n in sharded_counts(spec, site):
-            variant = spec.with_(parallelism=kind, num_gpus=n, **extra)
+            sharded = spec.with_(parallelism=kind, num_gpus=n, **extra)
             per_node = min(n, most)
-            t, part, need, _ = _smallest_fit(prober, site, variant, per_node, slow)
+            t, part, need, _ = _smallest_fit(prober, site, sharded, per_node, slow)
             if t is None:
                 continue
             nodes = -(-n // per_node)
@@ -924,12 +975,17 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
                 f"; the global batch becomes {n} x {spec.batch_size} (was {spec.num_gpus} x {spec.batch_size})"
             opts = f"--parallelism {kind} --num-gpus {n}" + "".join(f" --{k.replace('_', '-')} {v}"
                                                                       for k, v in extra.items())
-            out.append(Advice("sharded", f"{name} over {n} x {t} ({nodes} node{'s' if nodes > 1 else ''}, partition "
-                                         f"{part}) fits: {fmt_mib(need)} per GPU with headroom{batch}", True,
-                              f"#VEST {opts}; #SBATCH --nodes={nodes} --gres=gpu:{t}:{per_node}",
-                              num_gpus=n, gpu_type=t, partition=part, needed_bytes=need))
-            break
-    return out
+            return Advice("sharded", f"{name} over {n} x {t} ({nodes} node{'s' if nodes > 1 else ''}, partition "
+                                     f"{part}) fits: {fmt_mib(need)} per GPU with headroom{batch}", True,
+                          f"#VEST {opts}; #SBATCH --nodes={nodes} --gres=gpu:{t}:{per_node}",
+                          num_gpus=n, gpu_type=t, partition=part, needed_bytes=need)
+        return None
+
+    from ..estimate.sharding import unit_spec
+
+    # variants built from one unsharded trace (sharded_trace.unit_trace) are searched together
+    found = prober.in_groups(variants, search, lambda v: unit_spec(spec.with_(parallelism=v[0], num_gpus=2, **v[1])))
+    return [a for a in found if a is not None]
 
 
 def advisor(spec: WorkloadSpec, site: SiteConfig, prober: Prober, gpus_per_node: int = 1,
