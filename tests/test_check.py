@@ -205,3 +205,31 @@ def test_check_follows_the_job_scripts_cd(tmp_path, capsys, monkeypatch):
     job = _script(tmp_path, "#SBATCH --gres=gpu:1\ncd $SLURM_SUBMIT_DIR\ncd experiments/run1 && python train.py")
     assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["batch_size"] == 16
+
+
+def test_the_batch_searches_of_gpu_classes_run_beside_one_another(tmp_path, capsys, monkeypatch):
+    """bf16 autocast is another run on the V100 than on the A100 and H100 (two traces of the job):
+    the A100's and H100's batch searches (one line: they share the job's trace) run in a forked
+    child beside the V100's (Prober.in_groups) and answer as one after another; their traces are
+    made in the child."""
+    from vest_slurm.estimate import ahead, estimator
+
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
+    real = estimator.trace_for
+    job = _script(tmp_path, f"#VEST --model {SMALL} --batch-size 8 --input 3x32x32 --precision amp-bf16")
+    docs, made = {}, {}
+    for beside in ("0", "1"):
+        monkeypatch.setenv("VEST_TRACE_AHEAD", beside)
+        made[beside] = here = []
+        monkeypatch.setattr(estimator, "trace_for",
+                            lambda spec, p, cache=False, here=here: here.append((spec.batch_size, p.capability))
+                            or real(spec, p, cache))
+        assert run(["check", job, "--site-config", TESTBED, "--json"]) == 0
+        docs[beside] = json.loads(capsys.readouterr().out)
+        docs[beside].pop("seconds", None)
+    assert [g["largest_batch"] for g in docs["1"]["gpus"]] == [g["largest_batch"] for g in docs["0"]["gpus"]]
+    assert docs["1"] == docs["0"]
+    sm80 = {b for b, cap in made["0"] if cap == (8, 0) and b != 8}
+    assert sm80 and not sm80 & {b for b, cap in made["1"] if cap == (8, 0)}
+    assert {b for b, cap in made["1"] if cap == (7, 0)} == {b for b, cap in made["0"] if cap == (7, 0)}

@@ -10,8 +10,8 @@ estimator.trace_for calls it first. Where the first class's trace turns out to h
 is traced: a child runs trace_for as the parent would, from the state the parent had at the fork
 (no trace running), and a child that fails to answer (killed, a result that cannot be pickled)
 leaves the trace to the parent. ``VEST_TRACE_AHEAD=0`` turns it off; it is off with one core, and
-where no core is idle (the tasks runnable now, the load average: _idle_cores), as on a login node
-busy with other users' work.
+where no core is idle (the tasks runnable now: _idle_cores), as on a login node busy with other
+users' work.
 """
 
 from __future__ import annotations
@@ -33,29 +33,24 @@ def cores() -> int:
 
 
 def _idle_cores(loadavg: str | None = None) -> float:
-    """Cores a child could have beside this process: the cores less this process's one and the
-    other runnable work, whichever of two measures of it is larger: the tasks runnable now
-    (/proc/loadavg's fourth field, this process among them) and the load average over the last
-    minute less one (this process, running, has been adding up to one to it; a command run right
-    after another, as in a benchmark or a script's loop, finds the average still at about one from
-    the one before, which is no one else's work)."""
+    """Cores a child could have beside this process: the cores less the tasks runnable now
+    (/proc/loadavg's fourth field, this process among them). Not the load average: it trails the
+    last minute, in which this process's own earlier commands and their children ran (a benchmark's
+    or a script's commands one after another found it at 1 to 2 on two idle cores and started no
+    child), while another user's busy process is runnable now as it was then."""
     try:
         if loadavg is None:
             with open("/proc/loadavg") as f:
                 loadavg = f.read()
-        fields = loadavg.split()
-        others = max(int(fields[3].split("/")[0]) - 1, float(fields[0]) - 1, 0)
+        running = int(loadavg.split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
-        try:
-            others = max(os.getloadavg()[0] - 1, 0)
-        except OSError:
-            return 0.0
-    return cores() - 1 - others
+        return 0.0
+    return float(cores() - running)
 
 
-# A child is started where at least half a core is free for it: on two cores with nothing else
-# runnable a child doubles the work done; beside another busy process it only slows this one.
-MIN_IDLE_CORES = 0.5
+# A child is started where a core is free for it: on two cores with nothing else runnable a child
+# doubles the work done; beside another busy process it only slows this one.
+MIN_IDLE_CORES = 1
 
 
 def enabled() -> bool:

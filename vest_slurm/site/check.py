@@ -143,11 +143,17 @@ def cmd_check(ns) -> int:
     searches = {}
     if not ns.no_search:
         prober.restart_budget(ns.search_budget)
-        for t in sorted(estimates, key=lambda t: prober.capacity(t)):
+
+        def search(t):
             need0 = needed_bytes(estimate_need(estimates[t]), pol.headroom_percent, pol.headroom_bytes)
-            searches[t] = search_largest_batch(lambda b, t=t: prober.needed(spec.with_(batch_size=b), t),
-                                               prober.capacity(t), spec.batch_size, known={spec.batch_size: need0},
-                                               floor_bytes=prober.floor_needed(spec, t))
+            return search_largest_batch(lambda b: prober.needed(spec.with_(batch_size=b), t), prober.capacity(t),
+                                        spec.batch_size, known={spec.batch_size: need0},
+                                        floor_bytes=prober.floor_needed(spec, t))
+        types = sorted(estimates, key=lambda t: prober.capacity(t))
+        # GPU types that share the job's trace (one GPU class, or classes it holds on) share their
+        # batch lines: searched together, the others beside them (Prober.in_groups)
+        searches = dict(zip(types, prober.in_groups(types, search,
+                                                    lambda t: id(prober.summary(spec, prober.profiles[t])))))
     smallest = {}
     # per GPU type: the smallest GPU (and node) count that fits per rank; a script's run is of its
     # own GPU count (other counts would be other runs), so it is not searched
