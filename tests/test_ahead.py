@@ -126,3 +126,26 @@ def test_idle_cores_are_those_no_task_runnable_now_takes(monkeypatch, loadavg, i
     monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
     monkeypatch.setattr(ahead, "_idle_cores", functools.partial(ahead._idle_cores, loadavg))
     assert ahead.enabled() == (idle >= 1)
+
+
+def test_what_a_child_asks_of_cudnn_is_kept_for_the_next_process(tmp_path, monkeypatch):
+    """A child's cuDNN answers are saved to the answers file before its answer comes back (it
+    leaves without the atexit handlers that save the parent's)."""
+    import json
+
+    from vest_slurm.estimate import cudnn_ws
+    from vest_slurm.estimate.profiles import get_profile
+
+    monkeypatch.setenv("VEST_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
+    monkeypatch.setattr(cudnn_ws, "_ANSWERS", cudnn_ws._Answers())
+    monkeypatch.setattr(ahead, "_AT_CHILD_END", [])
+    assert cudnn_ws._ANSWERS.has("nothing") is False   # loads the (empty) file: the save is registered
+    key = cudnn_ws.conv_key("fprop", (8, 64, 56, 56), (64, 64, 3, 3), (1, 1), (1, 1), (1, 1), "float32", False)
+    cudnn_ws.workspace_bytes.cache_clear()
+    assert ahead.start(("ask",), cudnn_ws.workspace_for, get_profile("a100-40gb"), key)
+    ok, size = ahead.take(("ask",))
+    assert ok and size > 0
+    saved = json.loads(next((tmp_path / "cudnn").glob("workspaces-*.json")).read_text())
+    assert any(k.endswith(key) for k in saved) and not cudnn_ws._ANSWERS._new   # asked in the child only

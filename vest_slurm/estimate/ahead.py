@@ -81,6 +81,19 @@ class _Child:
             pass
 
 
+# What a process keeps at its exit (atexit) that a child's work adds to, run at the end of each
+# child's work: a child leaves by os._exit, skipping the atexit handlers, which are the parent's
+# (its temporary directories' clean-up among them). cuDNN's answers file registers its save here:
+# the answers a child asked were lost, and a warm `vest check` asked them again on every run.
+_AT_CHILD_END: list = []
+
+
+def at_child_end(fn) -> None:
+    """Have ``fn()`` run in every child (start) after its work, before its answer is sent."""
+    if fn not in _AT_CHILD_END:
+        _AT_CHILD_END.append(fn)
+
+
 def _run_child(w: int, fn, args) -> None:
     from . import progress
 
@@ -91,6 +104,11 @@ def _run_child(w: int, fn, args) -> None:
         from ..errors import EstimateError
 
         out = (True, e) if isinstance(e, EstimateError) else (False, None)
+    for end in _AT_CHILD_END:
+        try:
+            end()
+        except Exception:
+            pass   # what is kept saves time, never an answer
     try:
         data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:

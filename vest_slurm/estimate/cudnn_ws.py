@@ -44,7 +44,7 @@ import json
 import os
 import re
 
-from .ahead import cores as _cores
+from .ahead import at_child_end, cores as _cores
 from .profiles import DeviceProfile
 
 # cudaDeviceProp fields of each board (CUDA deviceQuery / NVIDIA's specifications): what cuDNN's
@@ -517,6 +517,7 @@ class _Answers:
                 self._path = d / "cudnn" / f"workspaces-{version}.json"
                 self._data = self._read()
                 atexit.register(self.save)
+                at_child_end(self.save)   # a forked child's answers too (ahead.py)
         return self._data
 
     def _read(self) -> dict:
