@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import _fakecuda as fc
+from . import oneshot
 from .scratch import kernel_scratch
 from ..errors import EstimateError, WorkloadError
 from ..units import MiB
@@ -778,6 +779,7 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
         with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability, scalar_draws_at_the_top=True):
             built = build_model(spec)
             model = built.module
+            oneshot.settle()   # the model's libraries (torchvision, transformers) imported: out of the collector's scans
             with cudnn_flags(spec), tracer, mode, fc.CudaFactoryMode():
                 asked = _traced_steps(tracer, mode, model, built, spec)
     except EstimateError:
