@@ -65,3 +65,19 @@ def test_the_bridge_command_is_not_one_shot(tmp_path):
               "print(oneshot._ONE_SHOT)\n", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "False"
+
+
+def test_a_scripts_run_is_one_shot_too():
+    """The child that runs a training script with fake CUDA freezes what its imports and its first
+    step left alive (dynamic/bootstrap.py, standins.ScriptState.step)."""
+    from vest_slurm.dynamic.launch import parse_train_command
+    from vest_slurm.dynamic.runner import estimate_command
+    from vest_slurm.errors import EstimateError
+    from vest_slurm.estimate.profiles import get_profile
+
+    scripts = os.path.join(os.path.dirname(__file__), "data", "scripts")
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command(["python", "reports_frozen_objects.py"]), [get_profile("a100-40gb")],
+                         cwd=scripts)
+    frozen = int(str(e.value).split("frozen ")[1].split()[0])
+    assert frozen > 100_000, str(e.value)

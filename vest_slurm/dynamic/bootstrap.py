@@ -869,6 +869,9 @@ def run(ns) -> dict:
                 from . import accelerate_env   # accelerate launch's variables (nothing for other launchers)
 
                 accelerate_env.apply(ns.script or ns.module)
+                from ..estimate import oneshot
+
+                oneshot.settle()   # torch's and vest's objects out of the collector's scans
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
                 else:
@@ -1080,6 +1083,9 @@ def main(argv=None) -> int:
         spawned.child_main(argv[1:], Sandbox)
         return 0
     _die_with_parent()
+    from ..estimate import oneshot
+
+    oneshot.begin()   # this process runs one script and leaves (os._exit below)
     p = argparse.ArgumentParser(prog="vest_slurm.dynamic.bootstrap")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)

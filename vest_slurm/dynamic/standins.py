@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..estimate import _fakecuda as fc
+from ..estimate import oneshot
 from ..estimate import _shadow
 from . import checkpoints, cuda_surface
 from .grad_scaler import FakeCudaGradScaler, FakeGradScaler, FakeShardedGradScaler
@@ -154,6 +155,7 @@ class ScriptState:
         self.steps += 1
         tr.s.iteration = self.steps
         tr.step_end()
+        oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
                 return   # an optimizer of the script has yet to step (a GAN's generator every n-th step)
