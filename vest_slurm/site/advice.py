@@ -143,7 +143,8 @@ class Prober:
     # ---- independent searches beside one another
     #
     # Searches that share no trace (the sharded alternatives built from different unsharded
-    # traces) are independent: each gives what it would give after the others. Where there are
+    # traces; vest check's batch searches on GPU types that do not share the job's trace) are
+    # independent: each gives what it would give after the others. Where there are
     # cores (estimate/ahead.py: the same gate and fork as the traces of other GPU classes), each
     # group but the first runs in a forked child from this prober's state, and its answers and
     # counts come back; a child that gives no answer leaves its group to this process. Not where
