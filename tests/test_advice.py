@@ -320,3 +320,40 @@ def test_sharded_alternatives_searched_beside_one_another_answer_as_one_after_an
     assert any("activation checkpointing" in t for t in sharded) and len(sharded) >= 2, alone[0]
     assert beside[:2] == alone[:2]
     assert alone[2] and not beside[2]   # the checkpointed variant's unsharded trace was made in the child
+
+
+@pytest.mark.slow
+def test_gpu_counts_below_the_answer_are_ruled_out_by_a_bound_without_a_replay(monkeypatch):
+    """The sharded advice asks of each GPU count below its answer only whether the job fits: where
+    the trace's bound without the allocator's replay (estimator.need_at_least) is above the GPU,
+    no replay is made. The advice is the same as with every count replayed, the bound is never
+    above the replayed need, and fewer replays are made."""
+    from vest_slurm.estimate import estimator
+    from vest_slurm.site.placement import estimate_need, needed_bytes
+
+    site = parse_site_config('[gpu.v100]\nprofile = "v100-16gb"\nmemory_mib = 2500\ncontext_mib = 300\n'
+                             '[partition.v100]\ngpu_types = ["v100"]\ngpus_per_node = 8\n'
+                             '[policy]\nheadroom_percent = 0\nexempt_users = []\n')
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "vocab_size=256000", "--input", "seq128",
+                                "--batch-size", "2", "--optimizer", "adamw"])
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "0")
+    real_estimate, real_bound = estimator.estimate_from_trace, estimator.need_at_least
+    runs = {}
+    for bound in (False, True):
+        replays = []
+        monkeypatch.setattr(estimator, "estimate_from_trace",
+                            lambda s, sp, p, replays=replays: replays.append(sp) or real_estimate(s, sp, p))
+        monkeypatch.setattr(estimator, "need_at_least", real_bound if bound else (lambda s, sp, p: 0))
+        prober = Prober.for_site(site, budget_s=600)
+        estimates, failed = prober.estimates(spec)
+        nofit = place(estimates, GpuRequest(None, None, 0, 0), (), site)
+        runs[bound] = ([(a.kind, a.text) for a in advise(spec, site, prober, nofit)], replays, prober)
+    assert runs[True][0] == runs[False][0]
+    assert any(kind == "sharded" for kind, _ in runs[True][0])
+    assert len(runs[True][1]) < len(runs[False][1])
+    prober = runs[False][2]
+    for sharded in {s for s in runs[False][1] if s.parallelism == "fsdp2"}:   # every count replayed
+        summary = prober.summary(sharded, prober.profiles["v100"])
+        low = real_bound(summary, sharded, prober.profiles["v100"])
+        assert 0 < low <= estimate_need(prober.estimate(sharded, "v100"))
+        assert needed_bytes(low, 0, 0) <= prober.needed(sharded, "v100")

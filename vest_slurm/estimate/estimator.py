@@ -306,23 +306,10 @@ def replayed_events(summary: TraceSummary, spec: WorkloadSpec, profile: DevicePr
     return _replayed(summary, _events_for(summary.trace.events, profile, spec, summary), spec, config).full(), config
 
 
-def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
-    if isinstance(summary, SizedToGpu):
-        summary = summary.for_profile(profile)
-    config = parse_alloc_conf(spec.alloc_conf)
-    events = _events_for(summary.trace.events, profile, spec, summary)
-    done = _replayed(summary, events, spec, config)
-    result = done.result
-    caught = any(e.module == CAUGHT_OOM for e in events)
-
-    @functools.cache
-    def need_of() -> int:
-        return min(done.need_bytes, _settled_need(done.full(), config)) if caught else done.need_bytes
-    # the steps steady.py adds repeat the last one: the run's largest workspaces are the trace's
-    cudnn_ws_max = _largest(events, "cudnn", default=0)
-    cudnn_find_max = _largest(events, "cudnn_find", default=None)
-    outside = profile.context_mib * MiB
-    parts = [("cuda_context", outside)]
+def _outside_parts(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> list[tuple[str, int]]:
+    """What lives outside the caching allocator on ``profile``: the CUDA context, eagerly loaded
+    modules, cuDNN's handle, NCCL's communicators and NVLS buffers ((name, bytes) each)."""
+    parts = [("cuda_context", profile.context_mib * MiB)]
     if profile.floor == "default" and eager_loading():
         # a default floor bounds lazily loaded code only; eager loading loads every module (eager.py).
         # A calibrated floor was measured on the site's own stack and loading mode
@@ -342,6 +329,40 @@ def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: Devi
         comms += 1 if spec.tensor_parallel > 1 else 0   # beside a 2-D mesh's tensor-parallel group
         parts.append(("nccl", comms * NCCL_BYTES))
     parts += _nvls_parts(spec, profile)
+    return parts
+
+
+def need_at_least(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> int:
+    """A bound no estimate of ``summary`` on ``profile`` goes below, made without the allocator's
+    replay: what lives outside the allocator and the peak of the live blocks' rounded requests
+    (live_need), below which no capacity runs the events, so neither the need nor the peak is
+    below it. Where it is above a GPU (with the site's headroom), the job does not fit there,
+    whatever the replay would add. 0 for a run that caught out-of-memory (its live tensors hold
+    the failed attempts', which the settled run does not)."""
+    if isinstance(summary, SizedToGpu):
+        summary = summary.for_profile(profile)
+    events = _events_for(summary.trace.events, profile, spec, summary)
+    if any(e.module == CAUGHT_OOM for e in events):
+        return 0
+    return sum(v for _, v in _outside_parts(summary, spec, profile)) + live_need(events, parse_alloc_conf(spec.alloc_conf))
+
+
+def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+    if isinstance(summary, SizedToGpu):
+        summary = summary.for_profile(profile)
+    config = parse_alloc_conf(spec.alloc_conf)
+    events = _events_for(summary.trace.events, profile, spec, summary)
+    done = _replayed(summary, events, spec, config)
+    result = done.result
+    caught = any(e.module == CAUGHT_OOM for e in events)
+
+    @functools.cache
+    def need_of() -> int:
+        return min(done.need_bytes, _settled_need(done.full(), config)) if caught else done.need_bytes
+    # the steps steady.py adds repeat the last one: the run's largest workspaces are the trace's
+    cudnn_ws_max = _largest(events, "cudnn", default=0)
+    cudnn_find_max = _largest(events, "cudnn_find", default=None)
+    parts = _outside_parts(summary, spec, profile)
     fixed = sum(v for _, v in parts)
     breakdown = tuple(parts) + (
         ("parameters", summary.param_bytes),

@@ -459,15 +459,28 @@ class Prober:
     def is_floor(self, spec: WorkloadSpec, gres_type: str) -> bool:
         return (spec, gres_type) in self.floored
 
-    def needed(self, spec: WorkloadSpec, gres_type: str) -> int | None:
+    def needed(self, spec: WorkloadSpec, gres_type: str, fits_only: bool = False) -> int | None:
         """Per-GPU need with the site's headroom (placement's rule), or None (budget / untraceable).
         Where a sibling's floor (floor_needed) is already above the GPU, that floor, with no trace
-        (``is_floor`` says so: the need is at least that)."""
+        (``is_floor`` says so: the need is at least that). ``fits_only``: the caller asks only
+        whether it fits (a GPU count below the one the sharded advice proposes); where the trace's
+        bound without the allocator's replay (estimator.need_at_least) is above the GPU, that
+        bound, with no replay (``is_floor`` says so too)."""
         if (spec, gres_type) not in self._estimates:
             floor = self.floor_needed(spec, gres_type)
             if floor is not None and floor > self.capacity(gres_type):
                 self.floored.add((spec, gres_type))
                 return floor
+            if fits_only:
+                from ..estimate.estimator import TraceSummary, need_at_least
+
+                summary = self._trace(spec, self.profiles[gres_type], True)
+                if isinstance(summary, TraceSummary):
+                    low = needed_bytes(need_at_least(summary, spec, self.profiles[gres_type]),
+                                       self.headroom_percent, self.headroom_bytes)
+                    if low > self.capacity(gres_type):
+                        self.floored.add((spec, gres_type))
+                        return low
         est = self.estimate(spec, gres_type)
         if est is None:
             return None
@@ -745,15 +758,15 @@ def _fit_order(prober: Prober, site: SiteConfig, slow: Collection[str]) -> list[
 
 
 def _smallest_fit(prober: Prober, site: SiteConfig, spec: WorkloadSpec, gpus_per_node: int,
-                  slow: Collection[str] = ()) -> tuple[str | None, str | None, int | None, bool]:
+                  slow: Collection[str] = (), fits_only: bool = False) -> tuple[str | None, str | None, int | None, bool]:
     """(gpu type, partition, need, complete) of the smallest GPU type where ``spec`` fits (``slow``
-    types last)."""
+    types last). ``fits_only``: where it fits nowhere, the need may be a bound (Prober.needed)."""
     best_need, complete = None, True
     for t in _fit_order(prober, site, slow):
         parts = _partitions_for(site, t, gpus_per_node, spec.num_gpus)
         if not parts:
             continue
-        n = prober.needed(spec, t)
+        n = prober.needed(spec, t, fits_only)
         if n is None:
             complete = False
             continue
@@ -968,7 +981,8 @@ def sharded_alternatives(spec: WorkloadSpec, site: SiteConfig, prober: Prober,
         for n in sharded_counts(spec, site):
             sharded = spec.with_(parallelism=kind, num_gpus=n, **extra)
             per_node = min(n, most)
-            t, part, need, _ = _smallest_fit(prober, site, sharded, per_node, slow)
+            # only the count where it fits is shown: the others' needs may be bounds
+            t, part, need, _ = _smallest_fit(prober, site, sharded, per_node, slow, fits_only=True)
             if t is None:
                 continue
             nodes = -(-n // per_node)
@@ -1018,7 +1032,7 @@ def smallest_gpu_counts(spec: WorkloadSpec, site: SiteConfig, prober: Prober) ->
         for n in counts:
             if not _partitions_for(site, t, min(n, per_node), n):
                 break
-            need = prober.needed(spec.with_(num_gpus=n), t)
+            need = prober.needed(spec.with_(num_gpus=n), t, fits_only=True)   # shown where it fits only
             if need is None:
                 break
             if need <= prober.capacity(t):

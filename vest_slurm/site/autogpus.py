@@ -240,7 +240,8 @@ def smallest_counts(spec: WorkloadSpec, prober, per_node: Mapping[str, int]) -> 
     """Per GPU type of ``prober``, the fewest GPUs at which ``spec``'s strategy fits per rank with the
     prober's headroom (placement's rule), over the shapes ``_shapes`` allows (one node filled a GPU
     at a time, then whole nodes, up to MAX_AUTO_GPUS); None where no count does. Every count below
-    the answer was estimated (or its floor alone is above the GPU) and does not fit."""
+    the answer was estimated (or its floor alone, or its bound without the allocator's replay, is
+    above the GPU: Prober.needed's fits_only) and does not fit."""
     if spec.parallelism not in SHARDED:
         raise JobScriptError(f"--num-gpus auto applies to sharded jobs (--parallelism {', '.join(SHARDED)}), not "
                              f"{spec.parallelism}: every {spec.parallelism} GPU holds the whole model, so more GPUs "
@@ -253,7 +254,7 @@ def smallest_counts(spec: WorkloadSpec, prober, per_node: Mapping[str, int]) -> 
             if spec.parallelism == "hsdp" and spec.shard_group_size and n % spec.shard_group_size:
                 continue
             at = spec.with_(num_gpus=n, gpus_per_node=per if nodes > 1 or spec.gpus_per_node else 0)
-            need = prober.needed(at, t)
+            need = prober.needed(at, t, fits_only=True)
             if need is not None and need <= prober.capacity(t) and (at, t) not in prober.floored:
                 out[t] = SmallestCount(t, n, nodes, per, at, prober.estimate(at, t))
                 break
