@@ -149,3 +149,24 @@ def test_what_a_child_asks_of_cudnn_is_kept_for_the_next_process(tmp_path, monke
     assert ok and size > 0
     saved = json.loads(next((tmp_path / "cudnn").glob("workspaces-*.json")).read_text())
     assert any(k.endswith(key) for k in saved) and not cudnn_ws._ANSWERS._new   # asked in the child only
+
+
+def test_no_child_is_copied_while_the_progress_line_is_drawn(monkeypatch):
+    """The fork happens with the progress line's lock held (its ticker thread draws under it: a
+    child copied mid-draw would hang at its first write to stderr, and its parent with it); the
+    child gets a lock of its own and draws nothing."""
+    from vest_slurm.estimate import progress
+
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    monkeypatch.setattr(ahead, "_idle_cores", lambda: 1.0)
+    monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
+    held, real_fork = [], os.fork
+    monkeypatch.setattr(os, "fork", lambda: held.append(progress._lock.locked()) or real_fork())
+
+    def in_child():
+        progress.step("a step in the child")   # would block on a copied, held lock
+        return progress._lock.locked(), progress._state["quiet"]
+
+    assert ahead.start(("progress",), in_child)
+    assert ahead.take(("progress",)) == (True, (False, True))
+    assert held == [True] and not progress._lock.locked()

@@ -95,9 +95,6 @@ def at_child_end(fn) -> None:
 
 
 def _run_child(w: int, fn, args) -> None:
-    from . import progress
-
-    progress.set_quiet(True)   # the parent shows progress
     try:
         out = (True, fn(*args))
     except Exception as e:   # an EstimateError is an answer; anything else the parent meets itself
@@ -122,14 +119,18 @@ def start(key: tuple, fn, *args) -> bool:
     could be started (off, one core, no fork)."""
     if key in _AHEAD or not enabled():
         return False
+    from . import progress
+
     try:
         r, w = os.pipe()
-        pid = os.fork()
+        with progress.held_for_fork():
+            pid = os.fork()
     except OSError:
         return False
     if pid == 0:   # the child: never returns into the caller's code
         code = 0
         try:
+            progress.after_fork_in_child()
             os.close(r)
             for other in _AHEAD.values():   # the parent's other children are the parent's to take
                 os.close(other.fd)

@@ -10,6 +10,7 @@ tqdm is imported only when a line is drawn.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -56,6 +57,24 @@ def _tick(bar, stop: threading.Event) -> None:
         with _lock:
             if _state["bar"] is bar:
                 bar.refresh()
+
+
+@contextlib.contextmanager
+def held_for_fork():
+    """Around os.fork(): no line is being drawn while the process is copied. The ticker thread
+    draws under ``_lock``; a child copied in the middle of a draw would hold stderr's lock with no
+    thread left to release it, and hang at its first write (a warning), its parent waiting on it.
+    The child calls ``after_fork_in_child`` first."""
+    with _lock:
+        yield
+
+
+def after_fork_in_child() -> None:
+    """In a forked child: a lock of its own, no line (the ticker thread was not copied), quiet (the
+    parent shows progress)."""
+    global _lock
+    _lock = threading.Lock()
+    _state.update(bar=None, ticker=None, count=0, quiet=True)
 
 
 def done() -> None:
