@@ -170,3 +170,32 @@ def test_no_child_is_copied_while_the_progress_line_is_drawn(monkeypatch):
     assert ahead.start(("progress",), in_child)
     assert ahead.take(("progress",)) == (True, (False, True))
     assert held == [True] and not progress._lock.locked()
+
+
+def test_a_cgroup_cpu_quota_bounds_the_cores(tmp_path, monkeypatch):
+    """A login node's per-user CPU quota (cgroup v2 cpu.max on the user's slice, or v1's
+    cfs_quota_us) bounds the cores the traces ahead and cuDNN's workers count on: two processes
+    under a one-core quota take turns."""
+    v2 = tmp_path / "v2"
+    (v2 / "user.slice" / "user-1000.slice" / "session-3.scope").mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    (v2 / "user.slice" / "user-1000.slice" / "cpu.max").write_text("150000 100000\n")
+    (v2 / "user.slice" / "user-1000.slice" / "session-3.scope" / "cpu.max").write_text("max 100000\n")
+    own = tmp_path / "cgroup"
+    own.write_text("0::/user.slice/user-1000.slice/session-3.scope\n")
+    assert ahead._quota_cores(str(v2), str(own)) == 1.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct" / "job").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu,cpuacct" / "job" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu,cpuacct" / "job" / "cpu.cfs_period_us").write_text("100000\n")
+    own.write_text("4:memory:/job\n3:cpu,cpuacct:/job\n0::/\n")
+    assert ahead._quota_cores(str(v1), str(own)) == 4.0
+    own.write_text("3:cpu,cpuacct:/\n")   # no quota set anywhere
+    assert ahead._quota_cores(str(v1), str(own)) is None
+    monkeypatch.setattr(ahead, "_quota_cores", lambda: 1.5)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert ahead.cores() == 1
+    monkeypatch.setattr(ahead, "_quota_cores", lambda: None)
+    assert ahead.cores() == 4

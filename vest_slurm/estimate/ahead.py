@@ -25,11 +25,62 @@ _AHEAD: dict[tuple, "_Child"] = {}
 
 
 def cores() -> int:
-    """The cores this process may run on (cudnn_ws's pool of workers sizes itself by them too)."""
+    """The cores this process may use (cudnn_ws's pool of workers sizes itself by them too): those
+    it may run on (a cgroup's cpuset), and no more than its cgroups' CPU quota allows (a login
+    node's per-user limit, systemd's CPUQuota=: two processes under a one-core quota take turns)."""
     try:
-        return len(os.sched_getaffinity(0))   # the cores this process may run on (a cgroup's cpuset)
+        n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    quota = _quota_cores()
+    return max(1, min(n, int(quota))) if quota is not None else n
+
+
+def _quota_cores(root: str = "/sys/fs/cgroup", own: str = "/proc/self/cgroup") -> float | None:
+    """The CPU time per period this process's cgroup and its parents allow, in cores (the least
+    of them), from cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us; None where no
+    quota is set or none can be read."""
+    try:
+        with open(own) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    least = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, controllers, path = parts
+        v2 = hid == "0" and controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        base = root if v2 else os.path.join(root, controllers)
+        here = path.strip("/")
+        while True:
+            q = _read_quota(os.path.join(base, here), v2)
+            if q is not None:
+                least = q if least is None else min(least, q)
+            if not here:
+                break
+            here = os.path.dirname(here)
+    return least
+
+
+def _read_quota(folder: str, v2: bool) -> float | None:
+    try:
+        if v2:
+            with open(os.path.join(folder, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+        else:
+            with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+                quota = f.read().strip()
+            with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+        if quota in ("max", "-1") or int(period) <= 0:
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def _idle_cores(loadavg: str | None = None) -> float:
