@@ -623,9 +623,14 @@ def ask_ahead(questions) -> int:
         return 0
     import multiprocessing
 
+    from . import progress
+
     asked = list(todo.values())
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # forked as ahead.start forks: not in the middle of a progress line's draw
+        with progress.held_for_fork():
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=progress.after_fork_in_child)
+        with pool:
             answers = pool.map(_answer_of, asked, chunksize=max(1, len(asked) // (4 * workers)))
     except (OSError, ValueError):   # no fork here (a process limit): ask them as they come
         return 0

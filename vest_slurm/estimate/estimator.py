@@ -250,8 +250,7 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
-    from . import oneshot
-    from . import progress
+    from . import oneshot, progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
     oneshot.settle()   # torch's and torchvision's objects out of the collector's scans
@@ -509,9 +508,7 @@ def estimates_for(spec: WorkloadSpec, summaries: Mapping[bool, TraceSummary | Es
                   targets: Mapping[str, DeviceProfile]) -> tuple[list[MemoryEstimate], dict[str, EstimateError]]:
     """(an estimate per target whose GPU class traced, labelled with the target's name; {name:
     EstimateError} for the others)."""
-    from . import progress
-
-    from . import oneshot
+    from . import oneshot, progress
 
     progress.step(f"allocator replay on {len(targets)} GPU type(s)")
     oneshot.settle()   # the traces, kept to the end: out of the collector's scans during the replays
