@@ -13,7 +13,10 @@ Each event is placed by (block, forward or backward, offset from that block's st
 its tensor by the distance in blocks to the block that allocated it and that block's offset. In the
 4-block trace, blocks 1 and 2 are both "middle" blocks (one before and one after), block 0 is the
 first and block 3 the last; block 2's forward and backward are repeated for blocks 2 .. n-2, each
-free resolved at the same distance. Whether the model is periodic that way is not assumed: the
+free resolved at the same distance. A sweep, a run of frees of every block's tensors block after
+block outside the blocks' own forward and backward (autocast's weight casts dropped at the forward's
+end under activation checkpointing), frees every copy's: block 2's part is repeated per copy.
+Whether the model is periodic that way is not assumed: the
 5-block trace is built from the 4-block one and must equal the traced 5-block trace event for
 event (sizes, streams, phases, categories, which block each free frees, every unit mark), else the
 caller traces the whole model (sharded_trace.py says so in the notes).
@@ -61,6 +64,7 @@ class _Layout:
         if not (f[0] < f[1] < f[2] < f[3] <= b[3] < b[2] < b[1] < b[0] <= n):
             raise NotPeriodic("the blocks' forward and backward do not run one after another")
         self.f, self.b, self.n = f, b, n
+        self.windows = [(u.fwd_pre, u.fwd_post) for u in bl] + [(u.bwd_pre, u.bwd_post) for u in bl]
         # (start, end, block, repeated): A F1 F2 Q B2 B1 R
         self.segments = [(0, f[1], 0), (f[1], f[2], 1), (f[2], f[3], 2), (f[3], b[2], 3),
                          (b[2], b[1], 2), (b[1], b[0], 1), (b[0], n, 0)]
@@ -86,6 +90,10 @@ class _Layout:
         else:
             blk, part = 0, "b"
         return blk, part, i - self.base(blk, part)
+
+    def own(self, i: int) -> int | None:
+        """The block whose own forward or backward (its unit marks) holds iteration index i, else None."""
+        return next((k % 4 for k, (a, b) in enumerate(self.windows) if a <= i < b), None)
 
     def seg_of(self, block: int, part: str) -> tuple[int, int]:
         """The span of the repeated block's segment of this part."""
@@ -142,6 +150,7 @@ def scale(ut: UnitTrace, prefix: str, n: int) -> UnitTrace:
 
     out: list[AllocEvent] = []
     out_base: dict[tuple[int, str], int] = {}
+    sweeps: list[tuple[int, int, tuple[AllocEvent, ...], bool]] = []   # (out start, out end, block 2's frees, ascending)
     order = []   # (segment index, n-block model's block)
     for k, (_s, _e, blk) in enumerate(lay.segments):
         if k == 2:
@@ -158,8 +167,12 @@ def scale(ut: UnitTrace, prefix: str, n: int) -> UnitTrace:
                 out_base[(s, part)] = len(out) + base - start
         if k == 3:   # the last block's segment also holds its backward's base
             out_base[(s, "b")] = len(out) + lay.b[3] - start
+        runs = {} if k in (2, 4) else {p: (q, up) for p, q, up in _sweeps(it, start, end, lay, alloc_at)}
         for i in range(start, end):
             e = it[i]
+            if i in runs:   # block 2's part of a sweep: placed for all its copies below
+                q, up = runs[i]
+                sweeps.append((len(out), len(out) + q - i, it[i:q], up))
             if e.action == "alloc":
                 out.append(replace(e, block=new_id(e.block, s)))
             else:
@@ -203,7 +216,39 @@ def scale(ut: UnitTrace, prefix: str, n: int) -> UnitTrace:
             grads = tuple(resolve(g, s, t) if t is not None else _root_grad(g) for g in u.grad_blocks)
             units.append(replace(u, name=name, fwd_pre=pos(u.fwd_pre, t, s), fwd_post=pos(u.fwd_post, t, s),
                                  bwd_pre=pos(u.bwd_pre, t, s), bwd_post=pos(u.bwd_post, t, s), grad_blocks=grads))
+    for p, q, run, up in reversed(sweeps):   # later ones first: the earlier positions stay
+        copies = range(2, n - 1) if up else range(n - 2, 1, -1)
+        out[p:q] = [replace(e, block=new_id(e.block, s)) for s in copies for e in run]
+        grown = (n - 4) * (q - p)
+        if any(p < m < q for u in units for m in (u.fwd_pre, u.fwd_post, u.bwd_pre, u.bwd_post)):
+            raise NotPeriodic("a unit mark falls inside a sweep over the blocks")
+        units = [replace(u, **{f: getattr(u, f) + grown for f in ("fwd_pre", "fwd_post", "bwd_pre", "bwd_post")
+                               if getattr(u, f) >= q}) for u in units]
     return replace(ut, iteration=tuple(out), units=tuple(units), tail=_tail(ut, lay, n, new_id, alloc_at, fixed))
+
+
+def _sweeps(it, start: int, end: int, lay: _Layout, alloc_at) -> list[tuple[int, int, bool]]:
+    """Block 2's part (start, end, ascending) of each sweep in it[start:end]: a run of frees of the
+    tensors of every block, block after block (first to last or last to first), as where autocast's
+    cache of the weights' casts is emptied at the forward's end (with activation checkpointing
+    nothing else holds them) or a list of per-block tensors is dropped at once. In the n-block
+    model the run frees every block's, so block 2's part is repeated for each of its copies."""
+    out = []
+    i = start
+    while i < end:
+        j = i
+        blocks = []
+        while j < end and it[j].action == "free" and lay.own(alloc_at.get(it[j].block, -1)) is not None:
+            blocks.append(lay.own(alloc_at[it[j].block]))
+            j += 1
+        if j == i:
+            i += 1
+            continue
+        if set(blocks) == {0, 1, 2, 3} and blocks in (sorted(blocks), sorted(blocks, reverse=True)):
+            p = i + blocks.index(2)
+            out.append((p, p + blocks.count(2), blocks[0] == 0))
+        i = j
+    return out
 
 
 def _tail(ut: UnitTrace, lay: _Layout, n: int, new_id, alloc_at, fixed) -> tuple[AllocEvent, ...]:
