@@ -357,3 +357,42 @@ def test_gpu_counts_below_the_answer_are_ruled_out_by_a_bound_without_a_replay(m
         low = real_bound(summary, sharded, prober.profiles["v100"])
         assert 0 < low <= estimate_need(prober.estimate(sharded, "v100"))
         assert needed_bytes(low, 0, 0) <= prober.needed(sharded, "v100")
+
+
+def test_a_peak_above_the_gpu_rules_a_count_out_without_the_capacity_search(monkeypatch):
+    """Where the uncapped replay's peak is above the GPU but the live tensors are not, the
+    estimate's peak is the GPU's usable memory or more (the capacity search decides which); with
+    the site's headroom that is above the GPU. So a GPU count the sharded advice only asks whether
+    it fits is ruled out from the uncapped replay (estimator.peak_at_least), without the search,
+    and the full estimate agrees. The bound is never above the estimate's need, on GPUs of any size."""
+    from vest_slurm.estimate import allocator, estimator, replaycache
+    from vest_slurm.site.placement import estimate_need
+
+    spec = parse_workload_args(["--model", "torchvision:resnet18", "--batch-size", "16", "--input", "3x64x64",
+                                "--optimizer", "adam"])
+
+    def site(mib):
+        return parse_site_config(f'[gpu.g]\nprofile = "a100-40gb"\nmemory_mib = {mib}\ncontext_mib = 300\n'
+                                 '[partition.g]\ngpu_types = ["g"]\ngpus_per_node = 8\n'
+                                 '[policy]\nheadroom_percent = 5\nexempt_users = []\n')
+
+    big = Prober.for_site(site(40960), budget_s=600)
+    profile = big.profiles["g"]
+    summary = big._trace(spec, profile, False)
+    live = estimator.need_at_least(summary, spec, profile)
+    uncapped = estimator.peak_at_least(summary, spec, profile)   # below the usable memory: the uncapped peak
+    assert live + 8 * MiB < uncapped < profile.usable_bytes
+    reserved_mib = profile.total_mib - profile.usable_bytes // MiB
+    mid = (live + uncapped) // 2 // MiB + reserved_mib   # live tensors fit, the uncapped peak does not
+    searched = []
+    monkeypatch.setattr(replaycache, "min_capacity_bytes",
+                        lambda *a, **k: searched.append(1) or allocator.min_capacity_bytes(*a, **k))
+    quick = Prober.for_site(site(mid), budget_s=600)
+    bound = quick.needed(spec, "g", fits_only=True)
+    assert bound > quick.capacity("g") and quick.is_floor(spec, "g") and not searched
+    full = Prober.for_site(site(mid), budget_s=600)
+    assert full.needed(spec, "g") >= bound and searched
+    for mib in (live // MiB + reserved_mib - 4, mid, uncapped // MiB + reserved_mib + 4, 40960):
+        p = Prober.for_site(site(mib), budget_s=600)
+        pr = p.profiles["g"]
+        assert estimator.peak_at_least(summary, spec, pr) <= estimate_need(estimator.estimate_from_trace(summary, spec, pr))

@@ -346,12 +346,29 @@ def need_at_least(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProf
     return sum(v for _, v in _outside_parts(summary, spec, profile)) + live_need(events, parse_alloc_conf(spec.alloc_conf))
 
 
-def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+def _replay_of(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile):
+    """(the summary of this GPU type's run, the allocator settings, the events as this GPU type makes
+    them, their uncapped replay with the rest of the run: replaycache.Replayed, made once)."""
     if isinstance(summary, SizedToGpu):
         summary = summary.for_profile(profile)
     config = parse_alloc_conf(spec.alloc_conf)
     events = _events_for(summary.trace.events, profile, spec, summary)
-    done = _replayed(summary, events, spec, config)
+    return summary, config, events, _replayed(summary, events, spec, config)
+
+
+def peak_at_least(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> int:
+    """A bound no estimate's peak (so no need placement applies its headroom to) goes below, from
+    the uncapped replay alone: the peak is the uncapped replay's, or, where that is above the GPU,
+    the GPU's usable memory or the uncapped one (estimate_from_trace: the capacity search, made
+    only then, decides which). Where the site's headroom puts even the usable memory above the GPU,
+    the job does not fit, and the search is not needed to say so. The replay is kept for the estimate."""
+    summary, _config, _events, done = _replay_of(summary, spec, profile)
+    fixed = sum(v for _, v in _outside_parts(summary, spec, profile))
+    return min(fixed + done.result.peak_reserved_bytes, profile.usable_bytes)
+
+
+def estimate_from_trace(summary: TraceSummary, spec: WorkloadSpec, profile: DeviceProfile) -> MemoryEstimate:
+    summary, config, events, done = _replay_of(summary, spec, profile)
     result = done.result
     caught = any(e.module == CAUGHT_OOM for e in events)
 

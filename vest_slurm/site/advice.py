@@ -464,23 +464,25 @@ class Prober:
         Where a sibling's floor (floor_needed) is already above the GPU, that floor, with no trace
         (``is_floor`` says so: the need is at least that). ``fits_only``: the caller asks only
         whether it fits (a GPU count below the one the sharded advice proposes); where the trace's
-        bound without the allocator's replay (estimator.need_at_least) is above the GPU, that
-        bound, with no replay (``is_floor`` says so too)."""
+        bound without the allocator's replay (estimator.need_at_least), or the one from its uncapped
+        replay without the capacity search (estimator.peak_at_least), is above the GPU, that bound
+        (``is_floor`` says so too)."""
         if (spec, gres_type) not in self._estimates:
             floor = self.floor_needed(spec, gres_type)
             if floor is not None and floor > self.capacity(gres_type):
                 self.floored.add((spec, gres_type))
                 return floor
             if fits_only:
-                from ..estimate.estimator import TraceSummary, need_at_least
+                from ..estimate.estimator import TraceSummary, need_at_least, peak_at_least
 
-                summary = self._trace(spec, self.profiles[gres_type], True)
+                profile = self.profiles[gres_type]
+                summary = self._trace(spec, profile, True)
                 if isinstance(summary, TraceSummary):
-                    low = needed_bytes(need_at_least(summary, spec, self.profiles[gres_type]),
-                                       self.headroom_percent, self.headroom_bytes)
-                    if low > self.capacity(gres_type):
-                        self.floored.add((spec, gres_type))
-                        return low
+                    for bound in (need_at_least, peak_at_least):   # the cheaper first
+                        low = needed_bytes(bound(summary, spec, profile), self.headroom_percent, self.headroom_bytes)
+                        if low > self.capacity(gres_type):
+                            self.floored.add((spec, gres_type))
+                            return low
         est = self.estimate(spec, gres_type)
         if est is None:
             return None
