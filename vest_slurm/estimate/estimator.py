@@ -238,10 +238,13 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
         if isinstance(answer, EstimateError):
             raise answer
         return answer
+    from . import oneshot
+
     if spec.parallelism in SHARDED:
         # per rank (sharding.py); the unsharded model's trace is kept in memory by sharded_trace
         from .sharded_trace import trace_sharded
 
+        oneshot.settle()   # torch's objects and the traces before out of the collector's scans
         t0 = time.perf_counter()
         trace = trace_sharded(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
         return summarize(trace, time.perf_counter() - t0)
@@ -250,11 +253,10 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
     if hit is not None:
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
-    from . import oneshot, progress
+    from . import progress
     from .tracing import trace_training   # torch is imported only when an estimate is made
 
     oneshot.settle()   # torch's and torchvision's objects out of the collector's scans
-
     progress.step(f"tracing {spec.model} at batch {spec.batch_size} on fake CUDA "
                   f"(sm{profile.capability[0]}{profile.capability[1]} class)")
     t0 = time.perf_counter()
