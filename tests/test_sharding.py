@@ -634,3 +634,31 @@ def test_gpu_types_of_one_class_share_the_unit_trace(monkeypatch):
         st.trace_sharded(spec.with_(num_gpus=n), p.capability, p.total_bytes)
     st.forget_unit_traces()
     assert made == [((8, 0), get_profile("a100-40gb").total_bytes), ((7, 0), get_profile("v100-16gb").total_bytes)]
+
+
+@pytest.mark.parametrize("optimizer,resized", [("adamw", True), ("adamw-8bit", False)])
+def test_optimizer_traces_of_further_gpu_counts_are_resized_where_two_counts_agree(optimizer, resized, monkeypatch):
+    """The optimizer's trace on one rank's shards at GPU counts 2, 4, 8, 16: where the trace at 2,
+    its sizes mapped tensor by tensor, is the trace at 4 exactly (AdamW: states and temporaries of
+    its tensors' shapes), 8 and 16 are resized from it, not traced, and equal what tracing them
+    gives. bitsandbytes' 8-bit AdamW keeps per-block scales whose sizes are no tensor's: never
+    resized, every count traced."""
+    from vest_slurm.estimate import sharded_trace as st
+    from vest_slurm.estimate.sharding import shard_layout, unit_spec
+
+    spec = parse_workload_args(["--model", "hf:tiny-llama", "--model-arg", "num_hidden_layers=7", "--batch-size", "2",
+                                "--input", "seq64", "--optimizer", optimizer, "--parallelism", "fsdp2",
+                                "--num-gpus", "2"])
+    ut = st.unit_trace(unit_spec(spec), (9, 0), 80 * 2**30)
+    traced, real = [], st._traced_optimizer
+    monkeypatch.setattr(st, "_traced_optimizer", lambda *a: traced.append(a) or real(*a))
+    monkeypatch.setattr(st, "_FAMILIES", {})
+    st.optimizer_trace.cache_clear()
+    for n in (2, 4, 8, 16):
+        sp = spec.with_(num_gpus=n)
+        layout = shard_layout(ut.units, sp)
+        args = (sp.with_(num_gpus=1, parallelism="none"), layout.optimizer_tensors, layout.optimizer_dtype, False)
+        made = st.optimizer_trace(*args)
+        assert st._canonical(made) == st._canonical(real(*args))
+    assert len(traced) == (2 if resized else 4)
+    st.optimizer_trace.cache_clear()

@@ -18,6 +18,7 @@ parameters (its backward is over when all its parameters have their gradient: FS
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import replace
 
@@ -30,7 +31,7 @@ from . import optimizer_scaling as os_
 from .models import build_model
 from .profiles import capability_class
 from .sharding import (OptimizerTrace, Unit, UnitTrace, rank_trace, shard_layout, unit_spec)
-from .trace import AllocEvent, AllocTrace
+from .trace import AllocEvent, AllocTrace, with_size
 from .tracing import _DTYPES, Tracer, _TracerHooks, _module_hooks, _transformers_quiet, cudnn_flags, \
     make_optimizer, run_training_loop
 from .workload import WorkloadSpec
@@ -273,7 +274,70 @@ def optimizer_trace(spec: WorkloadSpec, shapes: tuple[tuple[int, ...], ...], dty
     their gradients are left out (sharding.py places them), unless ``keep_grads`` (DeepSpeed's fp32
     gradient partition, made for the step and dropped after it). A run of at least
     optimizer_scaling.MIN_COPIES identical blocks' shards is traced with 4 and 5 of them and scaled
-    (optimizer_scaling.py), where the 4-copy trace scaled gives the 5-copy one exactly; else whole."""
+    (optimizer_scaling.py), where the 4-copy trace scaled gives the 5-copy one exactly; else whole.
+
+    The shards of another GPU count are the same list with other sizes. Where the trace at one
+    count, its sizes mapped tensor by tensor (_size_map), gave the traced one at a second count
+    exactly, the optimizer makes nothing whose size is not one of its tensors' (a state, a
+    temporary of the same shape) or fixed: the traces of further counts are that first trace
+    resized, not traced (a GPU count search: 2, 4, 8, ... GPUs)."""
+    key = _family(spec, shapes, dtype, keep_grads)
+    fam = _FAMILIES.get(key)
+    if fam is not None and fam[2]:
+        m = _size_map(fam[0], shapes)
+        if m is not None:
+            return _resized(fam[1], m)
+    made = _traced_optimizer(spec, shapes, dtype, keep_grads)
+    if fam is None:
+        while len(_FAMILIES) >= 16:
+            _FAMILIES.pop(next(iter(_FAMILIES)))
+        _FAMILIES[key] = [shapes, made, False]
+    elif not fam[2] and fam[0] != shapes:
+        m = _size_map(fam[0], shapes)
+        fam[2] = m is not None and _canonical(_resized(fam[1], m)) == _canonical(made)
+    return made
+
+
+# {family: [shapes, OptimizerTrace, whether resizing it gave a second count's trace exactly]}
+_FAMILIES: dict[tuple, list] = {}
+_ITEMSIZES = (1, 2, 4, 8)   # a tensor's bytes are its elements times one of these
+
+
+def _family(spec: WorkloadSpec, shapes, dtype: str, keep_grads: bool) -> tuple:
+    """What the optimizer's traces at other GPU counts share: the optimizer, the dtype, and the
+    list's pattern (each tensor's dimensions, and the first tensor of its shape)."""
+    first: dict = {}
+    return spec, dtype, keep_grads, tuple((len(s), first.setdefault(s, i)) for i, s in enumerate(shapes))
+
+
+def _size_map(a, b) -> dict[int, int] | None:
+    """{bytes of a tensor of ``a``: bytes of its counterpart in ``b``}, per element size; None where
+    two tensors of one size in ``a`` have counterparts of different sizes."""
+    m: dict[int, int] = {}
+    for sa, sb in zip(a, b):
+        na, nb = math.prod(sa), math.prod(sb)
+        for k in _ITEMSIZES:
+            if m.setdefault(na * k, nb * k) != nb * k:
+                return None
+    return m
+
+
+def _resized(tr: OptimizerTrace, m: dict[int, int]) -> OptimizerTrace:
+    def each(events):
+        return tuple(with_size(e, m.get(e.size_bytes, e.size_bytes)) for e in events)
+    return OptimizerTrace(each(tr.construct), tuple(each(st) for st in tr.steps))
+
+
+def _canonical(tr: OptimizerTrace) -> tuple:
+    events = [*tr.construct, *(e for st in tr.steps for e in st)]
+    cuts, at = [len(tr.construct)], len(tr.construct)
+    for st in tr.steps:
+        at += len(st)
+        cuts.append(at)
+    return os_.canonical(events, cuts)
+
+
+def _traced_optimizer(spec: WorkloadSpec, shapes, dtype: str, keep_grads: bool) -> OptimizerTrace:
     run = os_.repeated_run(shapes)
     if run is not None:
         ev4, cuts4 = _optimizer_events(spec, run.cut(shapes, 4), dtype, keep_grads)
