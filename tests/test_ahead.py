@@ -113,19 +113,40 @@ def test_no_child_where_no_core_is_idle(here, monkeypatch):
     assert here == [(8, 0), (7, 0)]
 
 
-@pytest.mark.parametrize("loadavg, idle", [
-    ("1.59 1.00 1.09 1/110 7480", 1.0),   # commands one after another (a benchmark): this one runs alone now
-    ("0.40 0.75 0.82 2/110 7480", 0.0),   # another task runnable now beside this one
-    ("0.10 0.10 0.10 3/110 7480", -1.0),
+@pytest.mark.parametrize("loadavg, own, idle", [
+    ("1.59 1.00 1.09 1/110 7480", 1, 1.0),   # commands one after another (a benchmark): this one runs alone now
+    ("0.40 0.75 0.82 2/110 7480", 1, 0.0),   # another task runnable now beside this one
+    ("0.10 0.10 0.10 3/110 7480", 1, -1.0),
+    ("0.40 0.75 0.82 2/110 7480", 2, 1.0),   # this process's OpenMP worker spinning after a CPU op
+    ("0.40 0.75 0.82 3/110 7480", 2, 0.0),   # and another task
 ])
-def test_idle_cores_are_those_no_task_runnable_now_takes(monkeypatch, loadavg, idle):
-    """This process is among the runnable tasks; the load average, which trails this process's own
-    earlier work, does not count. Ahead children start where a core is free (MIN_IDLE_CORES)."""
+def test_idle_cores_are_those_no_other_task_runnable_now_takes(monkeypatch, loadavg, own, idle):
+    """This process is among the runnable tasks, and so are its own spinning threads; the load
+    average, which trails this process's own earlier work, does not count. Ahead children start
+    where a core is free (MIN_IDLE_CORES)."""
     monkeypatch.setattr(ahead, "cores", lambda: 2)
-    assert ahead._idle_cores(loadavg) == idle
+    assert ahead._idle_cores(loadavg, own) == idle
     monkeypatch.setenv("VEST_TRACE_AHEAD", "1")
-    monkeypatch.setattr(ahead, "_idle_cores", functools.partial(ahead._idle_cores, loadavg))
+    monkeypatch.setattr(ahead, "_idle_cores", functools.partial(ahead._idle_cores, loadavg, own))
     assert ahead.enabled() == (idle >= 1)
+
+
+def test_own_spinning_threads_leave_the_core_idle():
+    """Right after torch's parallel CPU ops its OpenMP workers spin, runnable (read from /proc): they
+    are this process's, so the gate does not count them against a child."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1500, 1500)
+        seen = []
+        for _ in range(20):
+            x @ x
+            seen.append(ahead._own_runnable())
+    finally:
+        torch.set_num_threads(threads)
+    assert max(seen) >= 2   # the workers are runnable right after the product
 
 
 def test_what_a_child_asks_of_cudnn_is_kept_for_the_next_process(tmp_path, monkeypatch):

@@ -83,12 +83,15 @@ def _read_quota(folder: str, v2: bool) -> float | None:
         return None
 
 
-def _idle_cores(loadavg: str | None = None) -> float:
-    """Cores a child could have beside this process: the cores less the tasks runnable now
-    (/proc/loadavg's fourth field, this process among them). Not the load average: it trails the
-    last minute, in which this process's own earlier commands and their children ran (a benchmark's
-    or a script's commands one after another found it at 1 to 2 on two idle cores and started no
-    child), while another user's busy process is runnable now as it was then."""
+def _idle_cores(loadavg: str | None = None, own: int | None = None) -> float:
+    """Cores a child could have beside this process: the cores, less one for this process, less
+    the other tasks runnable now (/proc/loadavg's fourth field, less this process's own runnable
+    threads: ``own``, read from /proc/self/task where not given). Not the load average: it trails
+    the last minute, in which this process's own earlier commands and their children ran (a
+    benchmark's or a script's commands one after another found it at 1 to 2 on two idle cores and
+    started no child), while another user's busy process is runnable now as it was then. Not this
+    process's threads: after a parallel region of torch's CPU ops its OpenMP workers spin for a
+    while before they sleep, runnable, and counted as busy cores they kept every child off."""
     try:
         if loadavg is None:
             with open("/proc/loadavg") as f:
@@ -96,7 +99,25 @@ def _idle_cores(loadavg: str | None = None) -> float:
         running = int(loadavg.split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return 0.0
-    return float(cores() - running)
+    if own is None:
+        own = _own_runnable()
+    return float(cores() - 1 - max(0, running - max(own, 1)))
+
+
+def _own_runnable() -> int:
+    """This process's threads runnable now (their state in /proc/self/task/*/stat), at least this one."""
+    n = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 1
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            continue
+    return max(n, 1)
 
 
 # A child is started where a core is free for it: on two cores with nothing else runnable a child
