@@ -491,3 +491,30 @@ def test_questions_asked_ahead_by_forked_workers_get_cudnns_answers(monkeypatch)
     fresh()
     monkeypatch.setattr(cudnn_ws, "ASK_PER_WORKER", len(keys) + 1)
     assert ask_cudnn_ahead([(summary, A100)]) == 0                   # too few for two workers: asked as they come
+
+
+def test_questions_are_asked_ahead_on_the_cores_free_now(monkeypatch):
+    """ask_ahead forks workers for the cores free now (this process's, which waits for them, and
+    those idle: ahead.free_cores), not for every core: with another task runnable on the other
+    core (a check's other search group) it forks none and the questions are asked as they come;
+    with it idle, two workers answer them, and the answers are cuDNN's own."""
+    from vest_slurm.estimate import ahead
+
+    s = spec("--model", "torchvision:resnet18", "--batch-size", "4", "--input", "3x64x64", "--optimizer", "sgd")
+    summary = trace_for(s, A100)
+    keys = sorted({e.detail for e in summary.trace.events if e.module == "cudnn" and e.action == "alloc"})
+    profiles = [get_profile(k) for k in ("a100-40gb", "h100-80gb", "v100-16gb", "l40s-48gb")]
+    questions = [(p, k, False) for p in profiles for k in keys]
+    require_cudnn()
+    assert len(questions) >= 2 * cudnn_ws.ASK_PER_WORKER
+    monkeypatch.setattr(ahead, "cores", lambda: 2)
+    for idle, asked in ((0.0, 0), (1.0, len(questions))):
+        monkeypatch.setattr(cudnn_ws, "_ANSWERS", cudnn_ws._Answers())
+        monkeypatch.setattr(ahead, "_idle_cores", lambda idle=idle: idle)
+        assert ahead.free_cores() == 1 + idle
+        assert cudnn_ws.ask_ahead(questions) == asked
+    cudnn_ws.workspace_bytes.cache_clear()
+    try:
+        assert all(cudnn_ws.workspace_for(p, k) == ask_cudnn(p, k) for p, k, _ in questions[::7])
+    finally:
+        cudnn_ws.workspace_bytes.cache_clear()

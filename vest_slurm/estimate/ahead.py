@@ -25,7 +25,7 @@ _AHEAD: dict[tuple, "_Child"] = {}
 
 
 def cores() -> int:
-    """The cores this process may use (cudnn_ws's pool of workers sizes itself by them too): those
+    """The cores this process may use (cudnn_ws's pool of workers: those of them free now): those
     it may run on (a cgroup's cpuset), and no more than its cgroups' CPU quota allows (a login
     node's per-user limit, systemd's CPUQuota=: two processes under a one-core quota take turns)."""
     try:
@@ -118,6 +118,12 @@ def _own_runnable() -> int:
         except (OSError, IndexError):
             continue
     return max(n, 1)
+
+
+def free_cores() -> int:
+    """The cores work forked now would have: this process's (it waits for the work) and those
+    idle now (_idle_cores), within ``cores()``; at least one."""
+    return max(1, min(cores(), 1 + int(_idle_cores())))
 
 
 # A child is started where a core is free for it: on two cores with nothing else runnable a child

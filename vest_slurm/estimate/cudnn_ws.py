@@ -44,7 +44,7 @@ import json
 import os
 import re
 
-from .ahead import at_child_end, cores as _cores
+from .ahead import at_child_end, free_cores as _cores
 from .profiles import DeviceProfile
 
 # cudaDeviceProp fields of each board (CUDA deviceQuery / NVIDIA's specifications): what cuDNN's
@@ -590,7 +590,8 @@ def find_workspace_bytes(profile_props: str, key: str) -> int | None:
 # ranks the engines with its own model; building the graph and the first plan adds about 1 ms), and
 # a CNN asks one per convolution, direction and GPU type: resnet50 on the 22 built-in types is about
 # 1,500 questions, 5-8 s on one core. The answers are independent, so the questions an estimate is
-# about to ask are answered first by forked workers, one per core up to ASK_WORKERS_MAX (a login
+# about to ask are answered first by forked workers, one per core free now (ahead.free_cores: on two
+# cores beside a check's other search group, none) up to ASK_WORKERS_MAX (a login
 # node is shared: a few seconds on eight cores is a burst, not a job). A fork costs tens of
 # milliseconds, so a worker gets at least ASK_PER_WORKER questions; fewer are asked in-process as
 # before. The workers only ask cuDNN (no torch op, no allocation through torch) and exit through
