@@ -476,8 +476,11 @@ def _module_hooks(tracer: Tracer, model: nn.Module):
         if tracer.s.module_stack:
             tracer.s.module_stack.pop()
 
+    # always_call: the post hook runs where the forward raised too, as activation checkpointing's
+    # recompute does to stop early (torch.utils.checkpoint's _StopRecomputationError): without it
+    # the recomputed modules stayed on the stack and named every later event of the run
     return [m.register_forward_pre_hook(pre) for m in model.modules()] + \
-           [m.register_forward_hook(post) for m in model.modules()]
+           [m.register_forward_hook(post, always_call=True) for m in model.modules()]
 
 
 # torch's fused CUDA optimizers whose kernels (_fused_sgd_, _fused_adam_, _fused_adamw_) have
@@ -762,13 +765,18 @@ def _transformers_quiet(spec: WorkloadSpec):
         hf_logging.set_verbosity(before)
 
 
-def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30) -> AllocTrace:
-    """Trace ``spec.steps`` training iterations. Raises EstimateError with the cause on failure."""
+def trace_training(spec: WorkloadSpec, capability: tuple[int, int] = (8, 0), total_memory_bytes: int = 80 * 2**30,
+                   prepare=None, marks=None) -> AllocTrace:
+    """Trace ``spec.steps`` training iterations. Raises EstimateError with the cause on failure.
+    ``prepare(built)``: the built model changed before it is traced (step_scaling.py cuts its stack
+    of blocks); ``marks(tracer, model)``: hooks that record where things happen, which allocate
+    nothing (their ``remove()`` is called after the run)."""
     with _transformers_quiet(spec):
-        return _trace_training(spec, capability, total_memory_bytes)
+        return _trace_training(spec, capability, total_memory_bytes, prepare, marks)
 
 
-def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int) -> AllocTrace:
+def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memory_bytes: int,
+                    prepare=None, marks=None) -> AllocTrace:
     t0 = time.perf_counter()
     tracer = Tracer(capability)
     mode = fc.FakeCudaMode(tracer.recorder)
@@ -778,10 +786,12 @@ def _trace_training(spec: WorkloadSpec, capability: tuple[int, int], total_memor
         # configurations) takes its GPU path, and what it asked counts for the trace (holds_on)
         with fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability, scalar_draws_at_the_top=True):
             built = build_model(spec)
+            if prepare is not None:
+                built = prepare(built)
             model = built.module
             oneshot.settle()   # the model's libraries (torchvision, transformers) imported: out of the collector's scans
             with cudnn_flags(spec), tracer, mode, fc.CudaFactoryMode():
-                asked = _traced_steps(tracer, mode, model, built, spec)
+                asked = _traced_steps(tracer, mode, model, built, spec, marks)
     except EstimateError:
         raise
     except fc.DataDependentOutputException as e:
@@ -822,13 +832,15 @@ def _model_frame(e: BaseException, spec: WorkloadSpec) -> str | None:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
-def _traced_steps(tracer: Tracer, mode, model, built, spec: WorkloadSpec):
+def _traced_steps(tracer: Tracer, mode, model, built, spec: WorkloadSpec, marks=None):
     """The parameters materialised and the training loop run, under the trace: what the run
     asked of the GPU."""
     tracer.s.category = "parameter"
     fc.materialize(model, _DTYPES[spec.weight_dtype], spec.channels_last)
     tracer.s.category = None
     module_hooks = _module_hooks(tracer, model)
+    if marks is not None:
+        module_hooks.append(marks(tracer, model))
     try:
         opt = run_training_loop(model, built, spec, fc.DEVICE, _TracerHooks(tracer, mode))
         tracer.freeze()   # the run is over: what is released from here on is not part of it
