@@ -96,7 +96,7 @@ def test_an_error_in_the_child_is_the_error_made_here(here, monkeypatch):
     """A trace that fails in the child fails as it would here: the same EstimateError."""
     from vest_slurm.errors import EstimateError
 
-    def refuses(sp, capability=(8, 0), total_memory_bytes=80 << 30):
+    def refuses(sp, capability=(8, 0), total_memory_bytes=80 << 30, *rest):
         raise EstimateError(f"refused on sm{capability[0]}{capability[1]}", "nothing to do")
 
     monkeypatch.setattr(tracing, "trace_training", refuses)

@@ -24,9 +24,9 @@ def traced(monkeypatch):
     calls = []
     real = tracing.trace_training
 
-    def counting(spec, capability=(8, 0), total_memory_bytes=80 << 30):
+    def counting(spec, capability=(8, 0), total_memory_bytes=80 << 30, *rest):
         calls.append(tuple(capability))
-        return real(spec, capability, total_memory_bytes)
+        return real(spec, capability, total_memory_bytes, *rest)
 
     monkeypatch.setattr(tracing, "trace_training", counting)
     monkeypatch.setenv("VEST_TRACE_AHEAD", "0")   # counted in this process: no class traced in a child (ahead.py)

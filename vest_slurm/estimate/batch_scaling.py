@@ -36,10 +36,13 @@ _INT = re.compile(r"-?\d+")
 
 def run_notes(notes) -> tuple[str, ...]:
     """A trace's notes about the run, without those about how this trace was had (how long it took,
-    that it was read from the trace cache): what two traces of the same run share."""
+    that it was read from the trace cache, that its blocks were scaled or why not): what two traces
+    of the same run share."""
+    from .block_scaling import SCALED_NOTE as BLOCKS_SCALED, WHOLE_NOTE
     from .estimator import CACHED_NOTE
 
-    return tuple(n for n in notes if n != CACHED_NOTE and not (n.startswith("traced in ") and n.endswith(" s")))
+    return tuple(n for n in notes if n != CACHED_NOTE and not (n.startswith("traced in ") and n.endswith(" s"))
+                 and not n.startswith((BLOCKS_SCALED, WHOLE_NOTE)))
 
 
 class NotAffine(Exception):

@@ -254,14 +254,15 @@ def trace_for(spec: WorkloadSpec, profile: DeviceProfile, cache: bool = False) -
         trace, seconds = hit
         return summarize(replace(trace, notes=trace.notes + (CACHED_NOTE,)), seconds)
     from . import progress
-    from .tracing import trace_training   # torch is imported only when an estimate is made
+    from .step_scaling import trace_scaled   # torch is imported only when an estimate is made
 
     oneshot.settle()   # torch's and torchvision's objects out of the collector's scans
     progress.step(f"tracing {spec.model} at batch {spec.batch_size} on fake CUDA "
                   f"(sm{profile.capability[0]}{profile.capability[1]} class)")
     t0 = time.perf_counter()
     try:
-        trace = trace_training(spec, capability=profile.capability, total_memory_bytes=profile.total_bytes)
+        # a stack of identical blocks traced with 4 and 5 of them and scaled, where that is exact
+        trace = trace_scaled(spec, profile.capability, profile.total_bytes)
     except (EstimateError, WorkloadError) as e:
         tracecache.store(k, e, time.perf_counter() - t0)
         raise

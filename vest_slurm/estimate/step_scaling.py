@@ -30,12 +30,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from .block_scaling import SCALED_NOTE, TRACED_BLOCKS, WHOLE_NOTE
 from .trace import AllocEvent, AllocTrace
 
-TRACED_BLOCKS = (4, 5)
-MIN_BLOCKS = 8           # below this the two cut traces cost about what the whole model does
-SCALED_NOTE = "identical blocks scaled"
-WHOLE_NOTE = "identical blocks traced whole"
+# Below this the cut runs (4 + 5 blocks, two steps each) save little over the whole one, and a
+# model that does not scale pays both: BERT-base's and GPT-2's 12 blocks are traced whole, models
+# of 24 blocks and more (GPT-2 medium, BERT-large, Llama, Mistral, ViT-L) scaled.
+MIN_BLOCKS = 16
 
 
 class NotPeriodic(Exception):
@@ -398,56 +399,73 @@ def trace_scaled(spec, capability: tuple[int, int], total_memory_bytes: int) -> 
     """``tracing.trace_training(spec)``, made from the model cut to 4 and 5 blocks where it has a
     stack of at least MIN_BLOCKS identical ones (sharded_trace.wrap_units: transformers' blocks,
     else an nn.ModuleList's) and the 4-block trace scaled gives the 5-block one exactly; else the
-    whole model traced, with a note that says why."""
+    whole model traced, with a note that says why. A model without such a stack is built and
+    traced once, as before: the first run finds the stack in the model it builds."""
     import time
 
-    from . import _fakecuda as fc
     from . import block_scaling as bs
-    from .models import build_model
     from .sharded_trace import _cut_stack, wrap_units
-    from .tracing import _transformers_quiet, trace_training
+    from .tracing import trace_training
 
-    with _transformers_quiet(spec), fc.cuda_answers(total_memory_bytes=total_memory_bytes, capability=capability,
-                                                     scalar_draws_at_the_top=True):
-        built = build_model(spec)
-    stack = bs.stack_of([n for n, _m in wrap_units(built.module)])
-    if stack is None or stack[1] < MIN_BLOCKS:
-        return trace_training(spec, capability, total_memory_bytes)
-    prefix, count = stack
     t0 = time.perf_counter()
+    stack: list = []    # (prefix, count) of the model the first run built, where it has a stack
+    why: list = []      # why it cannot be cut
+
+    def prepare(built, keep):
+        if keep == 4:
+            found = bs.stack_of([n for n, _m in wrap_units(built.module)])
+            if found is None or found[1] < MIN_BLOCKS:
+                return built   # traced whole, as it is
+            stack.append(found)
+        got = _cut_stack(built, *stack[0], keep)
+        if isinstance(got, str):
+            why.append(got)
+            return built
+        return got
+
     made = {}
-    why = None
     for keep in TRACED_BLOCKS:
-        cut = []
-
-        def prepare(b, keep=keep, cut=cut):
-            got = _cut_stack(b, prefix, count, keep)
-            cut.append(got)
-            return b if isinstance(got, str) else got
-
         marks: list[_PassMarks] = []
+
+        def mark(tracer, model):
+            marks.append(_PassMarks(tracer, model, stack[0][0]) if stack and not why else _NoMarks())
+            return marks[-1]
         try:
-            trace = trace_training(spec, capability, total_memory_bytes, prepare,
-                                   lambda tracer, model: marks.append(_PassMarks(tracer, model, prefix)) or marks[-1])
+            trace = trace_training(spec, capability, total_memory_bytes, lambda b, keep=keep: prepare(b, keep), mark)
         except Exception as e:   # the cut model fails where the whole one may not: the whole one says
-            why = f"the {keep}-block model did not trace ({type(e).__name__})"
+            if keep == 4 and not stack:
+                raise   # it was the whole model
+            why.append(f"the {keep}-block model did not trace ({type(e).__name__})")
             break
-        if isinstance(cut[0], str):
-            why = cut[0]
+        if not stack:
+            return trace   # no stack of blocks: the whole model's run
+        if why:
+            if keep == 4:
+                return _whole_note(trace, stack[0], why[0])   # not cut: this was the whole model
             break
         try:
             made[keep] = (trace, marks[0].result())
         except NotPeriodic as e:
-            why = str(e)
+            why.append(str(e))
             break
-    if why is None:
+    prefix, count = stack[0]
+    if not why:
         try:
             scaled = scale(made[4], made[5], prefix, count)
             note = (f"{SCALED_NOTE}: {prefix} has {count} blocks of the same shapes; the training run traced with 4 "
                     f"and 5 of them ({time.perf_counter() - t0:.1f} s), block 2 repeated for blocks 2-{count - 2} "
                     "(the 4-block run repeated gives the 5-block run exactly)")
-            return replace(scaled, notes=scaled.notes + (note,))
+            notes = tuple(n for n in scaled.notes if not n.startswith("traced in "))   # the 4-block run's
+            return replace(scaled, notes=(f"traced in {time.perf_counter() - t0:.2f} s", *notes, note))
         except NotPeriodic as e:
-            why = str(e)
-    whole = trace_training(spec, capability, total_memory_bytes)
-    return replace(whole, notes=whole.notes + (f"{WHOLE_NOTE}: {prefix} ({count} blocks) traced whole: {why}",))
+            why.append(str(e))
+    return _whole_note(trace_training(spec, capability, total_memory_bytes), stack[0], why[0])
+
+
+class _NoMarks:
+    def remove(self):
+        pass
+
+
+def _whole_note(trace: AllocTrace, stack: tuple[str, int], why: str) -> AllocTrace:
+    return replace(trace, notes=trace.notes + (f"{WHOLE_NOTE}: {stack[0]} ({stack[1]} blocks) traced whole: {why}",))
