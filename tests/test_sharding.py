@@ -5,6 +5,7 @@ masters equal to their sizes divided over the ranks, as torch.chunk and DeepSpee
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -364,36 +365,14 @@ def test_identical_blocks_scaled_equal_the_whole_trace(extra, monkeypatch, capsy
     assert scaled.breakdown == full.breakdown and scaled.peak_bytes == full.peak_bytes
 
 
-def test_blocks_that_differ_in_what_they_compute_are_traced_whole(tmp_path, monkeypatch):
+def test_blocks_that_differ_in_what_they_compute_are_traced_whole():
     """Blocks of the same shapes whose forward depends on their index (every third one does extra
     work): the 4-block trace repeated is not the 5-block trace, so the model is traced whole, and
     the note says why."""
     from vest_slurm.estimate import block_scaling as bs
 
-    (tmp_path / "net.py").write_text(
-        "import torch\n"
-        "from torch import nn\n"
-        "class Block(nn.Module):\n"
-        "    def __init__(self, i):\n"
-        "        super().__init__()\n"
-        "        self.lin, self.i = nn.Linear(64, 64), i\n"
-        "    def forward(self, x):\n"
-        "        for _ in range(self.i % 3):\n"
-        "            x = x * 1.5\n"
-        "        return torch.relu(self.lin(x))\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.blocks = nn.ModuleList(Block(i) for i in range(8))\n"
-        "        self.head = nn.Linear(64, 10)\n"
-        "    def forward(self, x):\n"
-        "        for b in self.blocks:\n"
-        "            x = b(x)\n"
-        "        return self.head(x)\n"
-        "def make():\n"
-        "    return Net()\n")
-    monkeypatch.chdir(tmp_path)
-    spec = parse_workload_args(["--model", "net.py:make", "--batch-size", "4", "--input", "64", "--optimizer", "adamw",
+    model = f"{Path(__file__).parent / 'data' / 'user_models.py'}:index_dependent_blocks"
+    spec = parse_workload_args(["--model", model, "--batch-size", "4", "--input", "64", "--optimizer", "adamw",
                                 "--parallelism", "fsdp2", "--num-gpus", "2"])
     whole, made = _whole_and_scaled(spec)
     assert any(n.startswith(bs.WHOLE_NOTE) and "not the 5-block trace" in n for n in made.notes), made.notes

@@ -3,6 +3,8 @@ and scaled (estimate/step_scaling.py): the same run as the whole model's, event 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vest_slurm.estimate import step_scaling as ss
@@ -49,34 +51,13 @@ def test_a_stack_of_identical_blocks_scaled_is_the_whole_run(argv):
     assert a.breakdown == b.breakdown and a.peak_bytes == b.peak_bytes and a.required_bytes == b.required_bytes
 
 
-def test_blocks_that_differ_in_what_they_compute_are_traced_whole(tmp_path, monkeypatch):
+def test_blocks_that_differ_in_what_they_compute_are_traced_whole():
     """Blocks of the same shapes whose forward depends on their index (every third one does extra
     work): the 4-block run scaled is not the 5-block run, so the model is traced whole, the note
     says why, and the trace is the whole model's."""
-    (tmp_path / "net.py").write_text(
-        "import torch\n"
-        "from torch import nn\n"
-        "class Block(nn.Module):\n"
-        "    def __init__(self, i):\n"
-        "        super().__init__()\n"
-        "        self.lin, self.i = nn.Linear(64, 64), i\n"
-        "    def forward(self, x):\n"
-        "        for _ in range(self.i % 3):\n"
-        "            x = x * 1.5\n"
-        "        return torch.relu(self.lin(x))\n"
-        "class Net(nn.Module):\n"
-        "    def __init__(self):\n"
-        f"        super().__init__()\n"
-        f"        self.blocks = nn.ModuleList(Block(i) for i in range({LAYERS}))\n"
-        "        self.head = nn.Linear(64, 10)\n"
-        "    def forward(self, x):\n"
-        "        for b in self.blocks:\n"
-        "            x = b(x)\n"
-        "        return self.head(x)\n"
-        "def make():\n"
-        "    return Net()\n")
-    monkeypatch.chdir(tmp_path)
-    spec = parse_workload_args(["--model", "net.py:make", "--batch-size", "4", "--input", "64", "--optimizer", "adamw"])
+    model = f"{Path(__file__).parent / 'data' / 'user_models.py'}:index_dependent_blocks"
+    spec = parse_workload_args(["--model", model, "--model-arg", f"blocks={LAYERS}", "--batch-size", "4", "--input", "64",
+                                "--optimizer", "adamw"])
     made = ss.trace_scaled(spec, (9, 0), H100.total_bytes)
     assert any(n.startswith(WHOLE_NOTE) and f"blocks ({LAYERS} blocks) traced whole" in n for n in made.notes), made.notes
     assert ss.canonical(made) == ss.canonical(trace_training(spec, (9, 0), H100.total_bytes))

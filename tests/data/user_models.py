@@ -329,3 +329,31 @@ class _ProjectTransposed(nn.Module):
 
 def project_transposed(features: int = 32, hidden: int = 256, by_hand: bool = False):
     return _ProjectTransposed(features, hidden, by_hand)
+
+
+class _IndexBlock(nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.lin, self.i = nn.Linear(64, 64), i
+
+    def forward(self, x):
+        for _ in range(self.i % 3):   # every third block does more than the others
+            x = x * 1.5
+        return torch.relu(self.lin(x))
+
+
+class _IndexBlocks(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(_IndexBlock(i) for i in range(blocks))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def index_dependent_blocks(blocks: int = 8):
+    """A stack of blocks of the same shapes whose forward depends on their index (input: 64)."""
+    return _IndexBlocks(blocks)
