@@ -6,7 +6,7 @@ optimizer steps, zero_grad) of the model with its stack cut to 4 and to 5 blocks
 ``Pass`` marks of its forwards and backwards (where each block's forward and backward begin, read
 from hooks that allocate nothing). Leaves: ``scale(four, five, n)``, the AllocTrace of the model
 with ``n`` blocks; NotPeriodic where the 4-block trace scaled to 5 is not the traced 5-block trace.
-Pure data, no torch (``trace_scaled`` makes the traces).
+``scale`` is pure data; ``trace_scaled`` makes the traces.
 
 Why it holds where it applies (block_scaling.py does the same for a sharded job's one iteration):
 a forward and backward of a stack of identical blocks repeats the same events per block; what
@@ -28,10 +28,20 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Sequence
 
+import torch
+
+# torch and the tracer come with this module, so estimator.trace_for imports them before it takes
+# what is alive out of the collector's scans (oneshot.settle): imported later, a CNN's trace paid
+# 0.2 s of full collections over torch's objects
+from . import _fakecuda as fc
+from . import block_scaling as bs
 from .block_scaling import SCALED_NOTE, TRACED_BLOCKS, WHOLE_NOTE
+from .sharded_trace import _cut_stack, wrap_units
 from .trace import AllocEvent, AllocTrace
+from .tracing import trace_training
 
 # Below this the cut runs (4 + 5 blocks, two steps each) save little over the whole one, and a
 # model that does not scale pays both: BERT-base's and GPT-2's 12 blocks are traced whole, models
@@ -324,8 +334,6 @@ class _PassMarks:
     checkpointing's recompute) is part of its backward."""
 
     def __init__(self, tracer, model, prefix: str):
-        from functools import partial
-
         self.t = tracer
         self.passes: list[dict] = []
         stack = model.get_submodule(prefix)
@@ -342,8 +350,6 @@ class _PassMarks:
         return len(self.t.s.events)
 
     def _in_backward(self) -> bool:
-        from . import _fakecuda as fc
-
         return fc.current_autograd_node() is not None or self.t.s.phase == "backward"
 
     def _pre(self, k, _mod, _inp):
@@ -358,9 +364,6 @@ class _PassMarks:
     def _post(self, k, _mod, _inp, out):
         if self._in_backward() or not self.passes:
             return
-        from functools import partial
-
-        import torch
 
         if k == len(self.blocks) - 1:
             self.passes[-1]["f_end"] = self._now()
@@ -402,10 +405,6 @@ def trace_scaled(spec, capability: tuple[int, int], total_memory_bytes: int) -> 
     whole model traced, with a note that says why. A model without such a stack is built and
     traced once, as before: the first run finds the stack in the model it builds."""
     import time
-
-    from . import block_scaling as bs
-    from .sharded_trace import _cut_stack, wrap_units
-    from .tracing import trace_training
 
     t0 = time.perf_counter()
     stack: list = []    # (prefix, count) of the model the first run built, where it has a stack
