@@ -38,6 +38,7 @@ import torch
 # 0.2 s of full collections over torch's objects
 from . import _fakecuda as fc
 from . import block_scaling as bs
+from . import optimizer_scaling as os_
 from .block_scaling import SCALED_NOTE, TRACED_BLOCKS, WHOLE_NOTE
 from .sharded_trace import _cut_stack, wrap_units
 from .trace import AllocEvent, AllocTrace
@@ -295,10 +296,9 @@ def _scale(four: AllocTrace, lay: _Layout, prefix: str, n: int) -> AllocTrace:
 
 
 def canonical(t: AllocTrace) -> tuple:
-    """Every field of every event, block ids by first appearance, and the step ends."""
-    seen: dict[int, int] = {}
-    return (tuple((e.action, seen.setdefault(e.block, len(seen)), e.size_bytes, e.stream, e.phase, e.category,
-                   e.module, e.detail, e.op) for e in t.events), tuple(t.step_ends), t.iterations)
+    """Every field of every event, block ids by first appearance, the step ends and the count of
+    iterations (optimizer_scaling's canonical form, the run's iterations added)."""
+    return (*os_.canonical(t.events, t.step_ends), t.iterations)
 
 
 def first_difference(a: AllocTrace, b: AllocTrace) -> str:
