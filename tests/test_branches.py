@@ -121,3 +121,45 @@ def test_the_note_names_the_scripts_calls_not_the_markers(tmp_path):
         delattr(builtins, OPERAND)
     note = b.note(2)
     assert note and "nested.py:5" in note and "__vest" not in note, note
+
+
+STDLIB = '''import copy, gc, hashlib, shutil
+def train(n, model, test, ema):
+    step = 0
+    for _ in range(n):
+        step += 1
+        on_step()
+        if step % 5000 == 0:
+            gc.collect()
+        if step % 1000 == 0:
+            shutil.copy("a", "b"); hashlib.sha256(b"x").hexdigest()
+        if step % 2000 == 0:
+            ema = copy.deepcopy(model)
+        if step % 3000 == 0:
+            test(model)
+        if step % 4000 == 0:
+            tqdm(range(3))
+'''
+
+
+def test_calls_of_the_standard_library_are_host_work_but_copies_and_the_scripts_own_names(tmp_path):
+    """nanochat's `if step % 5000 == 0: gc.collect()` was said as GPU work the trace missed: a
+    function of Python's standard library keeps nothing on the GPU. Not the modules that copy or
+    run the script's objects (copy.deepcopy of the model is a second model on the GPU), nor a
+    function of the script that has a module's name (`test(model)`)."""
+    path = tmp_path / "train.py"
+    path.write_text(STDLIB)
+    b = Branches([str(tmp_path)])
+    code = b.compile(path.read_bytes(), str(path))
+    ns = {"on_step": b.at_step, "tqdm": lambda x: x}
+    setattr(builtins, MARK, b.reach)
+    setattr(builtins, OPERAND, b.operand)
+    try:
+        exec(code, ns)
+        ns["train"](3, None, lambda m: None, None)
+    finally:
+        delattr(builtins, MARK)
+        delattr(builtins, OPERAND)
+    assert [x.line for x in b.unreached()] == [11, 13]
+    note = b.note(3)
+    assert "calls deepcopy" in note and "calls test" in note and "collect" not in note, note

@@ -53,11 +53,24 @@ HOST_ONLY = frozenset({
     "save_pretrained", "makedirs", "mkdir", "exists", "asdict", "save_image", "savefig", "imwrite", "seek",
     "strip", "lstrip", "rstrip", "split", "replace", "startswith", "endswith", "encode", "decode", "lower", "upper",
     "BytesIO", "urlparse"})
-# Modules whose functions run on the host: ``math.exp(loss)``, ``time.ctime()``, ``np.mean(...)``.
-HOST_MODULES = frozenset({"math", "time", "os", "sys", "json", "logging", "logger", "datetime", "random", "np",
-                          "numpy", "shutil", "pathlib", "wandb", "pickle", "csv", "re", "string", "itertools",
-                          "fsspec", "tqdm", "warnings", "io", "boto3", "urllib", "subprocess", "glob", "tempfile",
-                          "yaml", "plt", "vutils"})
+# Modules whose functions run on the host, called as ``module.function(...)``: ``math.exp(loss)``,
+# ``time.ctime()``, ``np.mean(...)``, ``gc.collect()``. Python's standard library (it has no CUDA),
+# but for the modules that run or copy the script's own objects (``copy.deepcopy(model)`` is a
+# second model on the GPU; threads, pools, ``functools.partial(evaluate)()`` run its functions) and
+# the module names scripts also give their own objects (``test.run()``, ``trace.step()``), whose
+# calls may be the script's GPU work; and the host libraries scripts log, plot and store with.
+_NOT_HOST_ONLY = frozenset({
+    "copy", "threading", "multiprocessing", "concurrent", "asyncio", "functools", "operator", "runpy",
+    "importlib", "builtins", "contextlib", "weakref", "inspect", "types", "queue", "sched", "signal", "atexit",
+    "pdb", "bdb", "cProfile", "profile", "timeit", "unittest", "doctest",
+    "test", "trace", "code", "array", "stat", "select", "site", "token", "parser", "symbol", "numbers", "keyword",
+    "resource", "platform", "cmd", "wave", "chunk", "struct", "imp", "mailbox", "email", "html", "statistics",
+    "calendar", "this", "turtle"})
+HOST_LIBRARIES = frozenset({"math", "time", "os", "sys", "json", "logging", "logger", "datetime", "random", "np",
+                            "numpy", "shutil", "pathlib", "wandb", "pickle", "csv", "re", "string", "itertools",
+                            "fsspec", "tqdm", "warnings", "io", "boto3", "urllib", "subprocess", "glob", "tempfile",
+                            "yaml", "plt", "vutils"})   # also called as functions: tqdm(...)
+HOST_MODULES = frozenset(set(sys.stdlib_module_names) - _NOT_HOST_ONLY) | HOST_LIBRARIES
 SAID = 3   # branches named in the note (the first in file order)
 
 
@@ -122,7 +135,10 @@ def _on_host(call: ast.Call) -> bool:
         root = root.value if isinstance(root, ast.Attribute) else root.func
     if _callee(call) == "step" and isinstance(call.func, ast.Attribute) and "sched" in (_dotted(call.func.value) or "").lower():
         return True   # a learning-rate scheduler's step: arithmetic on the optimizer's lr
-    return _callee(call) in HOST_ONLY or (isinstance(root, ast.Name) and root.id in HOST_MODULES)
+    if not isinstance(root, ast.Name):
+        return _callee(call) in HOST_ONLY
+    return (_callee(call) in HOST_ONLY or root.id in HOST_LIBRARIES
+            or (isinstance(call.func, ast.Attribute) and root.id in HOST_MODULES))
 
 
 def _calls(nodes) -> tuple:
