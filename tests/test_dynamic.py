@@ -535,6 +535,43 @@ def test_a_name_the_installed_version_lacks_names_that_version_and_the_scripts_p
     assert "requirements.txt asks for toml==0.9.0" in msg and e.value.kind == "script-error"
 
 
+def test_a_name_exported_only_with_an_optional_dependency_names_that_dependency(tmp_path):
+    """accelerate.utils exports DummyOptim only `if is_deepspeed_available()`: the name is missing
+    because deepspeed is, not because of accelerate's version. Both ways libraries guard an
+    integration: the test of an if (the guarded module imports; the test names the package) and an
+    import whose ImportError is ignored (the guarded module's own import says what is missing)."""
+    pkg = tmp_path / "vest_optlib"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import importlib.util\n"
+        "def is_vest_fancy_dep_available():\n"
+        "    return importlib.util.find_spec('vest_fancy_dep') is not None\n"
+        "from .core import plain\n"
+        "if is_vest_fancy_dep_available():\n"
+        "    from .fancy import FancyOptim\n"
+        "try:\n"
+        "    from .other import OtherThing\n"
+        "except ImportError:\n"
+        "    pass\n")
+    (pkg / "core.py").write_text("plain = 1\n")
+    (pkg / "fancy.py").write_text("class FancyOptim:\n    pass\n")
+    (pkg / "other.py").write_text("import vest_other_dep_xyz\nclass OtherThing:\n    pass\n")
+    (tmp_path / "train.py").write_text("import torch\nfrom vest_optlib import plain, FancyOptim\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert "exports only under a condition (`if is_vest_fancy_dep_available()`" in msg, msg
+    assert "vest_optlib/__init__.py:5" in msg and "vest_fancy_dep, which it needs for that, is not installed" in msg
+    assert "install vest_fancy_dep" in e.value.fix and e.value.kind == "script-error"
+    assert "does not have" not in msg and "make the script work with" not in e.value.fix
+    (tmp_path / "train.py").write_text("import torch\nfrom vest_optlib import OtherThing\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert "(`an import whose ImportError is ignored`" in msg and "vest_optlib/__init__.py:7" in msg, msg
+    assert "vest_other_dep_xyz, which it needs for that, is not installed" in msg
+
+
 def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
     """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
     another than the script's, as with a name the installed version lacks; not "fix the script"."""

@@ -652,8 +652,76 @@ def missing_import(e: BaseException) -> dict | None:
             except metadata.PackageNotFoundError:
                 version = None
             what = {"module": m.group(2), "symbol": m.group(1)} if m else {"module": x.name, "symbol": None}
+            if m:
+                what |= _conditional_export(m.group(2), m.group(1)) or {}
             return what | {"package": dists[0], "version": version}
     return _pinned_version(e)
+
+
+def _conditional_export(module: str, symbol: str) -> dict | None:
+    """Where ``module`` defines or imports ``symbol`` only under a condition, that condition, as
+    {"condition": the test or the guarded import, "where": file:line, "needs": the package it
+    needs, where known}: an optional dependency not installed here, not a version that lacks the
+    name. Libraries export their integrations so (accelerate.utils: ``if is_deepspeed_available():
+    from .deepspeed import DummyOptim``; ``try: from .x import Y`` / ``except ImportError: pass``).
+    The guarded import is tried: the package it reports missing is the one needed; else a test
+    ``is_X_available()`` names X."""
+    import ast
+    import importlib
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec(module)
+        path = spec.origin if spec is not None else None
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (ImportError, ValueError, OSError, SyntaxError, TypeError):
+        return None
+
+    def names(node) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[-1]) == symbol
+                                                                   for a in n.names):
+                return True
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == symbol:
+                return True
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == symbol for t in n.targets):
+                return True
+        return False
+
+    def imports_of(body) -> list[str]:
+        out = []
+        for n in ast.walk(ast.Module(body=body, type_ignores=[])):
+            if isinstance(n, ast.ImportFrom) and any((a.asname or a.name) == symbol for a in n.names):
+                base = module if spec.submodule_search_locations else module.rpartition(".")[0]
+                out.append(importlib.util.resolve_name("." * n.level + (n.module or ""), base) if n.level
+                           else n.module)
+        return out
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and names(ast.Module(body=node.body, type_ignores=[])) \
+                and not names(ast.Module(body=node.orelse, type_ignores=[])):
+            condition, guarded = f"if {ast.unparse(node.test)}", imports_of(node.body)
+        elif isinstance(node, ast.Try) and names(ast.Module(body=node.body, type_ignores=[])) and any(
+                h.type is None or "ImportError" in ast.unparse(h.type) or "ModuleNotFoundError" in ast.unparse(h.type)
+                for h in node.handlers) and not any(names(h) for h in node.handlers):
+            condition, guarded = "an import whose ImportError is ignored", imports_of(node.body)
+        else:
+            continue
+        out = {"condition": condition, "where": f"{path}:{node.lineno}"}
+        for target in guarded:
+            try:
+                importlib.import_module(target)
+            except ModuleNotFoundError as err:
+                if err.name and importlib.util.find_spec(err.name.split(".")[0]) is None:
+                    return out | {"needs": err.name.split(".")[0]}
+            except Exception:   # the guarded module fails otherwise: the condition says enough
+                pass
+        if (found := re.search(r"is_(\w+?)_available", condition)):
+            out["needs"] = found.group(1)
+        return out
+    return None
 
 
 def _pinned_version(e: BaseException) -> dict | None:

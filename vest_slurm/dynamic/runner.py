@@ -840,6 +840,17 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
             fix = ((f"install the {pkg} it was written for into the job's environment" if ran_theirs
                     else f"run the estimate with the {pkg} the job uses ({env_fix})") +
                    "; the job fails the same way in an environment like this one")
+        elif miss.get("condition"):
+            pkg, version, needs = miss["package"], miss.get("version"), miss.get("needs")
+            what = (f"the script imports {miss['symbol']!r} from {miss['module']}{at}, which {pkg} "
+                    f"{version or '(version unknown)'} in {who} exports only under a condition "
+                    f"(`{miss['condition']}`, {miss['where']}): " +
+                    (f"{needs}, which it needs for that, is not installed there" if needs else
+                     "an optional dependency it needs for that is missing there"))
+            need = needs or "the package that condition needs"
+            fix = ((f"install {need} into the job's environment" if ran_theirs
+                    else f"install {need} beside {pkg} ({env_fix})") +
+                   "; the job fails the same way in an environment without it")
         elif miss.get("package"):
             pkg, version = miss["package"], miss.get("version")
             pin = requirement_pin(pkg, cmd, cwd)
