@@ -572,6 +572,46 @@ def test_a_name_exported_only_with_an_optional_dependency_names_that_dependency(
     assert "vest_other_dep_xyz, which it needs for that, is not installed" in msg
 
 
+JIT_SCRIPTED = """import torch, torch.nn as nn
+
+@torch.jit.script
+def hard_sigmoid_bwd(x, g):
+    return g * torch.ones_like(x) * ((x >= -3.0) & (x <= 3.0)) / 6.0 + torch.zeros(x.shape, device=x.device)
+
+class HardSigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x + 3).clamp(min=0, max=6) / 6
+
+    @staticmethod
+    def backward(ctx, g):
+        return hard_sigmoid_bwd(ctx.saved_tensors[0], g)
+
+model = nn.Sequential(nn.Linear(512, 1024), nn.Linear(1024, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    x = torch.randn(64, 512, device="cuda")
+    loss = model[1](HardSigmoid.apply(model[0](x))).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_torchscript_functions_calling_torch_factories_compile_and_run_on_the_device(tmp_path):
+    """``@torch.jit.script`` code calling torch.ones_like / torch.zeros (timm < 1.0's activations,
+    scripted at `import timm`): the stand-ins in those functions' places (pin_memory dropped) were
+    not TorchScript builtins, and scripting failed, blamed on the script. The scripted backward's
+    tensors are the device's."""
+    def events(source):
+        (tmp_path / "train.py").write_text(source)
+        _, run = _estimate_in(tmp_path, "python", "train.py")
+        assert run.batch_hint == 64
+        return [(e.action, e.size_bytes, e.phase) for e in run.trace.events]
+    scripted = events(JIT_SCRIPTED)
+    assert scripted == events(JIT_SCRIPTED.replace("@torch.jit.script\n", ""))   # as run eagerly
+    assert sum(1 for a, size, phase in scripted if a == "alloc" and size == 64 * 1024 * 4 and phase == "backward") >= 15
+
+
 def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
     """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
     another than the script's, as with a name the installed version lacks; not "fix the script"."""

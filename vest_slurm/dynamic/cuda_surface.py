@@ -827,6 +827,30 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
     return out
 
 
+class TorchScriptNames:
+    """TorchScript compiles a call of a torch function by the function's identity (its table of
+    builtins, id -> aten op: ``@torch.jit.script`` code calling ``torch.ones_like``, as timm < 1.0's
+    activations do at import): a stand-in put in the place of one is given the op of the function
+    it stands in for, else scripting fails (the stand-in is no builtin, and its source is a
+    wrapper's). ``pairs``: (function, its stand-in); ``undo()`` takes the names back."""
+
+    def __init__(self, pairs):
+        from torch.jit import _builtins
+
+        self.named = []
+        for old, new in pairs:
+            op = _builtins._find_builtin(old) if old is not None and new is not old else None
+            if op is not None and _builtins._find_builtin(new) is None:
+                _builtins._register_builtin(new, op)
+                self.named.append(new)
+
+    def undo(self) -> None:
+        from torch.jit import _builtins
+
+        for new in self.named:
+            _builtins._get_builtin_table().pop(id(new), None)
+
+
 def _drop_pin_memory(real):
     @functools.wraps(real)
     def factory(*args, pin_memory=False, **kwargs):

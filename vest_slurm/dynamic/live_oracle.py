@@ -627,6 +627,8 @@ def _patched(census: Census, steps: int, state: dict):
     saved = [(obj, attr, obj.__dict__.get(attr, _ABSENT) if isinstance(obj, type) else getattr(obj, attr))
              for obj, attr, _ in patches]
     hook = register_optimizer_step_post_hook(post_step)
+    scripted = cuda_surface.TorchScriptNames(
+        [(None if old is _ABSENT else old, new) for (_, _, old), (_, _, new) in zip(saved, patches)])
     # torch.cuda.device_count() as on the job's node: one GPU per process of the launch
     with fc.cuda_answers(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), _ToCpu(census), _Census(census), \
             CudaAutocast(census.is_device).installed():
@@ -636,6 +638,7 @@ def _patched(census: Census, steps: int, state: dict):
             yield
         finally:
             hook.remove()
+            scripted.undo()
             for obj, attr, old in reversed(saved):
                 if old is _ABSENT:
                     if attr in obj.__dict__:

@@ -1435,6 +1435,7 @@ def patched(state: ScriptState):
     _STATE[0] = state
     from . import post_import   # stand-ins put in place when the script imports their library
 
+    scripted = cuda_surface.TorchScriptNames([(old, new) for (_, _, old), (_, _, new) in zip(saved, patches)])
     try:
         for obj, attr, new in patches:
             setattr(obj, attr, new)
@@ -1447,3 +1448,4 @@ def patched(state: ScriptState):
         for obj, attr, old in saved:
             if old is not None:
                 setattr(obj, attr, old)
+        scripted.undo()
