@@ -81,3 +81,23 @@ def test_a_scripts_run_is_one_shot_too():
                          cwd=scripts)
     frozen = int(str(e.value).split("frozen ")[1].split()[0])
     assert frozen > 100_000, str(e.value)
+
+
+CONV_SCRIPT = """import torch, torch.nn as nn
+m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 30 * 30, 10)).cuda()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(4):
+    loss = m(torch.randn(8, 3, 32, 32, device="cuda")).sum(); opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_scripts_estimate_ends_without_the_teardown_of_cudnns_frontend(tmp_path):
+    """The dynamic estimate's process imports no torch, but asks cuDNN's frontend (a nanobind
+    module) about the script's convolutions: freed at a normal exit it printed "nanobind: leaked
+    ..." after the table. It leaves as the other one-shot commands do."""
+    (tmp_path / "train.py").write_text(CONV_SCRIPT)
+    r = _vest("from vest_slurm.cli import main\n"
+              "main(['estimate', '--gpu', 'h100-80gb', '--', 'python', 'train.py'])\n", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "h100-80gb" in r.stdout and "atexit ran" in r.stderr
+    assert "nanobind" not in r.stderr and "leaked" not in r.stderr, r.stderr

@@ -42,9 +42,11 @@ def settle() -> None:
 
 def leave(code: int) -> None:
     """End a one-shot process with ``code``: output flushed and ``atexit`` handlers run, as at a
-    normal exit, without freeing every module first. Where torch was not imported there is little
-    to skip, and the normal exit is taken (an embedding caller then sees SystemExit as usual)."""
-    if "torch" not in sys.modules:
+    normal exit, without freeing every module first. Where neither torch nor cuDNN's frontend was
+    imported there is little to skip, and the normal exit is taken (an embedding caller then sees
+    SystemExit as usual). The frontend (a nanobind module, imported without torch where a script's
+    convolutions are asked about) prints "nanobind: leaked ..." to stderr when freed at exit."""
+    if "torch" not in sys.modules and "cudnn" not in sys.modules:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:
