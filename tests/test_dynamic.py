@@ -612,6 +612,42 @@ def test_torchscript_functions_calling_torch_factories_compile_and_run_on_the_de
     assert sum(1 for a, size, phase in scripted if a == "alloc" and size == 64 * 1024 * 4 and phase == "backward") >= 15
 
 
+CHECKS_ON_DEVICE_VALUES = """import torch, torch.nn as nn
+
+def xyxy(b):
+    cx, cy, w, h = b.unbind(-1)
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+
+def check(p):
+    assert (p[:, 2:] >= p[:, :2]).all()
+    assert not torch.isnan(p).any() and (p <= 2).all(), f"bad boxes {p.shape}"
+    if not (p >= -1).all():
+        raise ValueError(f"boxes below -1: {p.min()}")
+
+head = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4)).cuda()
+opt = torch.optim.AdamW(head.parameters())
+for step in range(4):
+    p = xyxy(head(torch.randn(64, 256, device="cuda")).sigmoid())
+    check(p)
+    if (p > 0.5).all():   # a branch of the program, no check: the stand-in (False) as before
+        p = torch.cat([p, torch.zeros(4096, 4, device="cuda")])
+    loss = p.abs().sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_checks_a_healthy_run_passes_pass_on_stand_in_values_other_branches_do_not(tmp_path):
+    """``assert (x2 >= x1).all()`` on the model's output (DETR's box checks) read the stand-in
+    False and was refused as data-dependent: a check that raises on a broken run is passed, as a
+    healthy run passes it (assert, assert not, a chained and, `if bad: raise`). A branch that does
+    not raise keeps the stand-in (its body, a 4096-row concatenation, is not traced)."""
+    (tmp_path / "train.py").write_text(CHECKS_ON_DEVICE_VALUES)
+    _, run = _estimate_in(tmp_path, "python", "train.py")
+    assert run.batch_hint == 64
+    sizes = {e.size_bytes for e in run.trace.events if e.action == "alloc"}
+    assert (64 + 4096) * 4 * 4 not in sizes
+
+
 def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
     """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
     another than the script's, as with a name the installed version lacks; not "fix the script"."""

@@ -270,6 +270,61 @@ _TRUTH_FUNCTIONS = {"isfinite": True, "isnan": False, "isinf": False, "isposinf"
 _TRUTH_OPS = {getattr(aten, name): value for name, value in _TRUTH_FUNCTIONS.items()}
 
 
+# A truth test the script makes of a device value to stop a broken run, ``assert (x2 >= x1).all()``
+# (DETR's box checks), ``if torch.isnan(loss).any(): raise ...``: a healthy run passes it (else it
+# raises, and the job is no job to place), so its stand-in is the value that does not raise. Read
+# from the bytecode of the frame making the test: a conditional jump one of whose two ways is an
+# `assert`'s LOAD_ASSERTION_ERROR, or a straight run of instructions to a raise.
+_TRUTH_JUMPS = {"POP_JUMP_FORWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_TRUE": True, "POP_JUMP_IF_TRUE": True,
+                "POP_JUMP_FORWARD_IF_FALSE": False, "POP_JUMP_BACKWARD_IF_FALSE": False, "POP_JUMP_IF_FALSE": False}
+_STRAIGHT = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_ATTR",
+                       "LOAD_METHOD", "LOAD_ASSERTION_ERROR", "FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC",
+                       "CONVERT_VALUE", "BUILD_STRING", "BUILD_TUPLE", "PRECALL", "CALL", "PUSH_NULL", "KW_NAMES",
+                       "CACHE", "NOP", "EXTENDED_ARG", "RESUME", "COPY_FREE_VARS", "LOAD_FAST_CHECK",
+                       "LOAD_FAST_LOAD_FAST", "CALL_KW", "BINARY_OP"})
+
+
+@functools.lru_cache(maxsize=256)
+def _instructions(code) -> tuple[dict, list]:
+    import dis
+
+    ins = list(dis.get_instructions(code))
+    return {x.offset: i for i, x in enumerate(ins)}, ins
+
+
+def _raises_from(ins: list, i: int) -> bool:
+    for x in ins[i:i + 40]:
+        if x.opname == "RAISE_VARARGS":
+            return True
+        if x.opname not in _STRAIGHT:
+            return False
+    return False
+
+
+def check_passed(depth: int = 40) -> bool | None:
+    """The value of a bool read that lets the run go on where the frame testing it raises on the
+    other value (an assert, ``if bad: raise``), else None (a branch of the program: the stand-in)."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None and depth > 0:
+        at, ins = _instructions(f.f_code)
+        i = at.get(f.f_lasti)
+        if i is not None and ins[i].opname == "TO_BOOL":
+            i += 1
+        x = ins[i] if i is not None and i < len(ins) else None
+        if x is not None and x.opname in _TRUTH_JUMPS:
+            jumps_on = _TRUTH_JUMPS[x.opname]
+            target = at.get(x.argval)
+            if target is not None and _raises_from(ins, target):
+                return not jumps_on
+            if _raises_from(ins, i + 1):
+                return jumps_on
+            return None
+        f, depth = f.f_back, depth - 1
+    return None
+
+
 # Values known without data (_known.py: a tensor filled with one value, a scalar made by
 # torch.tensor, an arange, and what comparisons, casts, padding, gathers, where / masked_fill /
 # index_put and all/any make of them). transformers 4.x builds an all-ones attention mask itself
@@ -878,7 +933,10 @@ class FakeCudaMode(FakeTensorMode):
                 return known   # known without data (or, in dynamic analysis, a healthy run's check)
             if self.scalar_stand_in and isinstance(args[0], FakeTensor):
                 t = args[0]
-                return False if t.dtype == torch.bool else 1.0 if t.is_floating_point() else 1
+                if t.dtype == torch.bool:
+                    passed = check_passed()
+                    return passed if passed is not None else False
+                return 1.0 if t.is_floating_point() else 1
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         if func.overloadpacket is aten.to and self.host_real and _is_real_host(args[0]) and \
