@@ -648,6 +648,61 @@ def test_checks_a_healthy_run_passes_pass_on_stand_in_values_other_branches_do_n
     assert (64 + 4096) * 4 * 4 not in sizes
 
 
+EXTENSION_C = r"""#include <Python.h>
+/* a custom kernel's binding: it checks it was given a CUDA tensor, as TORCH_CHECK(x.is_cuda()) does
+   in C++ (where a fake tensor is no CUDA tensor), then would launch on its data */
+static PyObject* fused_bias_act(PyObject* self, PyObject* args) {
+    PyErr_SetString(PyExc_RuntimeError, "fused_bias_act: CUDA tensor expected");
+    return NULL;
+}
+static PyMethodDef methods[] = {{"fused_bias_act", fused_bias_act, METH_VARARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "vest_fused_ext", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_vest_fused_ext(void) { return PyModule_Create(&module); }
+"""
+
+EXTENSION_SCRIPT = """import importlib.util, torch, torch.nn as nn
+spec = importlib.util.spec_from_file_location("vest_fused_ext", "ext/vest_fused_ext.so")
+ext = importlib.util.module_from_spec(spec)   # as cpp_extension.load does: not in sys.modules
+spec.loader.exec_module(ext)
+
+class FusedAct(nn.Module):
+    def forward(self, x):
+        return ext.fused_bias_act(x) if x.is_cuda else x.relu()
+
+model = nn.Sequential(nn.Linear(64, 64), FusedAct()).cuda()
+model(torch.randn(8, 64, device="cuda")).sum().backward()
+"""
+
+
+def test_custom_cuda_kernels_are_vests_limit_named_with_what_to_do(tmp_path):
+    """A compiled extension's function given the GPU's tensors (StyleGAN2's fused_act, every
+    repository's own kernels: its C++ checks x.is_cuda() or takes data_ptr()), and a CUDA extension
+    built at run time whose build fails here: both were "the script failed ... fix the script".
+    They run on a GPU node; vest cannot run them on fake tensors: said as vest's limit, naming the
+    extension, with what the user can do instead."""
+    import sysconfig
+
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "fused.c").write_text(EXTENSION_C)
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    subprocess.run([*cc, "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", "-o",
+                    str(tmp_path / "ext" / "vest_fused_ext.so"), str(tmp_path / "ext" / "fused.c")], check=True)
+    (tmp_path / "train.py").write_text(EXTENSION_SCRIPT)
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert "vest cannot run custom CUDA kernels (at vest_fused_ext.fused_bias_act) at train.py:8" in msg, msg
+    assert e.value.kind == "vest-unsupported" and "vest monitor" in e.value.fix and "fix the script" not in msg
+    (tmp_path / "train.py").write_text("import torch\nfrom torch.utils.cpp_extension import load\n"
+                                       "fused = load(name='fused_act', sources=['fused_act.cpp'])\n")
+    (tmp_path / "fused_act.cpp").write_text("int broken(;\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    msg = str(e.value)
+    assert "(at torch.utils.cpp_extension.load) at train.py:3" in msg and "whose build failed here" in msg, msg
+    assert e.value.kind == "vest-unsupported"
+
+
 def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
     """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
     another than the script's, as with a name the installed version lacks; not "fix the script"."""

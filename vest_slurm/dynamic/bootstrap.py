@@ -754,6 +754,48 @@ def _pinned_version(e: BaseException) -> dict | None:
     return {"module": name, "symbol": None, "package": dists[0], "version": version, "pinned": src.strip()}
 
 
+def compiled_extension(e: BaseException) -> tuple[str, str] | None:
+    """The compiled extension a failure came from, (the API to name, what it is), else None: a CUDA extension
+    built at run time (torch.utils.cpp_extension.load / load_inline: StyleGAN2's fused_act and
+    upfirdn2d, most repositories' custom kernels) whose build failed, or a function of a compiled
+    module outside torch (pybind11, nanobind) called on the innermost line, which failed on the
+    fake tensors it was given (its C++ checks ``x.is_cuda()`` or takes ``data_ptr()``: a fake
+    tensor has no device memory). On a GPU node with the toolkit the same code builds and runs:
+    vest's limit, not the script's."""
+    import linecache
+    import re
+    import types
+
+    frames = traceback.extract_tb(e.__traceback__)
+    build = os.sep + os.path.join("torch", "utils", "cpp_extension.py")
+    if any(fr.filename.endswith(build) for fr in frames):
+        name = next((fr.name for fr in frames if fr.filename.endswith(build)), "load")
+        return f"torch.utils.cpp_extension.{name}", "a CUDA extension built at run time, whose build failed here"
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    frame = tb.tb_frame
+    torch_dir = os.path.dirname(sys.modules["torch"].__file__) if "torch" in sys.modules else None
+    # the dotted names the line calls (a statement's line, or a continuation line: no parse)
+    for dotted in re.findall(r"([A-Za-z_][\w.]*)\s*\(", linecache.getline(frame.f_code.co_filename, tb.tb_lineno)):
+        first, *parts = dotted.split(".")
+        obj = owner = frame.f_locals.get(first, frame.f_globals.get(first, getattr(builtins, first, None)))
+        for attr in parts:   # a dotted name only: nothing is called to resolve it (no property run)
+            owner = obj
+            obj = None if isinstance(getattr(type(obj), attr, None), property) else getattr(obj, attr, None)
+        if type(obj).__name__ not in ("builtin_function_or_method", "nb_func", "nb_bound_method"):
+            continue
+        # the module it was reached through (cpp_extension.load's module is not in sys.modules)
+        module = owner if parts and isinstance(owner, types.ModuleType) else \
+            sys.modules.get(getattr(obj, "__module__", None) or "")
+        path = getattr(module, "__file__", None) or ""
+        if path.endswith((".so", ".pyd")) and not (torch_dir and path.startswith(torch_dir)):
+            return f"{module.__name__}.{getattr(obj, '__name__', dotted)}", "a compiled extension's function"
+    return None
+
+
 def past_the_overlay(e: BaseException, sandbox: Sandbox) -> str | None:
     """How a write the overlay never saw failed, where the error says so: compiled code (Rust's
     tokenizers, Arrow, C++) opens its path itself, past the Python-level overlay, and meets the
@@ -987,7 +1029,12 @@ def run(ns) -> dict:
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
                       missing=missing_import(e) if kind == "missing-import" else None)
         past = past_the_overlay(e, sandbox)
-        if kind == "script-error" and past:
+        extension = compiled_extension(e) if kind == "script-error" else None
+        if extension:
+            result.update(status="vest-unsupported", api=extension[0], custom_kernel=True, message=(
+                f"{extension[1]}: custom CUDA code runs on a GPU's memory, and vest's fake tensors have none to "
+                f"give it (on a GPU node with the CUDA toolkit it builds and runs): {result['message']}"))
+        elif kind == "script-error" and past:
             result.update(status="vest-unsupported", message=f"a write that went past vest's file overlay (compiled "
                           f"code opening the path itself: a tokenizer's or an Arrow writer's save) {past}: {result['message']}")
     failures = spawned.spawned_failures(ns.tmpdir)

@@ -869,6 +869,12 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                    f"install the package that provides it into that Python (pip install ...), or {env_fix}; the job "
                    "fails the same way in an environment without it")
         raise EstimateError(f"{cmd.display}: {what}{line}{log}", fix, kind="script-error", where=where)
+    if status == "vest-unsupported" and result.get("custom_kernel"):
+        raise EstimateError(f"{cmd.display}: vest cannot run custom CUDA kernels (at {api}){at}: {msg}{line}{log}",
+                            "a limit of estimating on a CPU, not a fault of the script: describe the workload with a "
+                            "#VEST line where the model can be built without its own kernels (e.g. #VEST --model "
+                            "train.py:Generator --batch-size 16 ...), or request the GPU yourself (sbatch --gres) and "
+                            "let `vest monitor` measure the job's peak", kind="vest-unsupported", where=where)
     if status == "vest-unsupported":
         named = f" (at {api})" if api else ""
         raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA{named}{at}: {msg}{line}{log}",
