@@ -1219,3 +1219,42 @@ def test_a_small_mask_over_sampled_tokens_is_bounded_and_flagged():
     assert len(said) == 1 and "sampled_mask_train.py:23" in said[0], run.flags
     live, live_where = dict(est.breakdown)["live_tensor_peak"], dict(where.breakdown)["live_tensor_peak"]
     assert abs(live - live_where) < 1 << 20, (live, live_where)
+
+
+MANUAL_PRECISION = """import torch, torch.nn as nn, torch.nn.functional as F
+
+class Linear(nn.Linear):   # fp32 masters, computed in the input's dtype (nanochat's)
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype))
+
+class Net(nn.Module):
+    def __init__(self, half):
+        super().__init__()
+        self.norm = nn.LayerNorm(256)                           # kept fp32, first of the weights
+        self.emb = nn.Embedding(1000, 256)
+        self.body = nn.Sequential(Linear(256, 1024), nn.GELU(), Linear(1024, 256))
+        if half:   # improved-diffusion's convert_to_fp16: the torso in half, its norms fp32
+            self.body.half()
+        self.half_ = half
+
+    def forward(self, idx):
+        h = self.norm(self.emb(idx).float())
+        return self.body(h.half() if self.half_ else h.bfloat16()).float().sum()
+
+net = Net(MODE == "half").cuda()
+opt = torch.optim.AdamW(net.parameters())
+for _ in range(4):
+    loss = net(torch.randint(0, 1000, (8, 64), device="cuda"))
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode, precision", [("cast", "amp-bf16"), ("half", "fp16")])
+def test_the_workload_says_the_precision_the_script_computes_in(tmp_path, mode, precision):
+    """The precision in the workload block was the first parameter's dtype: nanochat's fp32
+    masters cast to bf16 in each Linear (its compute bf16, no autocast) read "fp32", as did
+    improved-diffusion's fp16 torso behind an fp32 norm. Now the dtype of most weight bytes, and
+    for fp32 weights the dtype the first Linear computes in (fp32 masters, half compute: amp's)."""
+    (tmp_path / "train.py").write_text(f"MODE = {mode!r}\n" + MANUAL_PRECISION)
+    _, run = estimate_command(parse_train_command(["python", "train.py"]), [A100], cwd=str(tmp_path))
+    assert dict(run.observed)["precision"] == precision

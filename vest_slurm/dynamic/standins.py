@@ -82,6 +82,7 @@ class ScriptState:
     first_input_shape: tuple | None = None   # of the tensor batch_hint was read from
     # what the script did, for the workload block (not the command-line defaults)
     precision: str | None = None
+    compute_seen: bool = False   # the first training forward's first Linear or convolution was seen
     cudnn_benchmark: bool = False
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
@@ -838,6 +839,32 @@ def _autocast_precision() -> str:
     return {torch.bfloat16: "amp-bf16", torch.float16: "amp-fp16"}.get(dtype, "fp32")
 
 
+def _weights_dtype(mod):
+    """The floating dtype that holds most of a model's weight bytes (improved-diffusion's fp16
+    torso keeps its norms in fp32; the first parameter can be either), else None."""
+    by: dict = {}
+    for p in mod.parameters():
+        if p.is_floating_point():
+            by[p.dtype] = by.get(p.dtype, 0) + p.numel() * p.element_size()
+    return max(by, key=by.get) if by else None
+
+
+_COMPUTE = (nn.Linear, nn.modules.conv._ConvNd)
+
+
+def _first_compute(state: ScriptState, mod, out) -> None:
+    """Manual mixed precision: fp32 weights (the optimizer's masters) and half compute by the
+    script's own casts, no autocast (nanochat's Linear casts its weight to the input's bf16): the
+    first Linear or convolution of the first training forward says what the model computes in, and
+    the precision is the amp one of that dtype (what it keeps: fp32 weights, half activations)."""
+    if state.compute_seen or state.first_forward_done or not isinstance(mod, _COMPUTE) \
+            or not isinstance(out, torch.Tensor) or not torch.is_grad_enabled():
+        return
+    state.compute_seen = True
+    if state.precision == "fp32" and out.dtype in (torch.bfloat16, torch.float16):
+        state.precision = "amp-bf16" if out.dtype == torch.bfloat16 else "amp-fp16"
+
+
 def _top_level_forward(state: ScriptState, mod) -> None:
     """What a call of the training model shows: the precision it computes in (autocast's dtype,
     else its weights'), cudnn.benchmark as the script set it; forward passes under grad."""
@@ -847,8 +874,7 @@ def _top_level_forward(state: ScriptState, mod) -> None:
             if torch.is_autocast_enabled("cuda"):
                 state.precision = _autocast_precision()
             else:
-                p = next((p for p in mod.parameters() if p.is_floating_point()), None)
-                state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p, "dtype", None), "fp32")
+                state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_weights_dtype(mod), "fp32")
     state.cudnn_benchmark = state.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
     # Neither an optimizer step nor a backward pass so far: each forward pass under grad of a model
     # with weights to train may be the step. Its start is kept aside (a summary's forward before
@@ -1213,6 +1239,8 @@ def patched(state: ScriptState):
         if state.depth == 0:
             return   # a host module's call (pre_forward let it be)
         state.depth = max(0, state.depth - 1)
+        if state.depth > 0:
+            _first_compute(state, mod, out)
         if state.depth == 0 and state.recomputing:
             state.recomputing = False
             return   # (the phase stays the backward's)
