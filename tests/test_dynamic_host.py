@@ -334,6 +334,9 @@ def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     # a global batch divided over the job's 8 GPUs (mp.spawn trainers: MoCo, the ImageNet example): said so
     batch, (flag,) = batch_and_flags(cmd, {"batch_hint": 8, "first_input_shape": [8, 3, 32, 32]}, world=8)
     assert batch == 8 and "the command's 64 over the job's 8 GPUs" in flag
+    # two inputs per sample in one call (DPO's chosen and rejected, SimCLR's views): still flagged, said why
+    batch, (flag,) = batch_and_flags(cmd, {"batch_hint": 128, "first_input_shape": [128, 3, 32, 32]})
+    assert batch == 128 and "2 x the command's 64" in flag and "paired preferences" in flag
     (est,), run = estimate_script("image_transforms_train.py", "-b", "8")
     spec = script_spec(cmd, run.__class__(**{**run.__dict__, "flags": flags}), 1, "")
     assert "FLAGGED: the model saw a batch of 8" in estimate_table(spec, [est])

@@ -693,6 +693,11 @@ def batch_and_flags(cmd: TrainCommand, result: dict, world: int = 1) -> tuple[in
             flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}): the command's {stated} over "
                          f"the job's {world} GPUs, as a script that takes the global batch divides it; the estimate "
                          "is per GPU, at that batch")
+        elif batch > stated and batch % stated == 0:   # DPO's chosen and rejected, SimCLR's two views
+            flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}), {batch // stated} x the "
+                         f"command's {stated}: a script that puts {batch // stated} inputs per sample through the "
+                         "model in one call (paired preferences, augmented views, siamese pairs) does so; the "
+                         "estimate is for the batch the model saw")
         else:
             flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}) but the command states "
                          f"a batch of {stated}: the estimate is for the batch the model saw")
