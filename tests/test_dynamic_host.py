@@ -447,6 +447,21 @@ def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_scr
     assert "hf download" in e.fix and "the script failed" not in str(e)
 
 
+def test_torch_hub_weights_not_in_the_cache_say_which_cache_to_fill(tmp_path, monkeypatch):
+    """torchvision's pretrained backbone (DETR's) downloads through torch.hub: refused as offline,
+    naming the cache the estimate looked in ($TORCH_HOME/hub) and how to fill it; not the bare
+    "make network access optional"."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "state = torch.hub.load_state_dict_from_url('https://download.pytorch.org/models/vest-none-0000.pth')\n")
+    with pytest.raises(EstimateError) as err:
+        estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    e = err.value
+    assert e.kind == "limit" and f"not in your cache ({tmp_path / 'torch-home' / 'hub'}) at train.py:2" in str(e), str(e)
+    assert "TORCH_HOME the job uses" in e.fix and "make network access" not in e.fix
+
+
 def test_checkpoints_written_and_read_back_round_trip_on_fake_tensors():
     """torch.save / torch.load (to the host, and back onto the GPU after an atomic os.replace),
     safetensors' save_file / load_file: what the script saved comes back with its shapes, devices

@@ -597,6 +597,14 @@ def needs_hub(e: BaseException) -> bool:
     return False
 
 
+def _through_torch_hub(e: BaseException) -> bool:
+    """Whether the network was wanted by torch.hub (torchvision's and timm's ``pretrained=True``
+    weights, ``torch.hub.load``): what it fetches it keeps under $TORCH_HOME/hub, where the
+    estimate finds it once it is there."""
+    hub = os.sep + os.path.join("torch", "hub.py")
+    return any(fr.filename.endswith(hub) for x in _chain(e) for fr in traceback.extract_tb(x.__traceback__))
+
+
 def _needs_network(e: BaseException) -> bool:
     """Whether the script failed for want of the network (a name that does not resolve, a refused
     connection, a Hub file offline: estimates run offline), anywhere in the exception's chain."""
@@ -1027,6 +1035,7 @@ def run(ns) -> dict:
         result.update(status=kind, message=said,
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
+                      torch_hub=kind == "refused" and _through_torch_hub(e),
                       missing=missing_import(e) if kind == "missing-import" else None)
         past = past_the_overlay(e, sandbox)
         extension = compiled_extension(e) if kind == "script-error" else None

@@ -816,6 +816,14 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             "fetch it once where the network is (e.g. `hf download REPO` on the login node, into the "
                             "cache the job uses: HF_HUB_CACHE or HF_HOME), then estimate again; or " + _WORKAROUND,
                             kind="limit", where=where)
+    if status == "refused" and result.get("torch_hub"):
+        cache = os.path.join(_model_caches(dict(os.environ))["TORCH_HOME"], "hub")
+        raise EstimateError(f"{cmd.display}: the script fetches weights or code through torch.hub that are not in "
+                            f"your cache ({cache}){at}, and the estimate runs offline: {msg}{line}{log}",
+                            "fetch them once where the network is (run that line once on the login node, e.g. "
+                            "`python -c \"import torchvision; torchvision.models.resnet50(weights='DEFAULT')\"`, with "
+                            "the TORCH_HOME the job uses), then estimate again; or " + _WORKAROUND,
+                            kind="limit", where=where)
     if status == "refused":
         raise EstimateError(f"{cmd.display}: {msg}{line}{log}",
                             "estimates run offline and in one process: make network access and subprocesses optional "
