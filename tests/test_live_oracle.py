@@ -283,3 +283,24 @@ def test_cuda_autocast_policies_and_dtypes():
     bf, f32 = torch.bfloat16, torch.float32
     assert cuda == [bf, f32, f32, f32, f32, f32, f32], cuda
     assert cpu[1:4] == [bf, bf, bf] and dtypes() == cpu
+
+
+def test_a_module_run_as_python_runs_it(tmp_path):
+    """`-- -m pkg.train ARGS`, as python takes a module (open_clip's `-m open_clip_train.main`): it
+    opened a file named "-m"."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(
+        "import sys, torch\nassert sys.argv[1:] == ['--width', '64'], sys.argv\n"
+        "m = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(8, 64, device='cuda')).sum().backward(); opt.step()\n")
+    out = tmp_path / "result.json"
+    subprocess.run([sys.executable, "-m", "vest_slurm.dynamic.live_oracle", "--out", str(out), "--steps", "3",
+                    "--", "-m", "pkg.train", "--width", "64"], cwd=tmp_path, check=True, timeout=300)
+    res = json.loads(out.read_text())
+    assert res["status"] == "ok" and res["steps"] == 3, res
+    assert res["live_peak_bytes"] >= 2 * (64 * 64 + 64) * 4   # the weights and their gradients

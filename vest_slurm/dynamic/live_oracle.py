@@ -3,6 +3,7 @@ the bytes of the tensors that would have lived on the GPU counted.
 
     python -m vest_slurm.dynamic.live_oracle --out RESULT.json --steps 3 -- script.py ARGS
     python -m vest_slurm.dynamic.live_oracle --out RESULT.json --steps 3 --module pkg.train -- ARGS
+    python -m vest_slurm.dynamic.live_oracle --out RESULT.json --steps 3 -- -m pkg.train ARGS
 
 In: a training command (as the estimate's child gets it: a script or a module, its argv), run in the
 current directory. Out: RESULT.json with ``status`` ("ok", or why not), ``live_peak_bytes`` (the peak
@@ -686,6 +687,10 @@ def main(argv=None) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     rest = ns.rest[1:] if ns.rest[:1] == ["--"] else ns.rest
+    if not rest and not ns.module:
+        p.error("give the training script (or --module M) and its arguments after --")
+    if not ns.module and rest[0] == "-m" and len(rest) > 1:   # `-- -m pkg.train ARGS`, as python takes it
+        ns.module, rest = rest[1], rest[2:]
     script, args = (None, rest) if ns.module else (rest[0], rest[1:])
     result = run(script, ns.module, args, ns.steps)
     with open(ns.out + ".part", "w") as f:
