@@ -304,3 +304,26 @@ def test_a_module_run_as_python_runs_it(tmp_path):
     res = json.loads(out.read_text())
     assert res["status"] == "ok" and res["steps"] == 3, res
     assert res["live_peak_bytes"] >= 2 * (64 * 64 + 64) * 4   # the weights and their gradients
+
+
+FUTURE_SCRIPT = """import os, torch, torch.distributed as dist
+dist.init_process_group("nccl"); rank = dist.get_rank(); torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+m = torch.nn.Linear(64, 64).cuda(); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(4):
+    m(torch.randn(8, 64, device="cuda")).sum().backward()
+    part = torch.empty(32, 64, device="cuda")
+    dist.reduce_scatter_tensor(part, m.weight.grad, op=dist.ReduceOp.AVG, async_op=True).get_future().wait()
+    whole = torch.empty(64, 64, device="cuda")
+    dist.all_gather_into_tensor(whole, part, async_op=True).get_future().wait()
+    m.weight.grad.copy_(whole)
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_collectives_future_resolves_on_the_oracles_gloo(tmp_path):
+    """nanochat's optimizer waits on `reduce_scatter_tensor(..., async_op=True).get_future()`: NCCL
+    gives a future, gloo (the oracle's backend for the job's NCCL) does not ("Work::getFuture not
+    implemented"), and the oracle said the script failed."""
+    (tmp_path / "train.py").write_text(FUTURE_SCRIPT)
+    res = run_command("torchrun --nproc_per_node 2 train.py", str(tmp_path), 3)
+    assert res["status"] == "ok" and res["steps"] == 3, res

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -614,6 +615,8 @@ def _patched(census: Census, steps: int, state: dict):
         (torch, "_cudnn_rnn_flatten_weight", fc.cudnn_rnn_flatten_weight),
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", init_process_group),
+        (dist, "reduce_scatter_tensor", _with_future(dist.reduce_scatter_tensor)),
+        (dist, "all_gather_into_tensor", _with_future(dist.all_gather_into_tensor)),
         # DeviceMesh's set-up binds its own name for it (a mesh made before any process group)
         (dist.device_mesh, "init_process_group", init_process_group),
         (par, "DistributedDataParallel", DistributedDataParallel),
@@ -646,6 +649,40 @@ def _patched(census: Census, steps: int, state: dict):
                         delattr(obj, attr)
                 else:
                     setattr(obj, attr, old)
+
+
+class _DoneWork:
+    """A collective's work whose backend gives no future (gloo's reduce_scatter_tensor and
+    all_gather_into_tensor: "Work::getFuture not implemented"; NCCL, the job's backend, gives
+    one): waited for, and its future completed with the output, as NCCL's resolves."""
+
+    def __init__(self, work, output):
+        self._work, self._output = work, output
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+    def wait(self, timeout=None):
+        return self._work.wait() if timeout is None else self._work.wait(timeout)
+
+    def get_future(self):
+        try:
+            return self._work.get_future()
+        except RuntimeError:
+            self._work.wait()
+            fut = torch.futures.Future()
+            fut.set_result([self._output])
+            return fut
+
+
+def _with_future(collective):
+    """``collective(output, input, ..., async_op=True)`` whose work has a future on every backend."""
+    @functools.wraps(collective)
+    def call(output, *args, async_op=False, **kwargs):
+        work = collective(output, *args, async_op=async_op, **kwargs)
+        return _DoneWork(work, output) if async_op and work is not None else work
+
+    return call
 
 
 def run(script: str | None, module: str | None, args: list[str], steps: int) -> dict:
