@@ -703,6 +703,17 @@ def test_custom_cuda_kernels_are_vests_limit_named_with_what_to_do(tmp_path):
     assert e.value.kind == "vest-unsupported"
 
 
+def test_an_error_of_host_data_is_the_scripts_not_vests(tmp_path):
+    """An index out of range in the script's host data (a malformed graph data set: torch_geometric's
+    batch[row]) raised inside the fake mode's real run of host ops, and was said as vest's gap."""
+    (tmp_path / "train.py").write_text(
+        "import torch\nnode_graph = torch.tensor([0, 0, 1])\nedges = torch.tensor([0, 1, 3])\n"
+        "graph_of_edge = node_graph[edges]\nmodel = torch.nn.Linear(8, 2).cuda()\n")
+    with pytest.raises(EstimateError) as e:
+        _estimate_in(tmp_path, "python", "train.py")
+    assert e.value.kind == "script-error" and "the script failed at train.py:4: IndexError" in str(e.value), str(e.value)
+
+
 def test_a_version_check_that_fails_names_the_installed_version_not_the_script(tmp_path):
     """``assert timm.__version__ == "0.3.2"`` (MAE's main_pretrain.py): the environment's version is
     another than the script's, as with a name the installed version lacks; not "fix the script"."""

@@ -854,10 +854,32 @@ def classify(e: BaseException) -> str:
         return "script-error"   # a stand-in's check of what fails on a GPU too
     frames = traceback.extract_tb(e.__traceback__)
     if frames and any(part in frames[-1].filename for part in _FAKE_MACHINERY):
-        if fails_for_real(e):
+        if _real_host_op_raised(e) or fails_for_real(e):
             return "script-error"   # the op the fake tensors refused fails on real tensors too
         return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
     return "script-error"
+
+
+def _real_host_op_raised(e: BaseException) -> bool:
+    """Whether ``e`` came from an op that the fake mode ran for real on the script's host tensors
+    (no fake tensor among its arguments: data loading, index arithmetic; _fakecuda's
+    __torch_function__ runs those as they are): it raises the same without vest (an index out of
+    range in the data), so the script must act."""
+    import torch
+    from torch.utils import _pytree as pytree
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or not tb.tb_frame.f_code.co_filename.endswith("_fakecuda.py") \
+            or tb.tb_frame.f_code.co_name != "__torch_function__":
+        return False
+    loc = tb.tb_frame.f_locals
+    if "func" not in loc or not getattr(loc.get("self"), "host_real", False):
+        return False
+    leaves = pytree.tree_leaves((loc.get("args", ()), loc.get("kwargs") or {}))
+    return any(isinstance(t, torch.Tensor) for t in leaves) and not any(isinstance(t, FakeTensor) for t in leaves)
 
 
 # the most bytes of real host tensors fails_for_real makes to rerun a refused op
