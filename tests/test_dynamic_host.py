@@ -1276,3 +1276,31 @@ def test_the_workload_says_the_precision_the_script_computes_in(tmp_path, mode, 
     (tmp_path / "train.py").write_text(f"MODE = {mode!r}\n" + MANUAL_PRECISION)
     _, run = estimate_command(parse_train_command(["python", "train.py"]), [A100], cwd=str(tmp_path))
     assert dict(run.observed)["precision"] == precision
+
+
+ZERO_GRAD_PLACES = """import sys, torch, torch.nn as nn
+where = sys.argv[1]
+model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+x, y = torch.randn(64, 512, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+for step in range(5):
+    if where == "top":
+        opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    if where == "model":
+        model.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():   # an evaluation after each step
+        model.eval(); acc = (model(x).argmax(1) == y).float().mean(); model.train()
+"""
+
+
+@pytest.mark.parametrize("where, said", [("top", "after-step"), ("model", "before-backward")])
+def test_zero_grad_is_placed_by_the_training_forwards_only_and_seen_on_the_model_too(tmp_path, where, said):
+    """optimizer.zero_grad() at the loop's top after a no-grad evaluation (gcn.py) read
+    "before-backward" (the evaluation's forward counted); makemore's model.zero_grad(set_to_none=True)
+    between forward and backward was not seen at all ("after-step")."""
+    (tmp_path / "train.py").write_text(ZERO_GRAD_PLACES)
+    _, run = estimate_command(parse_train_command(["python", "train.py", where]), [A100], cwd=str(tmp_path))
+    assert dict(run.observed)["zero_grad"] == said

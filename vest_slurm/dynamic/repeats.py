@@ -174,7 +174,7 @@ class Repeats:
         for block, (ref, layout) in outputs.cached.items():
             # autocast's weight casts stay in its cache until the outermost autocast region exits
             fc.CAST_CACHE.entries[id(ref())] = (ref, _view(made, (block,) + layout))
-        st.forward_since_backward = True
+        st.forward_since_backward = st.forward_since_backward or torch.is_grad_enabled()
         st.cudnn_benchmark = st.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
         tr.s.phase = "other"
         self.replayed += 1

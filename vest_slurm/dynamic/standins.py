@@ -1256,7 +1256,9 @@ def patched(state: ScriptState):
                 # setup, as under no_grad; the first forward under grad says the batch
                 state.batch_hint_no_grad = True
             state.first_forward_done = True
-            state.forward_since_backward = True
+            # (a forward under no_grad, an evaluation between steps, holds no graph the previous
+            # step's gradients would live through until a backward: it places no zero_grad)
+            state.forward_since_backward = state.forward_since_backward or torch.is_grad_enabled()
 
     def pre_step(opt, args, kwargs):
         if state.draining and state.drain_armed:
@@ -1325,15 +1327,20 @@ def patched(state: ScriptState):
 
     backward, grad = a_backward(orig_backward), a_backward(orig_grad)
 
-    orig_zero_grad = torch.optim.Optimizer.zero_grad
+    def zero_grad_of(orig):
+        """Optimizer.zero_grad and nn.Module.zero_grad (makemore's model.zero_grad(set_to_none=True)
+        between forward and backward): where the script drops its gradients, for the workload block."""
+        def zero_grad(self, set_to_none=True):
+            state.zero_grad = "before-backward" if state.forward_since_backward else "after-step"
+            tr.s.phase = "zero_grad"
+            try:
+                return orig(self, set_to_none)
+            finally:
+                tr.s.phase = "other"
 
-    def zero_grad(self, set_to_none=True):
-        state.zero_grad = "before-backward" if state.forward_since_backward else "after-step"
-        tr.s.phase = "zero_grad"
-        try:
-            return orig_zero_grad(self, set_to_none)
-        finally:
-            tr.s.phase = "other"
+        return zero_grad
+
+    zero_grad = zero_grad_of(torch.optim.Optimizer.zero_grad)
 
     orig_opt_init = torch.optim.Optimizer.__init__
 
@@ -1412,6 +1419,7 @@ def patched(state: ScriptState):
         (torch.autograd, "backward", backward),
         (torch.autograd, "grad", grad),
         (torch.optim.Optimizer, "zero_grad", zero_grad),
+        (nn.Module, "zero_grad", zero_grad_of(nn.Module.zero_grad)),
         (torch.optim.Optimizer, "__init__", opt_init),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch.Tensor, "item", _item(torch.Tensor.item, state.ledger)),
