@@ -641,3 +641,30 @@ def test_optimizer_traces_of_further_gpu_counts_are_resized_where_two_counts_agr
         assert st._canonical(made) == st._canonical(real(*args))
     assert len(traced) == (2 if resized else 4)
     st.optimizer_trace.cache_clear()
+
+
+@pytest.mark.parametrize("parallelism, extra", [("fsdp", ()), ("fsdp2", ("--param-dtype", "bf16")),
+                                                ("zero2", ("--precision", "bf16"))])
+def test_gradient_accumulation_keeps_what_the_earlier_micro_batches_leave(parallelism, extra):
+    """`--grad-accum 4` with a sharded strategy was traced as one micro-batch with nothing of the
+    others (and the unit trace ran all four through one set of unit marks): the accumulating ranks'
+    gradients were missing. FSDP keeps each unit's unsharded gradient in the param dtype under
+    no_sync (accelerate's and the Trainer's accumulation) from the last micro-batch's forward to
+    its reduce-scatter; ZeRO-2 its reduced partition. Said in the trace's notes."""
+    one = _summary(_spec(parallelism, 3, *extra))
+    four = _summary(_spec(parallelism, 3, "--grad-accum", "4", *extra))
+    units = [7 * 11 + 7, 5 * 7 + 5, 3 * 5 + 3]
+    acc = [e for e in four.trace.events if e.action == "alloc" and e.module.endswith("(accumulated)")]
+    if parallelism.startswith("fsdp"):
+        itemsize = 2 if "bf16" in extra else 4
+        assert sorted(e.size_bytes for e in acc) == sorted(n * itemsize for n in units * 2)   # each step's
+        assert any("unsharded on each rank (FSDP's no_sync" in n for n in four.trace.notes)
+        assert four.trace.live_peak_bytes() > one.trace.live_peak_bytes()
+    else:
+        assert not acc
+        kept = [e for e in four.trace.events if e.action == "alloc" and e.category == "gradient" and e.phase == "forward"]
+        assert len(kept) == 2 * len(units), "the reduced partitions are there from the forward on"
+        assert four.trace.live_peak_bytes() >= one.trace.live_peak_bytes()
+    forwards = [e for e in one.trace.events if e.phase == "forward" and e.action == "alloc"]
+    assert len([e for e in four.trace.events if e.phase == "forward" and e.action == "alloc"
+                and not e.module.endswith("(accumulated)") and e.category != "gradient"]) == len(forwards)

@@ -563,6 +563,25 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
         step_grads: dict[str, int] = {}
         pending_grads = {u.name: [] for u in units}
         mapping: dict[int, int] = {}
+        # Gradient accumulation: the traced iteration is the last micro-batch of the step, and the
+        # ones before it leave their gradients, alive from its forward on: FSDP's unsharded ones
+        # (no_sync / set_requires_gradient_sync(False), as accelerate and the Trainer accumulate:
+        # each rank keeps the unit's whole gradient in the param dtype until the micro-batch that
+        # syncs, which adds into it and reduce-scatters it), ZeRO-1's whole ones, ZeRO-2/3's
+        # reduced partitions (added into in place).
+        accumulated: dict[str, int] = {}
+        if spec.grad_accum > 1 and not offload_params:
+            for u in units:
+                if not sum(u.numels):
+                    continue   # a unit without parameters of its own (the root of a wrapped model)
+                if kind in ("zero2", "zero3"):
+                    if not offload_opt:
+                        state[u.name].grads.append(b.alloc(
+                            unit_numels(u)[0] * r if zero3 else flat_shard_numel(sum(u.numels), w, ZERO_ALIGN) * r,
+                            COMPUTE, "forward", "gradient", u.name))
+                else:
+                    accumulated[u.name] = b.alloc(sum(u.numels) * p, COMPUTE, "forward", "gradient",
+                                                  f"{u.name} (accumulated)")
         # frees of what the previous copy kept (its tail), at the points the loop drops them
         tail_inputs = [e for e in ut.tail if e.category == "input"]
         tail_rest = [e for e in ut.tail if e.category != "input"]
@@ -592,6 +611,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                         reshard(u)
                     reduce(u, [mapping.get(g, g) for g in pending_grads[u.name]])
                     pending_grads[u.name] = []
+                    b.free(accumulated.pop(u.name, None))   # reduced with this micro-batch's (the step's)
             if e is None:
                 break
             if step and e.action == "alloc" and kept_for_process(e):
@@ -623,6 +643,11 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                         + (f" (shard group {w})" if kind == "hsdp" else ""),)
     if kind.startswith("zero"):
         notes += ("DeepSpeed modelled from its default configuration, not traced",)
+    if spec.grad_accum > 1 and not offload_params:
+        notes += (f"gradient accumulation over {spec.grad_accum} micro-batches: the last one traced, with the "
+                  "gradients the others leave" + (" unsharded on each rank (FSDP's no_sync, as accelerate and the "
+                                                  "Trainer accumulate; a loop that reduce-scatters every micro-batch "
+                                                  "needs less)" if kind in ("fsdp", "fsdp2", "hsdp") else ""),)
     if kept_fwd:
         notes += (f"ZeRO-3 keeps {len(kept_fwd)} of {sum(not u.is_root for u in units)} units gathered from forward to "
                   f"backward (used again within stage3_max_reuse_distance, {spec.max_reuse_distance:.0e} elements)",)
@@ -635,15 +660,16 @@ _PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
 def unit_spec(spec: WorkloadSpec) -> WorkloadSpec:
     """The spec the unsharded model is traced with (sharded_trace.unit_trace; variants of a job with
     the same unit_spec share that trace): weights in the param dtype (what the forward
-    computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step, and
-    nothing of the parallelism (the per-rank trace adds it) or of the optimizer (traced apart)."""
+    computes with under FSDP's mixed precision and DeepSpeed's bf16/fp16 engines), one step of one
+    micro-batch, and nothing of the parallelism (the per-rank trace adds it) or of the optimizer (traced apart)."""
     _, param, _ = dtypes(spec)
     precision = spec.precision
     if param != spec.weight_dtype:
         precision = _PRECISION_OF.get(param, "fp32")
     # The unit trace is cut before the optimizer step (optimizer_trace traces the step on the
     # rank's shards), so the unsharded model steps with plain SGD: no state, one in-place update.
-    return replace(spec, precision=precision, steps=1, num_gpus=1, parallelism="none", sharding="full-shard",
+    # One micro-batch: rank_trace adds what the step's earlier micro-batches leave (grad_accum).
+    return replace(spec, precision=precision, steps=1, grad_accum=1, num_gpus=1, parallelism="none", sharding="full-shard",
                    optimizer="sgd", optimizer_impl="auto", weight_decay=None,
                    shard_group_size=0, gpus_per_node=0, param_dtype="auto", reduce_dtype="auto",
                    offload="none", reshard_after_forward="on", reduce_bucket_size=0,
