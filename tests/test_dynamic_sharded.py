@@ -370,3 +370,54 @@ def test_a_mesh_unflattened_and_flattened_as_torchtitan_builds_it():
     plain, _ = run("--plain")
     assert r.spec.parallelism == "fsdp2" and r.spec.num_gpus == 2
     assert reshaped == plain and reshaped["parameters"] == 4 * (256 * 1024 + 1024 + 1024 * 256 + 256) * 4 // 2
+
+
+FSDP1_ACCUMULATING = """import os, contextlib, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+
+    def forward(self, x):
+        return x + self.f(x)
+
+model = FSDP(nn.Sequential(*[Block() for _ in range(4)]).cuda(), auto_wrap_policy=ModuleWrapPolicy({Block}),
+             use_orig_params=True)
+decay = [p for p in model.parameters() if p.ndim > 1]
+rest = [p for p in model.parameters() if p.ndim <= 1]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                        lr=1e-4, weight_decay=0.0)
+ACCUM = int(os.environ.get("ACCUM", "4"))
+for step in range(4):
+    for micro in range(ACCUM):
+        with model.no_sync() if micro < ACCUM - 1 else contextlib.nullcontext():
+            (model(torch.randn(8, 512, device="cuda")).square().mean() / ACCUM).backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_fsdp_gradient_accumulation_in_a_script_keeps_the_unsharded_gradients(tmp_path, monkeypatch):
+    """The Alpaca recipe's accumulation (FSDP1 full shard, no_sync over the micro-batches): each rank
+    keeps the whole unsharded gradients between syncs. The script's per-rank estimate ignored the
+    accumulation (4 micro-batches gave what 1 gave) and read the weight decay from the optimizer's
+    defaults (0) rather than its groups (0.1)."""
+    (tmp_path / "train.py").write_text(FSDP1_ACCUMULATING)
+    cmd = parse_train_command("torchrun --nproc_per_node 2 train.py")
+    got = {}
+    for accum in ("1", "4"):
+        monkeypatch.setenv("ACCUM", accum)
+        (est,), run = estimate_command(cmd, [get_profile("h100-80gb")], cwd=str(tmp_path))
+        got[accum] = (run, est)
+    one, four = got["1"][0], got["4"][0]
+    assert four.spec.grad_accum == 4 and one.spec.grad_accum == 1 and four.spec.weight_decay == 0.1
+    acc = [e for e in four.trace.events if e.action == "alloc" and e.module.endswith("(accumulated)")]
+    block = 2 * 512 * 2048 + 2048 + 512
+    assert sorted({e.size_bytes for e in acc}) == [block * 4]   # each block's unsharded fp32 gradient
+    assert four.trace.live_peak_bytes() > one.trace.live_peak_bytes()
+    assert any("gradient accumulation over 4 micro-batches" in n for n in four.trace.notes)

@@ -585,8 +585,19 @@ def describe_optimizer(o) -> dict:
     """What the workload needs of a script's optimizer (read at its first step: the object is gone
     once the script stops): its class and the defaults that decide its state and kernels."""
     d = o.defaults
+    groups = list(getattr(o, "param_groups", ()) or ())
+
+    def over_groups(k, pick):
+        # per group where the groups set it (timm's and the Trainer's: decay on the matrices only,
+        # the defaults' 0): the one that keeps the most state or makes the most temporaries
+        vals = [g.get(k, d.get(k)) for g in groups] or [d.get(k)]
+        vals = [v for v in vals if v is not None]
+        return pick(vals) if vals else d.get(k)
+
     return {"class": type(o).__name__, "module": type(o).__module__,
-            **{k: d.get(k) for k in ("foreach", "fused", "weight_decay", "momentum", "amsgrad", "centered")}}
+            **{k: d.get(k) for k in ("foreach", "fused")},
+            **{k: over_groups(k, max) for k in ("weight_decay", "momentum")},
+            **{k: over_groups(k, any) for k in ("amsgrad", "centered")}}
 
 
 def _optimizer_name(opt: dict | None) -> tuple[str, str, float | None]:
@@ -647,6 +658,9 @@ def per_rank(info: dict, events: tuple[AllocEvent, ...], step_ends: tuple[int, .
     while start > 0 and events[start - 1].category != "parameter" and events[start - 1].phase != "optimizer":
         start -= 1
     stop = next((i for i in range(first, end) if events[i].phase in ("optimizer", "zero_grad")), end)
+    if spec.grad_accum > 1:   # the first micro-batch: its forward and backward (rank_trace adds the others')
+        back = next((i for i in range(first, stop) if events[i].phase == "backward"), stop)
+        stop = next((i for i in range(back, stop) if events[i].phase != "backward"), stop)
     setup = tuple(e for e in events[:start] if e.category != "parameter" and e.phase != "optimizer")
     iteration = tuple(events[start:stop])
     made = {e.block for e in iteration if e.action == "alloc"}

@@ -629,7 +629,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("fsdp"):   # fully_shard in the script: the per-rank trace of its run
             from .fake_dist import per_rank
 
-            base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, ()), world, "")
+            # (the micro-batches a step accumulates: the per-rank trace keeps what the earlier ones leave)
+            base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, (),
+                                               observed=(("grad_accum", observed.get("grad_accum") or 1),)), world, "")
             trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
             # (made for this profile: no gpu_asked, so it holds on its own class only)
             trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
