@@ -1049,9 +1049,11 @@ def run(ns) -> dict:
         kind = classify(e)
         name = type(e).__name__
         said = f"{name}: {str(e).splitlines()[0] if str(e) else ''}".strip()
-        if kind == "script-error" and where and any(w == where for _, w in state.ledger.reads):
-            # raised on a line that read a GPU tensor's value (`assert (boxes[:, 2:] >= boxes[:, :2]).all()`):
-            # the value was a stand-in (no data here), so the check failed here, not on the GPU
+        if kind == "script-error" and where and tracked.code_line(e.__traceback__) in state.ledger.code_lines:
+            # raised on a line that read a GPU tensor's value (`if (boxes[:, 2:] < 0).any(): ...` then a
+            # shape error): the value was a stand-in (no data here), so it failed here, not on the GPU.
+            # The raising line itself, in the script or a library: not any line under the script's
+            # `trainer.fit()`, which a framework's reads of logged values all map to
             kind, said = "data-dependent", (f"this line read a value of a GPU tensor, a stand-in here (vest has no "
                                             f"data), and failed on it ({said}); on a GPU it may hold")
         result.update(status=kind, message=said,

@@ -64,6 +64,29 @@ for _cls, _base in ((StandInInt, int), (StandInFloat, float)):
             setattr(_cls, _name, _keep_mark(_name, _base))
 
 
+def code_line(tb=None) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame that is neither torch's nor vest's (the script's, or a
+    library's such as Lightning's): of the caller's stack, or of a traceback ``tb``."""
+    import os
+    import sys
+    import traceback
+
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    skip = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep)
+
+    def theirs(name: str) -> bool:
+        return not name.startswith("<") and not any(part in name for part in skip) and \
+            not (name.startswith(stdlib) and os.sep + "site-packages" + os.sep not in name)
+    if tb is not None:
+        frames = [(fr.filename, fr.lineno) for fr in reversed(traceback.extract_tb(tb))]
+    else:
+        frames, f = [], sys._getframe(1)
+        while f is not None:
+            frames.append((f.f_code.co_filename, f.f_lineno))
+            f = f.f_back
+    return next(((name, line) for name, line in frames if theirs(name)), None)
+
+
 @dataclass
 class Ledger:
     """What the script read from the device, and which tensors stand-ins shaped."""
@@ -72,8 +95,11 @@ class Ledger:
     _places: set = field(default_factory=set)
     tainted: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)   # tensor -> where
     marked_made: int = 0                               # StandIn numbers made (0: TaintMode does nothing)
+    # the lines, in any file but torch's and vest's (a library's too), whose code read a value
+    code_lines: set = field(default_factory=set)
 
     MAX_READS = 50
+    MAX_CODE_LINES = 4096
 
     def read(self, kind: str, value):
         """Record a read of a fake tensor's value at the script's current line; the value marked."""
@@ -81,6 +107,10 @@ class Ledger:
         if (kind, where) not in self._places and len(self.reads) < self.MAX_READS:
             self._places.add((kind, where))
             self.reads.append((kind, where))
+        if len(self.code_lines) < self.MAX_CODE_LINES:
+            line = code_line()
+            if line is not None:
+                self.code_lines.add(line)
         if kind in ("item", "tolist"):
             self.marked_made += 1
             return pytree.tree_map(lambda v: _marked(v, where), value)

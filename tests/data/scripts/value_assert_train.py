@@ -1,6 +1,7 @@
 """A sanity check on values computed on the GPU, as detection code asserts its boxes are well
-formed (`assert (boxes[:, 2:] >= boxes[:, :2]).all()`): true on any GPU, but the value read here
-is a stand-in. --host: the same check on host boxes (real values), which fails as the script's own."""
+formed (`assert (boxes[:, 2:] >= boxes[:, :2]).all()`): true on any GPU; the value read here is a
+stand-in, answered as the check passes. --host: the same check on host boxes (real values), which
+fails as the script's own."""
 import argparse
 
 import torch
