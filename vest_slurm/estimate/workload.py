@@ -160,7 +160,7 @@ class WorkloadSpec:
     zero_grad: str = "after-step"   # where the loop calls optimizer.zero_grad() (set_to_none): after the
                                     # step or before the forward ("after-step": the gradients are gone
                                     # while the next forward runs), between the forward and backward
-                                    # ("before-backward": timm's train.py, Lightning; last step's
+                                    # ("before-backward": Lightning, timm < 0.9's train.py; last step's
                                     # gradients live through the forward), or "never" (accumulated)
     gradient_checkpointing: str = "off"   # activation checkpointing through the model's own switch (HF
                                           # activation/gradient_checkpointing_enable, timm set_grad_checkpointing):
@@ -302,8 +302,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = True) ->
                         "to time them (timm's train.py sets it)")
     g.add_argument("--zero-grad", default=None,
                    help="where the loop zeroes the gradients (set to None): after-step (default; also "
-                        "zero_grad() at the top of the loop), before-backward (after the forward: timm's "
-                        "train.py, Lightning; the previous gradients live through the forward), never")
+                        "zero_grad() at the top of the loop), before-backward (after the forward: Lightning, "
+                        "timm < 0.9's train.py; the previous gradients live through the forward), never")
     g.add_argument("--gradient-checkpointing", default=None,
                    help="off (default) or on: the model's own activation checkpointing switch (transformers "
                         "models, timm models that have one); each block keeps its input and recomputes the "
