@@ -1339,3 +1339,32 @@ def test_a_value_read_then_failed_on_is_data_dependent_a_frameworks_own_error_is
     with pytest.raises(EstimateError) as e:
         estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
     assert e.value.kind == "data-dependent" and "train.py:4" in str(e.value), str(e.value)
+
+
+DEFAULT_DEVICE = """import torch, torch.nn as nn
+if MODE == "device":
+    torch.set_default_device("cuda")
+else:   # nerf-pytorch's run_nerf.py, research code of its time
+    torch.set_default_tensor_type("torch.cuda.FloatTensor")
+model = nn.Sequential(nn.Linear(63, 256), nn.ReLU(), nn.Linear(256, 4))
+opt = torch.optim.Adam(model.parameters())
+for _ in range(4):
+    x = torch.rand(1024, 63)                   # no device: the default's
+    target = torch.Tensor([0.5])               # the legacy constructor: the default type's device
+    loss = ((model(x) - target) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode", ["device", "tensor_type"])
+def test_a_default_cuda_device_makes_factories_and_legacy_constructors_fake_cuda(tmp_path, mode):
+    """torch.set_default_device("cuda") and the legacy set_default_tensor_type("torch.cuda.FloatTensor"):
+    the default device's context sits at the bottom of torch's mode stack, below the fake GPU's,
+    which took `torch.rand(1024, 63)` for host work and ran it for real ("Found no NVIDIA driver",
+    vest's gap); the legacy type was not taken at all."""
+    (tmp_path / "train.py").write_text(f"MODE = {mode!r}\n" + DEFAULT_DEVICE)
+    (est,), run = estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    params = 4 * (63 * 256 + 256 + 256 * 4 + 4)
+    b = dict(est.breakdown)
+    assert b["parameters"] == params and b["optimizer_state"] == 2 * params, b
+    assert run.batch_hint == 1024 and run.trace.live_peak_bytes() >= params * 3 + 1024 * 63 * 4

@@ -824,7 +824,46 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
     for name in pin_memory_factories():
         real = _resolve(name)
         out.append((torch, name.split(".", 1)[1], _drop_pin_memory(real)))
+    out += _legacy_default_type()
     return out
+
+
+_HALF_TYPES = {"FloatTensor": torch.float32, "DoubleTensor": torch.float64, "HalfTensor": torch.float16,
+               "BFloat16Tensor": torch.bfloat16}
+
+
+def _legacy_default_type() -> list[tuple[object, str, object]]:
+    """``torch.set_default_tensor_type('torch.cuda.FloatTensor')`` (nerf-pytorch and other research
+    code of its time): every factory without a device, and the legacy constructor
+    ``torch.Tensor(data)``, then makes CUDA tensors. Set here as the default device "cuda" (which
+    the fake GPU's factories take) and the type's dtype, and ``torch.Tensor(...)`` made on it; a
+    host type is set for real (and ends the CUDA default)."""
+    real_set = torch.set_default_tensor_type
+    real_new = torch.Tensor.__new__
+    on = [False]
+
+    @functools.wraps(real_set)
+    def set_default_tensor_type(t, /):
+        name = t if isinstance(t, str) else f"{getattr(t, '__module__', '')}.{getattr(t, '__name__', '')}"
+        module, _, kind = name.rpartition(".")
+        if module == "torch.cuda" and kind in _HALF_TYPES:
+            torch.set_default_dtype(_HALF_TYPES[kind])
+            torch.set_default_device("cuda")
+            on[0] = True
+            return None
+        if on[0]:
+            torch.set_default_device(None)
+            on[0] = False
+        return real_set(t)
+
+    def legacy_new(cls, *args, **kwargs):
+        if on[0] and cls is torch.Tensor and "device" not in kwargs:
+            return real_new(cls, *args, **kwargs).to("cuda")
+        return real_new(cls, *args, **kwargs)
+
+    set_default_tensor_type.__vest_standin__ = "torch.set_default_tensor_type"
+    return [(torch, "set_default_tensor_type", set_default_tensor_type),
+            (torch.Tensor, "__new__", staticmethod(legacy_new))]
 
 
 class TorchScriptNames:

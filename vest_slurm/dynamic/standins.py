@@ -600,6 +600,9 @@ def _process_start(original):
     return start
 
 
+_INHERITED = object()   # a patched attribute the class had from a base class
+
+
 def _fake_tensor_device(obj, depth: int = 0) -> str | None:
     """The device of a fake tensor in ``obj`` (a tensor, a module's weights, a container's items):
     "cuda" where there is one, else "cpu", else None."""
@@ -1457,7 +1460,9 @@ def patched(state: ScriptState):
 
     patches += fake_tp.patches(state)
     patches += _aliases(patches)
-    saved = [(obj, attr, getattr(obj, attr, None)) for obj, attr, _ in patches]
+    # (an attribute a class inherits is taken back by deleting the patch: _INHERITED)
+    saved = [(obj, attr, _INHERITED if isinstance(obj, type) and attr not in obj.__dict__ else getattr(obj, attr, None))
+             for obj, attr, _ in patches]
     hooks = [
         nn.modules.module.register_module_forward_pre_hook(pre_forward),
         nn.modules.module.register_module_forward_hook(post_forward, always_call=True),
@@ -1481,7 +1486,10 @@ def patched(state: ScriptState):
         _STATE[0] = None
         for h in hooks:
             h.remove()
-        for obj, attr, old in saved:
-            if old is not None:
+        for obj, attr, old in reversed(saved):
+            if old is _INHERITED:
+                if attr in obj.__dict__:
+                    delattr(obj, attr)
+            elif old is not None:
                 setattr(obj, attr, old)
         scripted.undo()

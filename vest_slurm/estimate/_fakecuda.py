@@ -69,6 +69,7 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides, is_non_overlapping_and_dense_or_false
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode, UnsupportedOperatorException)
+from torch.utils import _device as _device_mod
 from torch.utils import _pytree as pytree
 
 from ..errors import note_stop
@@ -1212,6 +1213,14 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
             # a fake host tensor has no data to move (nn.Module.share_memory, Hogwild scripts)
             return args[0]
         dev = kwargs.get("device")
+        if dev is None and self.host_real:
+            # torch.set_default_device("cuda") (and the legacy default tensor type): its
+            # DeviceContext sits at the bottom of the mode stack, below this mode, and would name
+            # the device only after this mode took the factory for a host one (a real CUDA call)
+            default = _device_mod.CURRENT_DEVICE
+            if default is not None and default.type == "cuda" and func in _device_mod._device_constructors():
+                kwargs = dict(kwargs, device=default)
+                dev = default
         if dev is not None:
             pinned = _pin(dev)
             if pinned is not dev:
