@@ -421,3 +421,43 @@ def test_fsdp_gradient_accumulation_in_a_script_keeps_the_unsharded_gradients(tm
     assert sorted({e.size_bytes for e in acc}) == [block * 4]   # each block's unsharded fp32 gradient
     assert four.trace.live_peak_bytes() > one.trace.live_peak_bytes()
     assert any("gradient accumulation over 4 micro-batches" in n for n in four.trace.notes)
+
+
+FSDP1_CHECKPOINT = """import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+
+    def forward(self, x):
+        return x + self.f(x)
+
+model = FSDP(nn.Sequential(*[Block() for _ in range(4)]).cuda(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+for epoch in range(3):
+    for step in range(2):
+        model(torch.randn(8, 256, device="cuda")).square().mean().backward()
+        opt.step(); opt.zero_grad()
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):   # accelerate's save_fsdp_optimizer
+        assert FSDP.get_state_dict_type(model).state_dict_type is not None
+        osd = FSDP.optim_state_dict(model, opt)
+        torch.save({"model": model.state_dict(), "optim": osd}, "ckpt.pt")
+    saved = torch.load("ckpt.pt")
+    opt.load_state_dict(FSDP.optim_state_dict_to_load(model, opt, saved["optim"]))
+"""
+
+
+def test_an_fsdp1_checkpoint_of_the_optimizer_round_trips(tmp_path):
+    """FSDP.optim_state_dict under FSDP.state_dict_type (accelerate's save_fsdp_optimizer, the
+    Trainer's checkpoint at an epoch's end) failed in the stand-in ("no attribute
+    '_state_dict_type'"), blamed on the script."""
+    (tmp_path / "train.py").write_text(FSDP1_CHECKPOINT)
+    (est,), run = estimate_command(parse_train_command("torchrun --nproc_per_node 2 train.py"),
+                                   [get_profile("h100-80gb")], cwd=str(tmp_path))
+    assert run.steps == 3 and run.spec.parallelism == "fsdp"

@@ -503,6 +503,47 @@ def _fsdp1_class(rec: "FsdpRecord"):
             return None
 
         @staticmethod
+        def get_state_dict_type(module):
+            from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig, StateDictSettings,
+                                                StateDictType)
+
+            return StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
+
+        # Checkpoints of the optimizer (accelerate's save_fsdp_optimizer, the Trainer's at an
+        # epoch's end): nothing is flattened or sharded here, so the optimizer's own state dict is
+        # the one a full state dict would gather, and the one to load is what the script saved.
+        @staticmethod
+        def optim_state_dict(model, optim, optim_state_dict=None, group=None):
+            return optim.state_dict() if optim_state_dict is None else optim_state_dict
+
+        @staticmethod
+        def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer=False, load_directly=False,
+                                     group=None):
+            if load_directly:
+                optim.load_state_dict(optim_state_dict)
+            return optim_state_dict
+
+        @staticmethod
+        def full_optim_state_dict(model, optim, optim_input=None, rank0_only=True, group=None):
+            return optim.state_dict()
+
+        @staticmethod
+        def sharded_optim_state_dict(model, optim, group=None):
+            return optim.state_dict()
+
+        @staticmethod
+        def shard_full_optim_state_dict(full_optim_state_dict, model, optim_input=None, optim=None):
+            return full_optim_state_dict
+
+        @staticmethod
+        def flatten_sharded_optim_state_dict(sharded_optim_state_dict, model, optim):
+            return sharded_optim_state_dict
+
+        @staticmethod
+        def scatter_full_optim_state_dict(full_optim_state_dict, model, optim_input=None, optim=None, group=None):
+            return full_optim_state_dict
+
+        @staticmethod
         @contextlib.contextmanager
         def summon_full_params(module, recurse=True, writeback=True, rank0_only=False, offload_to_cpu=False,
                                with_grads=False):
