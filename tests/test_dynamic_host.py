@@ -1368,3 +1368,19 @@ def test_a_default_cuda_device_makes_factories_and_legacy_constructors_fake_cuda
     b = dict(est.breakdown)
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params, b
     assert run.batch_hint == 1024 and run.trace.live_peak_bytes() >= params * 3 + 1024 * 63 * 4
+
+
+@pytest.mark.parametrize("cl", [True, False])
+def test_the_workload_says_whether_the_script_trains_channels_last(tmp_path, cl):
+    """timm's --channels-last (the model's convolutions in channels-last): the workload block said
+    channels_last false whatever the script did."""
+    (tmp_path / "train.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)).cuda()\n"
+        f"if {cl}:\n    m = m.to(memory_format=torch.channels_last)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    x = torch.randn(8, 3, 32, 32, device='cuda').contiguous(memory_format=torch.channels_last)\n"
+        "    m(x).sum().backward(); opt.step(); opt.zero_grad()\n")
+    _, run = estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    assert dict(run.observed)["channels_last"] is cl

@@ -1093,7 +1093,8 @@ def run(ns) -> dict:
     result["reads"] = state.ledger.summary()
     result["sampled"] = list(mode.shadows.sampled_reads) if mode.shadows is not None else []
     result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None
-    result["observed"] = {"precision": state.precision, "cudnn_benchmark": state.cudnn_benchmark,
+    result["observed"] = {"precision": state.precision, "channels_last": state.channels_last,
+                          "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
     # (shapes the GPU's random draws decided are said by the runner's sampled note: not twice)

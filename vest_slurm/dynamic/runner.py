@@ -921,7 +921,7 @@ def script_spec(cmd: TrainCommand, run: "DynamicRun", num_gpus: int, alloc_conf:
     return WorkloadSpec(model=f"script: {cmd.display}", batch_size=run.batch_hint or 1, num_gpus=num_gpus,
                         optimizer=optimizer, optimizer_impl=impl, weight_decay=weight_decay,
                         parallelism="ddp", alloc_conf=alloc_conf, steps=run.steps,
-                        precision=seen.get("precision") or "fp32",
+                        precision=seen.get("precision") or "fp32", channels_last=bool(seen.get("channels_last")),
                         cudnn_benchmark="on" if seen.get("cudnn_benchmark") else "off",
                         zero_grad=seen.get("zero_grad") or "after-step", grad_accum=int(seen.get("grad_accum") or 1),
                         gradient_checkpointing=seen.get("gradient_checkpointing") or "off", flags=run.flags)

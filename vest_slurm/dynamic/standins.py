@@ -83,6 +83,7 @@ class ScriptState:
     # what the script did, for the workload block (not the command-line defaults)
     precision: str | None = None
     compute_seen: bool = False   # the first training forward's first Linear or convolution was seen
+    channels_last: bool = False  # the model's convolution weights are channels-last
     cudnn_benchmark: bool = False
     zero_grad: str | None = None       # after-step / before-backward, where the script calls it
     recomputed: bool = False           # a module's forward ran in backward: activation checkpointing
@@ -878,6 +879,11 @@ def _top_level_forward(state: ScriptState, mod) -> None:
                 state.precision = _autocast_precision()
             else:
                 state.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_weights_dtype(mod), "fp32")
+            # channels-last training (timm's --channels-last, the ImageNet example's): the model's
+            # convolution weights in that memory format
+            conv = next((p for p in mod.parameters() if p.dim() == 4 and p.shape[1] * p.shape[2] * p.shape[3] > 1), None)
+            state.channels_last = conv is not None and not conv.is_contiguous() and \
+                conv.is_contiguous(memory_format=torch.channels_last)
     state.cudnn_benchmark = state.cudnn_benchmark or bool(torch.backends.cudnn.benchmark)
     # Neither an optimizer step nor a backward pass so far: each forward pass under grad of a model
     # with weights to train may be the step. Its start is kept aside (a summary's forward before
