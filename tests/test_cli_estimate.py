@@ -131,6 +131,8 @@ def test_site_config_from_the_environment_and_its_errors(tmp_path):
     assert r.returncode != 0 and "unknown GPU type 'k80'" in r.stderr and "site's types (a100, h100)" in r.stderr
     r = vest("estimate", "--model", f"{USER}:small_cnn", "--batch-size", "8", "--site-config", str(tmp_path / "none.toml"))
     assert r.returncode != 0 and "file not found" in r.stderr and "Traceback" not in r.stderr
+    # a file that is not there is not one to "correct": who installs it, and how to name another
+    assert "correct the file" not in r.stderr and "site admins' to install" in r.stderr and "--site-config PATH" in r.stderr
 
 
 def test_a_gpu_class_the_model_refuses_is_reported_and_the_others_estimated():

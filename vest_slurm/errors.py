@@ -48,13 +48,13 @@ class EstimateError(VestError):
 class SiteConfigError(VestError):
     """The site configuration is invalid; ``problems`` lists every problem found."""
 
-    def __init__(self, path: str, problems: list[str]):
+    def __init__(self, path: str, problems: list[str], fix: str | None = None):
         self.path = path
         self.problems = list(problems)
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(
             f"invalid site config {path}:\n{body}",
-            "correct the file (see site-config/example-site.toml for every key) and run `vest site validate`",
+            fix or "correct the file (see site-config/example-site.toml for every key) and run `vest site validate`",
         )
 
 

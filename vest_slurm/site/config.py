@@ -211,7 +211,10 @@ def load_site_config(path: str | None = None, env: Mapping[str, str] = os.enviro
         with open(where, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise SiteConfigError(where, [f"file not found (from {source}); give --site-config PATH or set ${ENV_VAR}"]) from None
+        raise SiteConfigError(where, [f"file not found (from {source})"], (
+            f"the site's configuration is the site admins' to install (at {DEFAULT_PATH}: site-config/README.md); "
+            f"to use another, give --site-config PATH or set ${ENV_VAR} (site-config/example-site.toml to try "
+            "vest out)")) from None
     except (OSError, UnicodeDecodeError) as e:
         raise SiteConfigError(where, [f"cannot be read: {e}"]) from None
     return parse_site_config(text, where)
