@@ -327,3 +327,26 @@ def test_a_collectives_future_resolves_on_the_oracles_gloo(tmp_path):
     (tmp_path / "train.py").write_text(FUTURE_SCRIPT)
     res = run_command("torchrun --nproc_per_node 2 train.py", str(tmp_path), 3)
     assert res["status"] == "ok" and res["steps"] == 3, res
+
+
+VMAP_SCRIPT = """import torch, torch.nn as nn
+model = nn.Linear(64, 64).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    x = torch.randn(8, 16, 64, device="cuda")
+    idx = torch.arange(16, device="cuda")
+    # a device read inside vmap (transformers' masking_utils: `.to(result.device)` of a batched tensor)
+    mask = torch.vmap(torch.vmap(lambda q, k: (k <= q).to(q.device), in_dims=(None, 0)), in_dims=(0, None))(idx, idx)
+    h = model(x).masked_fill(~mask[:, :, None].any(-1)[None, :, :1], 0.0)
+    opt.zero_grad(); h.pow(2).mean().backward(); opt.step()
+"""
+
+
+def test_a_device_read_inside_vmap_is_the_wrapped_tensors(tmp_path):
+    """Tensor.device of vmap's BatchedTensor: the oracle asked the wrapper for its storage
+    ("Cannot access storage of BatchedTensorImpl") and said the script failed."""
+    (tmp_path / "train.py").write_text(VMAP_SCRIPT)
+    res = run_command("python train.py", str(tmp_path), 3)
+    assert res["status"] == "ok", res
+    _, run = estimate_command(parse_train_command("python train.py"), [get_profile("a100-40gb")], cwd=str(tmp_path))
+    assert abs(res["live_peak_bytes"] - run.trace.live_peak_bytes()) <= 0.1 * run.trace.live_peak_bytes()

@@ -110,7 +110,11 @@ def _is_cuda(device) -> bool:
 
 def _storages(t: torch.Tensor) -> tuple:
     """The storages that hold a tensor's data: its own (strided), or its index and value tensors'
-    (sparse layouts, which have no storage of their own; on the GPU those are its allocations)."""
+    (sparse layouts, which have no storage of their own; on the GPU those are its allocations), or
+    those of the tensor a torch.func transform's wrapper wraps."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):   # vmap's BatchedTensor, grad's wrapper: no storage
+        t = functorch.get_unwrapped(t)                # of their own; the tensor they wrap holds the data
     layout = t.layout
     if layout == torch.strided:
         return (t.untyped_storage(),)
