@@ -114,6 +114,14 @@ def _text(workdir, path, chars=200000):
         f.write("".join(rng.choice(alphabet) for _ in range(chars)))
 
 
+def _names(workdir, path, count=2000):
+    """makemore's names.txt: one lowercase word a line (3-10 letters)."""
+    rng = random.Random(0)
+    with open(os.path.join(workdir, path), "w") as f:
+        for _ in range(count):
+            f.write("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 10))) + "\n")
+
+
 def _tokens_u16(workdir, dir, tokens, vocab, meta=False):
     """nanoGPT's prepared data: train.bin / val.bin of uint16 token ids, meta.pkl with vocab_size."""
     import numpy as np
@@ -310,7 +318,7 @@ def _torch_save(workdir, files, location=None):
 
 RECIPES = {
     "none": lambda workdir: None,
-    "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "tokens-u16": _tokens_u16,
+    "mnist-idx": _mnist_idx, "wikitext": _wikitext, "text": _text, "names": _names, "tokens-u16": _tokens_u16,
     "llmc-bin": _llmc_bin, "imagefolder": _imagefolder, "bsds300": _bsds300, "cora": _cora,
     "hf-local": _hf_local, "pets": _pets, "torch-save": _torch_save, "torch-hub": _torch_hub,
     "imagefolder+torch-hub": lambda workdir, hub, **folder: (_imagefolder(workdir, **folder), _torch_hub(workdir, **hub)),
