@@ -907,6 +907,8 @@ def test_an_op_that_fails_on_real_tensors_too_is_the_scripts_error():
     with pytest.raises(EstimateError) as e:
         estimate_script("topk_view_train.py")
     assert e.value.kind == "script-error" and "topk_view_train.py:17" in e.value.where
+    # in torch's own words on real tensors (the fake kernel's "Cannot view a tensor ..." differs)
+    assert "RuntimeError: view size is not compatible" in e.value.what and "Use .reshape" in e.value.what
     (est,), run = estimate_script("topk_view_train.py", "--reshape")
     assert run.steps == 3
     assert fails_for_real(ValueError("no fake op in this traceback")) is False
