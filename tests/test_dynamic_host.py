@@ -1386,3 +1386,40 @@ def test_the_workload_says_whether_the_script_trains_channels_last(tmp_path, cl)
         "    m(x).sum().backward(); opt.step(); opt.zero_grad()\n")
     _, run = estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
     assert dict(run.observed)["channels_last"] is cl
+
+
+def test_unsigned_token_buffers_copied_to_the_gpu(tmp_path):
+    """llm.c's and modded-nanogpt's `.bin` loaders keep their tokens in uint16 on the host and copy
+    them to the GPU with a cast: the span of a large host tensor's values was taken with aminmax,
+    which has no CPU kernel for uint16 ("vest cannot yet run this")."""
+    (tmp_path / "train.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "tokens = torch.randint(0, 50000, (4097,), dtype=torch.int32).to(torch.uint16)\n"
+        "model = nn.Sequential(nn.Embedding(50304, 64), nn.Linear(64, 50304)).cuda()\n"
+        "opt = torch.optim.AdamW(model.parameters())\n"
+        "for step in range(4):\n"
+        "    x = tokens[:-1].to(device='cuda', dtype=torch.int32, non_blocking=True).view(4, 1024)\n"
+        "    y = tokens[1:].to(device='cuda', dtype=torch.int64, non_blocking=True).view(4, 1024)\n"
+        "    loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())\n"
+        "    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)\n")
+    (est,), run = estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    assert run.steps == 3 and run.batch_hint == 4
+
+
+def test_the_api_named_is_never_vests_own_hook():
+    """A failure inside vest's hook under a C call of the script (Tensor.to) was said "at
+    __torch_function__", vest's own name: no API is named there."""
+    from vest_slurm.dynamic.bootstrap import _api_called
+
+    hook = compile("def __torch_function__():\n    raise NotImplementedError('x')\n", "/opt/vest_slurm/estimate/_fakecuda.py", "exec")
+    lib = compile("def load_state():\n    raise OSError('y')\n", "/opt/lib/site-packages/somelib/io.py", "exec")
+    script = compile("def main(f):\n    f()\n", "/home/u/train.py", "exec")
+    for code, said in ((hook, None), (lib, "somelib.io.load_state")):
+        ns, main_ns = {}, {}
+        exec(code, ns)
+        exec(script, main_ns)
+        fn = next(v for k, v in ns.items() if callable(v) and not k.startswith("__builtins"))
+        try:
+            main_ns["main"](fn)
+        except Exception as e:
+            assert _api_called(e.__traceback__) == said

@@ -118,6 +118,10 @@ def of_real(t: torch.Tensor) -> Known | None:
         x = t.detach()
         if x.dtype == torch.bool:
             x = x.to(torch.uint8)
+        elif x.dtype in (torch.uint16, torch.uint32):
+            x = x.to(torch.int64)   # (no CPU kernel of aminmax for them: llm.c's and modded-nanogpt's uint16 tokens)
+        elif x.dtype == torch.uint64:
+            return None
         lo, hi = (v.item() for v in torch.aminmax(x))
     if lo != lo or hi != hi:
         return None
