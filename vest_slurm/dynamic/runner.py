@@ -604,7 +604,9 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("cut_at_time_limit"):
             flags += (f"the run reached the time limit ({limits.timeout_s:.0f} s) after {result.get('steps', 0)} training "
                       f"step(s) of the {limits.steps} asked for: the estimate is the steps traced; what the script did "
-                      "next (sampling, an evaluation, a long setup) was cut short (a site can raise [dynamic] timeout_s)",)
+                      "next (sampling, an evaluation, a long setup) was cut short; to trace more, give the command a "
+                      "shorter sampling or evaluation where it has such options (a generation length, an evaluation "
+                      "interval), or a site can raise [dynamic] timeout_s",)
         if why_not:   # the job runs other packages than those the script ran with here
             flags += (f"the job's Python ({theirs}) {why_not}: the script ran in vest's Python ({sys.executable}, torch {_torch_version()}) "
                       "with its packages, not the job's, whose versions may take other memory; install vest-slurm "
