@@ -567,6 +567,7 @@ def main() -> int:
         # a results file holds no machine paths: the scratch folder is named <work>
         row["message"] = str(row.get("message", "")).replace(work + os.sep, "<work>/")
         row["message"] = re.sub(r"\S*/vest-dynamic-\w+\.log", "<kept log>", row["message"])   # a machine path
+        row["message"] = row["message"].replace(os.path.expanduser("~") + os.sep, "~/")   # a cache under the home
         rows.append(row)
         print(f"{row['script']:45s} {row['outcome']:9s} {row['kind']:16s} {row['seconds']:6.1f}s "
               f"{row['peak_rss_mib']:5d} MiB  {row['oracle'][:40]}  {row['message'][:100]}", flush=True)
