@@ -734,6 +734,14 @@ def _conditional_export(module: str, symbol: str) -> dict | None:
     return None
 
 
+def _innermost(e: BaseException):
+    """The innermost entry of ``e``'s traceback (the frame that raised), or None."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
 def _pinned_version(e: BaseException) -> dict | None:
     """A version check that failed: an AssertionError raised on a line that reads a module's
     ``__version__`` (MAE's ``assert timm.__version__ == "0.3.2"``): {"module", "package",
@@ -742,11 +750,9 @@ def _pinned_version(e: BaseException) -> dict | None:
     import re
     from importlib import metadata
 
-    if not isinstance(e, AssertionError) or e.__traceback__ is None:
+    tb = _innermost(e)
+    if not isinstance(e, AssertionError) or tb is None:
         return None
-    tb = e.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
     src = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
     m = re.search(r"([A-Za-z_]\w*)(?:\.\w+)*\.__version__", src)
     if m is None:
@@ -778,12 +784,10 @@ def compiled_extension(e: BaseException) -> tuple[str, str] | None:
 
     frames = traceback.extract_tb(e.__traceback__)
     build = os.sep + os.path.join("torch", "utils", "cpp_extension.py")
-    if any(fr.filename.endswith(build) for fr in frames):
-        name = next((fr.name for fr in frames if fr.filename.endswith(build)), "load")
+    name = next((fr.name for fr in frames if fr.filename.endswith(build)), None)
+    if name is not None:
         return f"torch.utils.cpp_extension.{name}", "a CUDA extension built at run time, whose build failed here"
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
+    tb = _innermost(e)
     if tb is None:
         return None
     frame = tb.tb_frame
@@ -871,9 +875,7 @@ def _real_host_op_raised(e: BaseException) -> bool:
     from torch.utils import _pytree as pytree
     from torch._subclasses.fake_tensor import FakeTensor
 
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
+    tb = _innermost(e)
     if tb is None or not tb.tb_frame.f_code.co_filename.endswith("_fakecuda.py") \
             or tb.tb_frame.f_code.co_name != "__torch_function__":
         return False
