@@ -959,11 +959,15 @@ def test_a_stop_the_script_catches_is_said_not_estimated_as_its_fallback():
     self-test that then reports failure (the script trains in float32, which on a GPU it would not)
     is FLAGGED with where vest stopped and where the script caught it; a catch-all around the whole
     training that then ends without a step is refused as data-dependent at the line that stopped,
-    not blamed on the script's arguments."""
+    not blamed on the script's arguments. What the self-test made is not kept alive by the stop."""
     (est,), run = estimate_script("swallowed_stop_train.py", "--mode", "amp-check")
     assert run.steps == 3
     said = [f for f in run.flags if "try/except around" in f]
     assert len(said) == 1 and "swallowed_stop_train.py:22" in said[0] and "(in amp_works)" in said[0], run.flags
+    # what the failed self-test made (its 32 MiB of candidates) is freed when it returns, as on a GPU:
+    # the training holds what it holds without the check (the stop's frames were kept to the end)
+    (_,), plain = estimate_script("swallowed_stop_train.py", "--mode", "no-check")
+    assert run.trace.live_at_step_ends() == plain.trace.live_at_step_ends()
     with pytest.raises(EstimateError) as e:
         estimate_script("swallowed_stop_train.py", "--mode", "catch-all")
     assert e.value.kind == "data-dependent" and e.value.where.endswith("swallowed_stop_train.py:41"), e.value
@@ -1423,3 +1427,23 @@ def test_the_api_named_is_never_vests_own_hook():
             main_ns["main"](fn)
         except Exception as e:
             assert _api_called(e.__traceback__) == said
+
+
+def test_a_library_installed_in_dist_packages_is_not_taken_for_the_users_code(tmp_path):
+    """A package installed by Debian's or Ubuntu's Python (``dist-packages``) is a library, not the
+    script: the failure names the script's line that called into it, and the library's function as
+    the API called."""
+    lib = tmp_path / "usr" / "lib" / "python3" / "dist-packages" / "helperlib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("def check(x):\n    raise ValueError('helperlib: expected 3 channels')\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport helperlib\n"
+        "model = torch.nn.Linear(8, 8).cuda()\n"
+        "x = torch.randn(4, 8, device='cuda')\n"
+        "helperlib.check(model(x))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(lib.parent), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
+                        "python", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "script-error" and "expected 3 channels" in doc["error"], r.stderr
+    assert doc["where"].endswith("train.py:5"), doc

@@ -6,6 +6,8 @@ code; everything below them raises. Each error says what happened and what to do
 
 from __future__ import annotations
 
+import weakref
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2      # the user's script, options or the site config are wrong
 EXIT_NO_FIT = 3         # the job fits no GPU of the site (vsbatch refuses, nothing queued)
@@ -69,16 +71,52 @@ class SlurmError(VestError):
 
 
 # The stops vest raises inside a training script's run (a value the data decides, an API it cannot
-# answer): a list while dynamic analysis runs one (bootstrap.run), so that a stop the script caught
+# answer): listed while dynamic analysis runs one (bootstrap.run), so that a stop the script caught
 # in its own ``except`` and went on past is said (bootstrap.swallowed_stops), not estimated as if the
-# script had taken that path on a GPU. At most MAX_STOPS, the first ones.
+# script had taken that path on a GPU. At most MAX_STOPS, the first ones. Each entry: [the stop, or a
+# weak reference to it once settled; its record (where raised, where caught), or None].
 STOPS: list | None = None
 MAX_STOPS = 16
+SETTLE = None        # the run's: a stop -> its record, from its traceback as it is now (or None)
+UNSETTLED = False    # a stop was noted since the last settle_stops()
+
+
+def _stop_of(entry):
+    ref = entry[0]
+    return ref() if isinstance(ref, weakref.ref) else ref
 
 
 def note_stop(e: BaseException) -> None:
-    if STOPS is not None and len(STOPS) < MAX_STOPS and not any(s is e for s in STOPS):
-        STOPS.append(e)
+    global UNSETTLED
+    if STOPS is not None and len(STOPS) < MAX_STOPS and not any(_stop_of(s) is e for s in STOPS):
+        STOPS.append([e, None])
+        UNSETTLED = True
+
+
+def settle_stops() -> None:
+    """Take each stop noted since the last call (raised, and caught by now: fake CUDA calls this
+    before its next op) into its record, and hold it weakly from then on. Its traceback holds the
+    frames it unwound, and those frames their locals: held to the run's end, they kept what the
+    failed code made (an AMP self-test's copy of the model, its outputs) in the estimate, where the
+    GPU run frees it when the script lets the exception go. A stop that cannot be held weakly (a
+    built-in exception type) is kept as before."""
+    global UNSETTLED
+    UNSETTLED = False
+    for entry in STOPS or ():
+        stop = entry[0]
+        if isinstance(stop, weakref.ref):
+            continue
+        if stop.__traceback__ is not None and SETTLE is not None:
+            entry[1] = SETTLE(stop)
+        try:
+            entry[0] = weakref.ref(stop)
+        except TypeError:
+            pass
+
+
+def stops() -> list[tuple]:
+    """(the stop, or None where the script has let it go; its record) for each noted stop."""
+    return [(_stop_of(entry), entry[1]) for entry in STOPS or ()]
 
 
 class NotSupportedHere(RuntimeError):

@@ -47,6 +47,7 @@ import sys
 import threading
 import traceback
 
+from ..estimate import frames
 from . import children
 
 STATUS_OK = "ok"
@@ -521,15 +522,10 @@ class _Entries:
 # ---- the trace run -----------------------------------------------------------------------------
 
 def _user_frame(tb, script_path: str | None):
-    """The innermost frame of user code (not torch, not vest) in a traceback: file and line."""
-    frames = traceback.extract_tb(tb)
-    libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
-    for fr in reversed(frames):
-        # (Cython's frames name their .pyx/.pxi sources relative to the package: pyarrow/error.pxi)
-        if not any(part in fr.filename for part in libs) and not fr.filename.startswith("<") \
-                and not fr.filename.endswith((".pyx", ".pxi", ".pxd")):
-            return f"{fr.filename}:{fr.lineno}", (fr.line or "").strip()
-    return None, None
+    """The innermost frame of user code (not torch, not vest, not a library) in a traceback: file
+    and line."""
+    fr = frames.innermost(reversed(traceback.extract_tb(tb)))
+    return (f"{fr.filename}:{fr.lineno}", (fr.line or "").strip()) if fr else (None, None)
 
 
 _FAKE_MACHINERY = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep + "_subclasses" + os.sep,
@@ -554,23 +550,15 @@ _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "
 def _api_called(tb) -> str | None:
     """The library function the script's innermost line called (module.function), where the
     traceback goes on past the script's code."""
-    frames = traceback.extract_tb(tb)
-    libs = (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep, os.sep + "vest_slurm" + os.sep)
-    last_user = max((i for i, fr in enumerate(frames)
-                     if not any(part in fr.filename for part in libs) and not fr.filename.startswith("<")), default=None)
-    if last_user is None or last_user + 1 >= len(frames):
+    entries = traceback.extract_tb(tb)
+    last_user = max((i for i, fr in enumerate(entries) if frames.origin(fr.filename) == frames.USER), default=None)
+    if last_user is None or last_user + 1 >= len(entries):
         return None
-    fr = frames[last_user + 1]
-    if (os.sep + "vest_slurm" + os.sep) in fr.filename:
+    fr = entries[last_user + 1]
+    if frames.origin(fr.filename) == frames.VEST:
         return None   # a C call the fake machinery took (Tensor.to): its hook is no API of the script's
-    path = fr.filename
-    marker = os.sep + "site-packages" + os.sep
-    if marker in path:
-        mod = path.split(marker, 1)[1]
-        mod = mod[:-3] if mod.endswith(".py") else mod
-        mod = mod.replace(os.sep, ".").removesuffix(".__init__")
-        return f"{mod}.{fr.name}"
-    return fr.name
+    mod = frames.installed_module(fr.filename)
+    return f"{mod}.{fr.name}" if mod else fr.name
 
 
 # What huggingface_hub (and the libraries on it: transformers, datasets, kernels) raise when a file
@@ -782,9 +770,9 @@ def compiled_extension(e: BaseException) -> tuple[str, str] | None:
     import re
     import types
 
-    frames = traceback.extract_tb(e.__traceback__)
+    entries = traceback.extract_tb(e.__traceback__)
     build = os.sep + os.path.join("torch", "utils", "cpp_extension.py")
-    name = next((fr.name for fr in frames if fr.filename.endswith(build)), None)
+    name = next((fr.name for fr in entries if fr.filename.endswith(build)), None)
     if name is not None:
         return f"torch.utils.cpp_extension.{name}", "a CUDA extension built at run time, whose build failed here"
     tb = _innermost(e)
@@ -858,8 +846,8 @@ def classify(e: BaseException) -> str:
         return "vest-unsupported"
     if name == "FailsOnAGpu":
         return "script-error"   # a stand-in's check of what fails on a GPU too
-    frames = traceback.extract_tb(e.__traceback__)
-    if frames and any(part in frames[-1].filename for part in _FAKE_MACHINERY):
+    entries = traceback.extract_tb(e.__traceback__)
+    if entries and any(part in entries[-1].filename for part in _FAKE_MACHINERY):
         if _real_host_op_raised(e) or fails_for_real(e):
             return "script-error"   # the op the fake tensors refused fails on real tensors too
         return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
@@ -979,6 +967,7 @@ def run(ns) -> dict:
     from .. import errors
 
     errors.STOPS, final = [], None   # the stops vest raises in the run (swallowed_stops)
+    errors.SETTLE = lambda stop: _stop_record(stop, ns.script)
     sys.argv = [ns.script or ns.module] + list(ns.args)
     if ns.script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
@@ -1123,8 +1112,8 @@ def run(ns) -> dict:
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]
     result["processes"] = sandbox.started[:20]
-    swallowed = swallowed_stops(errors.STOPS, final, ns.script)
-    errors.STOPS = None
+    swallowed = swallowed_stops(errors.stops(), final, ns.script)
+    errors.STOPS = errors.SETTLE = None
     if swallowed:
         stop = swallowed[0]
         said = (f"vest stopped the run at {stop['where'] or 'a torch call'} ({stop['kind']}: {stop['message']}), "
@@ -1160,32 +1149,44 @@ def run(ns) -> dict:
 
 
 def swallowed_stops(stops, final: BaseException | None, script: str | None) -> list[dict]:
-    """The stops vest raised in the run (errors.STOPS: a data-dependent value, an API it cannot
+    """The stops vest raised in the run (errors.stops(): a data-dependent value, an API it cannot
     answer) that code outside vest caught and went on past (a ``try: ... except Exception:`` around
     an AMP self-test, a logger's catch-all around the whole training): not the failure that ended
-    the run, nor in its chain of causes. The frame that caught one is the first of its traceback.
-    Each: its kind, message, the user's line that raised it, the line that caught it, the API."""
+    the run, nor in its chain of causes. A stop still alive is read now; one the script has let go,
+    from its record taken when it was caught (errors.settle_stops)."""
     ended, e = set(), final
     while e is not None and id(e) not in ended:
         ended.add(id(e))
         e = e.__cause__ or e.__context__
     out = []
-    for stop in stops or ():
-        tb = stop.__traceback__
-        if id(stop) in ended or tb is None:   # the run's own end, or made and never raised
-            continue
-        caught = tb.tb_frame.f_code.co_filename
-        if os.sep + "vest_slurm" + os.sep in caught:   # vest's own fallback
-            continue
-        where, _ = _user_frame(tb, script)
-        kind, text = classify(stop), str(stop).strip().splitlines()
-        said = f"{type(stop).__name__}: {text[0][:200] if text else ''}"
-        if kind == "data-dependent":
-            said = f"{text[0][:120] if text else type(stop).__name__} needs values a fake tensor does not have"
-        out.append({"kind": kind, "message": said, "where": where,
-                    "caught": f"{caught}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})",
-                    "api": getattr(stop, "api", None) or _api_called(tb)})
+    for stop, record in stops or ():
+        if stop is not None:
+            if id(stop) in ended:   # the run's own end
+                continue
+            record = _stop_record(stop, script)
+        if record is not None:
+            out.append(record)
     return out
+
+
+def _stop_record(stop: BaseException, script: str | None) -> dict | None:
+    """A stop as its traceback now says: its kind, message, the user's line that raised it, the line
+    that caught it (the traceback's first frame), the API; None where it was made and never raised,
+    or caught by vest's own fallback."""
+    tb = stop.__traceback__
+    if tb is None:
+        return None
+    caught = tb.tb_frame.f_code.co_filename
+    if frames.origin(caught) == frames.VEST:   # vest's own fallback
+        return None
+    where, _ = _user_frame(tb, script)
+    kind, text = classify(stop), str(stop).strip().splitlines()
+    said = f"{type(stop).__name__}: {text[0][:200] if text else ''}"
+    if kind == "data-dependent":
+        said = f"{text[0][:120] if text else type(stop).__name__} needs values a fake tensor does not have"
+    return {"kind": kind, "message": said, "where": where,
+            "caught": f"{caught}:{tb.tb_lineno} (in {tb.tb_frame.f_code.co_name})",
+            "api": getattr(stop, "api", None) or _api_called(tb)}
 
 
 def hub_kernels_note(model_types) -> list[str]:

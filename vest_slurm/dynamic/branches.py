@@ -34,6 +34,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from ..estimate import frames
+
 MARK = "__vest_reached__"
 OPERAND = "__vest_operand__"
 
@@ -257,7 +259,7 @@ def _installed() -> tuple[str, ...]:
     return tuple(os.path.realpath(p) for p in paths if p and os.path.realpath(p) != os.sep)
 
 
-_PACKAGED = tuple(os.sep + d + os.sep for d in ("site-packages", "dist-packages", "vest_slurm"))
+_PACKAGED = (*frames.PACKAGE_DIRS, os.sep + "vest_slurm" + os.sep)
 
 
 def _packaged(path: str) -> bool:

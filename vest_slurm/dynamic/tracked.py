@@ -22,6 +22,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..estimate import frames
 from ..estimate._shadow import script_frame
 
 
@@ -65,26 +66,14 @@ for _cls, _base in ((StandInInt, int), (StandInFloat, float)):
 
 
 def code_line(tb=None) -> tuple[str, int] | None:
-    """(file, line) of the innermost frame that is neither torch's nor vest's (the script's, or a
-    library's such as Lightning's): of the caller's stack, or of a traceback ``tb``."""
-    import os
-    import sys
+    """(file, line) of the innermost frame that is neither torch's nor vest's nor the standard
+    library's (the script's, or a library's such as Lightning's): of the caller's stack, or of a
+    traceback ``tb``."""
     import traceback
 
-    stdlib = os.path.dirname(os.__file__) + os.sep
-    skip = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep)
-
-    def theirs(name: str) -> bool:
-        return not name.startswith("<") and not any(part in name for part in skip) and \
-            not (name.startswith(stdlib) and os.sep + "site-packages" + os.sep not in name)
-    if tb is not None:
-        frames = [(fr.filename, fr.lineno) for fr in reversed(traceback.extract_tb(tb))]
-    else:
-        frames, f = [], sys._getframe(1)
-        while f is not None:
-            frames.append((f.f_code.co_filename, f.f_lineno))
-            f = f.f_back
-    return next(((name, line) for name, line in frames if theirs(name)), None)
+    seen = frames.stack() if tb is None else ((fr.filename, fr.lineno) for fr in reversed(traceback.extract_tb(tb)))
+    fr = frames.innermost(seen, (frames.USER, frames.LIBRARY))
+    return (fr[0], fr[1]) if fr else None
 
 
 @dataclass

@@ -72,6 +72,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from torch.utils import _device as _device_mod
 from torch.utils import _pytree as pytree
 
+from .. import errors
 from ..errors import note_stop
 from . import _known, _shadow
 
@@ -870,6 +871,8 @@ class FakeCudaMode(FakeTensorMode):
     supports_higher_order_operators = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if errors.UNSETTLED:   # a stop raised since the last op, caught by now: let its frames go
+            errors.settle_stops()
         if isinstance(func, torch._ops.HigherOrderOperator):
             return self._higher_order(func, types, args, kwargs or {})
         with self._lock:

@@ -66,6 +66,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
+from . import frames
+
 aten = torch.ops.aten
 
 MAX_TENSOR_BYTES = 64 * 2**20    # one int/bool shadow: 8 M int64 (a batch of ids, labels, an edge list)
@@ -97,20 +99,11 @@ _SAMPLED_FILLS = frozenset({"random_", "uniform_", "normal_", "bernoulli_", "exp
 MAX_SAMPLED_READS = 20
 
 
-def script_frame(skip_dirs: tuple[str, ...] | None = None) -> str:
-    """file:line of the innermost frame of the user's code (not torch, not vest, not the stdlib)."""
-    import os
-    import sys
-
-    libs = skip_dirs or (os.path.dirname(os.__file__), os.sep + "site-packages" + os.sep,
-                         os.sep + "vest_slurm" + os.sep)
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith("<") and not any(part in name for part in libs):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back
-    return "?"
+def script_frame() -> str:
+    """file:line of the innermost frame of the user's code (not torch, not vest, not the stdlib, not
+    an installed library)."""
+    fr = frames.innermost(frames.stack())
+    return f"{fr[0]}:{fr[1]}" if fr else "?"
 
 
 def _script_place() -> str:
