@@ -1447,3 +1447,12 @@ def test_a_library_installed_in_dist_packages_is_not_taken_for_the_users_code(tm
     doc = json.loads(r.stdout)
     assert doc["kind"] == "script-error" and "expected 3 channels" in doc["error"], r.stderr
     assert doc["where"].endswith("train.py:5"), doc
+
+
+def test_values_read_to_numpy_are_stand_ins_listed_as_reads():
+    """``.cpu().numpy()`` of a device tensor the model computed (TimesNet's FFT periods): the
+    stand-in value in every element, listed with its line as an ``.item()`` is; it was an unlisted
+    array of zeros, and ``T // period`` failed with the script blamed."""
+    (est,), run = estimate_script("fft_period_train.py")
+    assert run.steps == 3 and est.peak_bytes > 0
+    assert any(r.startswith("numpy at ") and r.endswith("fft_period_train.py:14") for r in run.reads), run.reads

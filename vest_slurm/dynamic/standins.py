@@ -698,7 +698,11 @@ def _format(orig):
     return format_
 
 
-def _numpy(orig):
+def _numpy(orig, ledger):
+    """``.numpy()`` (and ``np.asarray``) of a fake tensor, after ``.cpu()``: the host values where
+    they are known, else the stand-in value in every element, a read listed as ``.item()``'s is
+    (not zeros, unlisted: TimesNet's FFT periods ``T // top.cpu().numpy()`` divided by zero and the
+    script was blamed; a count or size read so came out empty). A numpy array keeps no mark."""
     def numpy(self, *a, **k):
         if isinstance(self, fc.FakeTensor):
             import numpy as np
@@ -706,7 +710,7 @@ def _numpy(orig):
             real = _shadow.read_of(self)
             if real is not None:
                 return real.numpy(*a, **k).copy()
-            return np.zeros(tuple(self.shape), dtype=_np_dtype(self.dtype))
+            return ledger.read("numpy", np.full(tuple(self.shape), _stand_in_scalar(self), dtype=_np_dtype(self.dtype)))
         return orig(self, *a, **k)
 
     return numpy
@@ -1437,7 +1441,7 @@ def patched(state: ScriptState):
         (torch.Tensor, "__int__", _read_through(torch.Tensor.__int__, "int", state.ledger)),
         (torch.Tensor, "__float__", _read_through(torch.Tensor.__float__, "float", state.ledger)),
         (torch.Tensor, "__index__", _read_through(torch.Tensor.__index__, "index", state.ledger)),
-        (torch.Tensor, "numpy", _numpy(torch.Tensor.numpy)),
+        (torch.Tensor, "numpy", _numpy(torch.Tensor.numpy, state.ledger)),
         (torch.Tensor, "__format__", _format(torch.Tensor.__format__)),
         (torch.amp, "GradScaler", FakeGradScaler),
         (torch.cuda.amp, "GradScaler", FakeCudaGradScaler),
