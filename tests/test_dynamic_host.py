@@ -112,13 +112,17 @@ def test_lazy_modules_are_made_at_their_first_forward_where_they_were_moved():
 def test_the_workload_block_says_the_script_checkpointed_its_activations():
     """A script that reruns its blocks in backward (torch.utils.checkpoint) is said to in the
     workload block (and the spec that stands for it), not the command line's default 'off'; so is
-    the optimizer it stepped (AdamW; none for hand-written updates), not the default Adam."""
+    the optimizer it stepped (AdamW; none for hand-written updates), not the default Adam; and the
+    micro-batches of a step as the script accumulated them."""
     from vest_slurm.dynamic.runner import script_spec
 
     (_,), run = estimate_script("checkpointed_train.py")
     assert dict(run.observed)["gradient_checkpointing"] == "on"
     spec = script_spec(parse_train_command(["python", "checkpointed_train.py"]), run, 1, "")
     assert spec.gradient_checkpointing == "on" and spec.optimizer == "adamw"   # the script's, not the default adam
+    # the reentrant form's backward inside each block's is the same pass: 2 micro-batches, not 10
+    (_,), nested = estimate_script("checkpointed_train.py", "--reentrant", "--accumulate", "2")
+    assert dict(nested.observed)["grad_accum"] == 2 and dict(nested.observed)["gradient_checkpointing"] == "on"
     (_,), plain = estimate_script("lazy_modules_train.py")
     assert dict(plain.observed)["gradient_checkpointing"] == "off"
     (_,), manual = estimate_script("manual_sgd.py")

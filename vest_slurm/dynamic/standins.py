@@ -1324,13 +1324,20 @@ def patched(state: ScriptState):
         hooks (post_step) make one training step, ended when it returns."""
         @functools.wraps(original)
         def call(*a, **k):
-            _before_backward()
+            # one inside a backward is part of that pass (reentrant activation checkpointing runs
+            # a backward of its own per block; autograd.grad in a custom Function's backward): it
+            # counted as a micro-batch each (Swin's --use-checkpoint: 18 for 2), and its end set
+            # the phase of the rest of the outer pass to "other"
+            nested = state.in_backward > 0
+            if not nested:
+                _before_backward()
             state.in_backward += 1
             try:
                 out = original(*a, **k)
             finally:
                 state.in_backward -= 1
-                tr.s.phase = "other"
+                if not nested:
+                    tr.s.phase = "other"
             if state.step_in_backward and not state.in_backward:
                 state.step_in_backward = False
                 state.end_step()
