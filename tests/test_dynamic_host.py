@@ -799,6 +799,13 @@ def test_a_spawned_worker_writes_into_the_overlay_and_one_using_the_gpu_is_vests
     assert e.value.kind == "vest-unsupported" and "started with multiprocessing used the GPU" in str(e.value)
 
 
+def test_forkserver_workers_are_processes_not_network_use():
+    """multiprocessing's forkserver (SubprocVecEnv's default on Linux) hands each worker its pipes
+    by sendmsg on a connected UNIX socket: that is no network use (it was refused as such)."""
+    (est,), run = estimate_script("forkserver_env_train.py")
+    assert run.steps == 3 and est.peak_bytes > 0
+
+
 def test_a_tensor_made_from_device_scalars_reads_them_as_stand_ins():
     """torch.tensor([meter.sum, meter.count], device=...) where the sum is a 0-d device tensor: the
     C++ constructor reads each element with Python dispatch off, which reached the real GPU ("Found no

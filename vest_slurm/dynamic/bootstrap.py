@@ -43,6 +43,7 @@ import io
 import json
 import os
 import runpy
+import socket
 import sys
 import threading
 import traceback
@@ -148,8 +149,12 @@ class Sandbox:
     runs as it would. A real file it updates (append, read-write) is copied into the overlay first.
     Paths it never wrote are the real ones, read-only."""
 
-    def __init__(self, tmpdir: str):
+    def __init__(self, tmpdir: str, forks: bool = False):
         self.tmpdir = os.path.realpath(tmpdir)
+        # a process with no fake GPU (a child of multiprocessing's spawn or forkserver, spawned.py)
+        # may fork: the copy has nothing of the estimate's, and keeps this sandbox (the forkserver
+        # forks every worker it is asked for)
+        self.forks = forks
         self.root = os.path.join(self.tmpdir, "redirected")
         self.redirected: list[str] = []
         self.refused: list[str] = []
@@ -440,11 +445,15 @@ class Sandbox:
             addr = args[1] if len(args) > 1 else None
             if isinstance(addr, str) or (isinstance(addr, bytes)):
                 return   # AF_UNIX of the process itself is harmless; nothing leaves the machine
+            if addr is None and getattr(args[0], "family", None) == getattr(socket, "AF_UNIX", None):
+                return   # sendmsg on a connected UNIX socket (multiprocessing's forkserver passing pipes)
             if event == "socket.bind" and isinstance(addr, tuple) and addr and _local_host(addr[0]):
                 return   # a local port taken (a free MASTER_PORT found by binding port 0): nothing is sent
             self.refused.append(f"network {event} {addr!r}")
             raise Refused(f"vest: the training script tried to use the network ({event} {addr!r}); "
                           "estimates run without network access")
+        if event in ("os.fork", "os.forkpty") and self.forks:
+            return
         if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"):
             why = children.refusal(event, args, self.confined)
             if why is None:   # a host tool a library runs (children.py): it runs, confined as the script is

@@ -134,7 +134,7 @@ def child_main(argv: list[str], sandbox) -> None:
         raise SystemExit(f"vest: a spawned child without -c CODE: {rest!r}")
     i = rest.index("-c")
     code, args = rest[i + 1], rest[i + 2:]
-    sandbox(tmpdir).install()
+    sandbox(tmpdir, forks=True).install()
     _record_failures(tmpdir)
     from .branches import noops
 
