@@ -1467,3 +1467,14 @@ def test_values_read_to_numpy_are_stand_ins_listed_as_reads():
     (est,), run = estimate_script("fft_period_train.py")
     assert run.steps == 3 and est.peak_bytes > 0
     assert any(r.startswith("numpy at ") and r.endswith("fft_period_train.py:14") for r in run.reads), run.reads
+
+
+def test_parameters_listed_before_the_model_moved_are_the_ones_trained():
+    """An optimizer built after model.cuda() from parameters listed before it (and their gradient
+    hooks, registered before): on a GPU the objects are the same; here the move makes new ones.
+    The optimizer's state and the gradients were missing (the old objects were never trained);
+    now the estimate is the one of the list made after the move."""
+    (est,), run = estimate_script("params_before_cuda_train.py", "--list", "before")
+    (ref,), plain = estimate_script("params_before_cuda_train.py", "--list", "after")
+    assert run.steps == plain.steps == 3
+    assert run.trace.live_at_step_ends() == plain.trace.live_at_step_ends() and est.peak_bytes == ref.peak_bytes

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..estimate import _fakecuda as fc
 from ..estimate import oneshot
@@ -68,6 +69,8 @@ class ScriptState:
     batch_hint_no_grad: bool = False   # read in a forward under no_grad: setup, until one under grad
     first_forward_done: bool = False
     optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # every optimizer the script made
+    # a parameter a conversion replaced (the script may still hold it) -> its replacement (_apply_overwrite)
+    moved_params: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     stepped: weakref.WeakSet = field(default_factory=weakref.WeakSet)    # those that stepped
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
@@ -239,9 +242,12 @@ def _apply_overwrite(state: ScriptState):
     overwrite_module_params_on_conversion behaviour). torch 2.14 swaps FakeTensor parameters in
     place instead, which fake tensors refuse. Tied parameters stay tied (one memo per call).
 
-    A new Parameter object is not the one an optimizer built before the move holds (accelerate's
-    ``prepare(model, optimizer)`` does exactly that; on a GPU ``.to()`` keeps the objects), so the
-    optimizers made so far are pointed at the new ones when the top-level call ends."""
+    A new Parameter object is not the one the script may hold from before the move (on a GPU
+    ``.to()`` keeps the objects): the optimizers made so far are pointed at the new ones when the
+    top-level call ends (accelerate's ``prepare(model, optimizer)``), one made later from parameters
+    listed before the move is pointed there when it is made (``state.moved_params``, opt_init: its
+    state and the gradients were missing from the estimate), and gradient hooks registered on the
+    old object are the new one's."""
     memo_stack: list[dict] = []
     moved: list[tuple] = []
 
@@ -287,8 +293,10 @@ def _apply_overwrite(state: ScriptState):
                 if p.grad is not None:
                     with torch.no_grad():
                         new.grad = fn(p.grad)
+                _carry_hooks(p, new)
                 memo[id(p)] = new
                 moved.append((p, new))
+                state.moved_params[p] = new
                 self._parameters[key] = new
             for key, b in list(self._buffers.items()):
                 if b is not None:
@@ -308,6 +316,24 @@ def _apply_overwrite(state: ScriptState):
                 state.tracer.s.category = prev
 
     return _apply
+
+
+def _carry_hooks(old: torch.Tensor, new: torch.Tensor) -> None:
+    """The gradient hooks registered on a parameter (``register_hook``,
+    ``register_post_accumulate_grad_hook``: the optimizer-in-backward recipe) go with it to its
+    replacement (assigning the dicts registers them with autograd, as torch's own setters do)."""
+    for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        hooks = getattr(old, name, None)
+        if hooks and getattr(new, name, None) is None:
+            setattr(new, name, hooks)
+
+
+def moved(state, p):
+    """The parameter that replaced ``p`` (through every move since), or ``p``."""
+    seen = 0
+    while p in state.moved_params and seen < 64:
+        p, seen = state.moved_params[p], seen + 1
+    return p
 
 
 def _repoint_optimizers(optimizers, new_of: dict) -> None:
@@ -1368,6 +1394,10 @@ def patched(state: ScriptState):
     def opt_init(self, *a, **k):
         orig_opt_init(self, *a, **k)
         state.optimizers.add(self)
+        if len(state.moved_params):   # made from parameters listed before the model was moved
+            new_of = {id(p): moved(state, p) for g in self.param_groups for p in g["params"] if p in state.moved_params}
+            if new_of:
+                _repoint_optimizers([self], new_of)
         if state.optimizer_steps == 0 and state.backwards > state.backwards_at_step and not state.in_backward:
             # backward passes before any optimizer existed were a phase of their own (gradients
             # estimated for an initialisation, importance scores, a dry run): the training's batch
