@@ -582,7 +582,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             flags += (f"the script's torch.compile'd code ran eagerly here, and its calls allocated up to {transient / MiB:,.0f} "
                       "MiB of intermediates they freed before returning: compiled, fused kernels may never write them "
                       f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
-        if (growth := growth_note(trace)) is not None:
+        if (growth := growth_note(trace, result.get("step_owners"))) is not None:
             flags += (growth,)
         if result.get("memory_fraction") and result["memory_fraction"][0] < 1:
             fraction, where = result["memory_fraction"]

@@ -72,6 +72,11 @@ class ScriptState:
     # a parameter a conversion replaced (the script may still hold it) -> its replacement (_apply_overwrite)
     moved_params: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     stepped: weakref.WeakSet = field(default_factory=weakref.WeakSet)    # those that stepped
+    # which optimizer ended each training step (its position among those made; None: a hand-written
+    # update): a GAN's discriminator and generator steps alternate, and hold different tensors
+    step_owners: list = field(default_factory=list)
+    last_stepper: int | None = None
+    optimizer_numbers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
@@ -160,6 +165,8 @@ class ScriptState:
         self.steps += 1
         tr.s.iteration = self.steps
         tr.step_end()
+        self.step_owners.append(self.last_stepper)   # (growth is read between steps of one optimizer)
+        self.last_stepper = None
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -334,6 +341,11 @@ def moved(state, p):
     while p in state.moved_params and seen < 64:
         p, seen = state.moved_params[p], seen + 1
     return p
+
+
+def _optimizer_number(state, opt) -> int:
+    """The optimizer's number, in the order the script first stepped them."""
+    return state.optimizer_numbers.setdefault(opt, len(state.optimizer_numbers))
 
 
 def _repoint_optimizers(optimizers, new_of: dict) -> None:
@@ -1312,6 +1324,7 @@ def patched(state: ScriptState):
 
     def post_step(opt, args, kwargs):
         state.stepped.add(opt)
+        state.last_stepper = _optimizer_number(state, opt)
         tr.mark([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)], "optimizer_state")
         state.optimizer_steps += 1
         state.in_optimizer_step = max(0, state.in_optimizer_step - 1)

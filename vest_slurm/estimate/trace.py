@@ -131,9 +131,14 @@ class AllocTrace:
 GROWTH_PER_STEP = 0.01
 
 
-def growth_note(trace: "AllocTrace") -> str | None:
-    """The flag for device memory that grows from step to step (GROWTH_PER_STEP), or None."""
+def growth_note(trace: "AllocTrace", owners: list | None = None) -> str | None:
+    """The flag for device memory that grows from step to step (GROWTH_PER_STEP), or None.
+    ``owners``: which optimizer ended each step, where the run knows; the steps compared are the
+    last optimizer's (a GAN's discriminator and generator steps alternate and hold different
+    tensors at their ends: compared with each other they looked like growth)."""
     ends = trace.live_at_step_ends()
+    if owners is not None and len(owners) == len(ends) and owners:
+        ends = [live for live, o in zip(ends, owners) if o == owners[-1]]
     if len(ends) < 3:
         return None
     a, b, c = ends[-3:]
