@@ -38,7 +38,12 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
   (cuBLAS, cuDNN) and kernel scratch are not tensors, here as in the estimate's live peak.
 - While a dispatch mode is active, a few backward formulas (index, gather, max/min/sort/topk
   selections: FunctionsManual.cpp) fill their zeros out of place, as for tensor subclasses
-  (isTensorSubclassLike), so this count can be above a GPU's by one transient gradient there.
+  (isTensorSubclassLike), so this count can be above a GPU's by one transient gradient there. For
+  the same reason, the gradient contributions of a weight used several times in one graph (an RNN
+  cell looped in Python, tied weights, a policy run at every step of an episode) are summed out of
+  place (AccumulateGrad's in-place add is for plain tensors), one extra gradient-sized tensor here.
+- Legacy typed constructors of data (``torch.cuda.FloatTensor(ndarray)``, PyTorch-GAN's scripts)
+  are not mapped; the estimate runs them.
 - scaled_dot_product_attention runs the CPU's kernels (dropout dropped, see _gpu_kernels): what they save
   for backward (output, logsumexp) is close to, not equal to, CUDA's flash / memory-efficient kernels
   (which pad the logsumexp and add a philox seed); a mask or head size the CPU's fused kernel does
