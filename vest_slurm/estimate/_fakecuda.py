@@ -485,6 +485,34 @@ def _softmax_kernel(fn):
     return kernel
 
 
+def cudnn_batch_norm_input(input, weight, bias, running_mean, running_var, training: bool, eps: float):
+    """The input as ATen's batch norm hands it to its backend on a GPU (Normalization.cpp,
+    _batch_norm_impl_index): where _select_batch_norm_backend takes cuDNN, a copy contiguous in the
+    input's suggested memory format, which cudnn_batch_norm saves for backward in the input's
+    place (a transposed input, PatchTST's BatchNorm1d over the features: one input-sized copy
+    alive to the backward, and a contiguous output); else the input itself. The fake tensors'
+    C++ device is the host's, so ATen's own choice here is always its native kernel.
+    (CUDNN_BN_MIN_EPSILON, the least eps cuDNN takes, is 0.0 since cuDNN 7.)"""
+    from torch._prims_common import suggest_memory_format
+
+    if not (torch.backends.cudnn.enabled and input.layout == torch.strided
+            and input.dtype != torch.bfloat16 and weight is not None and bias is not None
+            and weight.dtype != torch.bfloat16
+            and (input.dtype != torch.float16 or weight.dtype == torch.float32)
+            and ((running_mean is not None and running_var is not None)
+                 or (running_mean is None and running_var is None and training))
+            and input.dim() >= 3 and input.shape[0] <= (880801 if training else 65535)
+            and eps >= 0.0 and input.numel() < 2**31 - 1):
+        return input
+    return input.contiguous(memory_format=suggest_memory_format(input))
+
+
+def _batch_norm_kernel(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    x = cudnn_batch_norm_input(input, weight, bias, running_mean, running_var, training, eps)
+    return aten._batch_norm_impl_index(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                                       cudnn_enabled)[0]
+
+
 def aten_overload(qualname: str):
     """``torch.ops.aten``'s overload named ``name[.overload]`` (the default one where none is
     named), or None where this torch has no such op."""
@@ -515,6 +543,7 @@ def _register_kernels() -> None:
         lib.impl("scaled_dot_product_attention", _sdpa_kernel, "AutogradCUDA")
         lib.impl("softmax.int", _softmax_kernel(aten._softmax), "AutogradCUDA")
         lib.impl("log_softmax.int", _softmax_kernel(aten._log_softmax), "AutogradCUDA")
+        lib.impl("batch_norm", _batch_norm_kernel, "AutogradCUDA")
         for full in _fused_optimizer_ops_without_meta():
             lib.impl(full, _writes_in_place, "Meta")
         for name, fn in _SYNC_BATCH_NORM_META.items():
