@@ -1493,3 +1493,15 @@ def test_batch_norm_takes_a_contiguous_copy_of_a_transposed_input_as_cudnn_does(
     (est,), run = estimate_script("transposed_batch_norm_train.py")
     (ref,), copied = estimate_script("transposed_batch_norm_train.py", "--copy")
     assert run.trace.live_peak_bytes() == copied.trace.live_peak_bytes()
+
+
+def test_steps_whose_forward_count_stand_ins_decide_are_flagged():
+    """A policy run until its episode ends, one forward kept per environment step until the
+    backward, the sampled actions (stand-ins here) deciding the end: the traced episodes are as
+    long as the stand-ins make them, and a trained policy's are far longer (CartPole's 500 steps:
+    12x the memory), unflagged. Steps of a fixed length, reading the same values, say nothing."""
+    (est,), run = estimate_script("episode_policy_train.py")
+    said = [f for f in run.flags if "different numbers of forward passes" in f]
+    assert len(said) == 1 and "(5, 6, 7)" in said[0] and "episode_policy_train.py:" in said[0], run.flags
+    (est,), fixed = estimate_script("episode_policy_train.py", "--fixed", "7")
+    assert not [f for f in fixed.flags if "forward passes" in f], fixed.flags

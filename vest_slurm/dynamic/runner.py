@@ -584,6 +584,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
         if (growth := growth_note(trace, result.get("step_owners"))) is not None:
             flags += (growth,)
+        if (varied := forwards_note(result)) is not None:
+            flags += (varied,)
         if result.get("memory_fraction") and result["memory_fraction"][0] < 1:
             fraction, where = result["memory_fraction"]
             flags += (f"the script caps its GPU memory at {fraction:g} of the GPU's "
@@ -1065,3 +1067,21 @@ def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, l
 
     spec, summaries, run = trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
     return estimates_for(spec, summaries, {p.key: p for p in profiles})[0], run
+
+
+def forwards_note(result: dict) -> str | None:
+    """The flag for training steps that ran different numbers of forward passes while the script
+    read values of GPU tensors (stand-ins here), or None: an episode run until it ends, a sequence
+    sampled until a stop token, keep one forward's activations each until the step's backward, and
+    what ends them is a value the GPU decides. Compared between the steps of one optimizer (a GAN's
+    two steps run different forwards)."""
+    counts, owners, reads = result.get("forwards_per_step") or [], result.get("step_owners") or [], result.get("reads") or []
+    if len(owners) == len(counts) and owners:
+        counts = [c for c, o in zip(counts, owners) if o == owners[-1]]
+    if len(set(counts)) < 2 or not reads:
+        return None
+    return (f"the traced training steps ran different numbers of forward passes ({', '.join(map(str, counts))}) "
+            f"after the script read values of GPU tensors (stand-ins here, first at {reads[0]['where']}): where such "
+            "values decide how many forwards a step keeps until its backward (an episode run until it ends, a "
+            "sequence sampled until a stop token), the job's steps may run many more and need more memory than "
+            "estimated here: allow for the longest step the job runs (each forward kept adds its activations)")

@@ -77,6 +77,10 @@ class ScriptState:
     step_owners: list = field(default_factory=list)
     last_stepper: int | None = None
     optimizer_numbers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    # the training forwards of each step (an episode's, until it ends): a count that varies where
+    # stand-ins were read may be theirs to decide (runner's flag)
+    forwards_per_step: list = field(default_factory=list)
+    step_forwards: int = 0
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
@@ -167,6 +171,8 @@ class ScriptState:
         tr.step_end()
         self.step_owners.append(self.last_stepper)   # (growth is read between steps of one optimizer)
         self.last_stepper = None
+        self.forwards_per_step.append(self.step_forwards)
+        self.step_forwards = 0
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -1238,6 +1244,7 @@ def patched(state: ScriptState):
                 # a training forward's input (not a frozen loss network's: fast_neural_style's VGG)
                 first, key = _first_input(args), (id(mod), type(mod).__name__)
                 _note_shape(state, key, first)
+                state.step_forwards += 1
                 if first is None:
                     # called with keywords only (`model(**batch)`, `model(input_ids=...)`: transformers,
                     # peft, TRL), which global hooks do not see: the first tensor a submodule is
