@@ -751,6 +751,36 @@ def test_other_python_tells_a_link_to_this_python_from_a_venv(tmp_path):
     assert other_python(venv_python) == venv_python
 
 
+def test_a_launcher_behind_a_version_managers_shim_runs_in_the_python_it_resolves_to(tmp_path):
+    """``torchrun`` on PATH as pyenv's shim (a bash script ending in ``exec pyenv exec "$program"``):
+    its Python is the one the manager resolves it to (``pyenv which torchrun``), not vest's own,
+    which ran the job's command with other packages, silently. Another shell wrapper: its Python
+    is not known here, and the estimate says so."""
+    from vest_slurm.dynamic.launch import parse_train_command
+    from vest_slurm.dynamic.runner import script_python
+    from vest_slurm.estimate.cudnn_ws import other_python
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv_python = str(tmp_path / "venv" / "bin" / "python")
+    real = tmp_path / "venv" / "bin" / "torchrun"
+    real.write_text(f"#!{venv_python}\nimport sys\n")
+    manager, shims = tmp_path / "manager", tmp_path / "shims"
+    manager.write_text(f'#!/bin/sh\n[ "$1" = which ] && echo {tmp_path}/venv/bin/$2\n')
+    shims.mkdir()
+    (shims / "torchrun").write_text('#!/usr/bin/env bash\nset -e\nprogram="${0##*/}"\n'
+                                    f'exec "{manager}" exec "$program" "$@"\n')
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    (wrappers / "torchrun").write_text('#!/bin/bash\nexec python -m torch.distributed.run "$@"\n')
+    for f in (real, manager, shims / "torchrun", wrappers / "torchrun"):
+        f.chmod(0o755)
+    path = f"{shims}{os.pathsep}{os.environ['PATH']}"
+    assert other_python("torchrun", path, str(tmp_path)) == venv_python
+    path = f"{wrappers}{os.pathsep}{os.environ['PATH']}"
+    python, theirs, why = script_python(parse_train_command([f"PATH={path}", "torchrun", "train.py"]), str(tmp_path))
+    assert python == sys.executable and theirs == str(wrappers / "torchrun") and "shell script" in why
+
+
 _TINY_TRAIN = """import torch
 from torch import nn
 {imports}

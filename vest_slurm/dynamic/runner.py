@@ -102,6 +102,9 @@ def script_python(cmd: TrainCommand, cwd: str | None) -> tuple[str, str | None, 
 
     theirs = cudnn_ws.other_python(cmd.program, cmd.path, cwd)
     if theirs is None:
+        shell = cudnn_ws.shell_launcher(cmd.program, cmd.path, cwd) if cmd.program else None
+        if shell:   # a wrapper script: the Python it runs is not known here (said, not assumed to be vest's)
+            return sys.executable, shell, "is not known: the command's launcher is a shell script vest cannot follow to the Python it runs"
         return sys.executable, None, ""
     torch_v, _, _, py = cudnn_ws.probe(theirs)
     m = re.match(r"(\d+)\.(\d+)", torch_v or "")

@@ -306,8 +306,60 @@ def _interpreter(program: str, path: str | None, cwd: str | None) -> str | None:
     words = first[2:].split()
     if words and os.path.basename(words[0]) == "env":
         words = [w for w in words[1:] if not w.startswith("-")]
-        return _interpreter(words[0], path, cwd) if words else None
+    if words and os.path.basename(words[0]) in _SHELLS:
+        target = _shim_target(exe, path, cwd)
+        return _interpreter(target, path, cwd) if target else None
+    if words and os.path.basename(words[0]) == words[0]:   # (#!/usr/bin/env python3)
+        return _interpreter(words[0], path, cwd)
     return words[0] if words and os.path.isfile(words[0]) else None
+
+
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
+# a version manager's shim (pyenv's, asdf's): a shell script ending in ``exec "<tool>" exec "$program" "$@"``
+_SHIM_EXEC = re.compile(r'^\s*exec\s+"?([^"\s]+)"?\s+exec\s+"?\$\{?program', re.M)
+SHIM_TIMEOUT_S = 20.0
+
+
+def _shim_target(exe: str, path: str | None, cwd: str | None) -> str | None:
+    """The program a version manager's shim runs (``torchrun`` on PATH as pyenv's shim, a bash
+    script), as the manager resolves it in the job's directory (``pyenv which torchrun``: its
+    .python-version, $PYENV_VERSION); None for another shell script, whose Python is not known."""
+    import subprocess
+
+    try:
+        with open(exe, "rb") as f:
+            text = f.read(8192).decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = _SHIM_EXEC.search(text)
+    if m is None:
+        return None
+    env = dict(os.environ, **({"PATH": path} if path else {}))
+    try:
+        out = subprocess.run([m.group(1), "which", os.path.basename(exe)], cwd=cwd or None, env=env,
+                             capture_output=True, text=True, timeout=SHIM_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    target = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    return target if os.path.isabs(target) and os.path.isfile(target) and target != exe else None
+
+
+def shell_launcher(program: str, path: str | None = None, cwd: str | None = None) -> str | None:
+    """The launcher's path where the command's program is a shell script whose Python vest cannot
+    follow (a wrapper, not a shim it resolves): the job's Python is then not known here."""
+    import shutil
+
+    exe = program if "/" in program else shutil.which(program, path=path)
+    if not exe or not os.path.isfile(exe) or _interpreter(program, path, cwd) is not None:
+        return None
+    try:
+        with open(exe, "rb") as f:
+            words = f.readline(512).decode("utf-8", "replace").split() if f.read(2) == b"#!" else []
+    except OSError:
+        return None
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    return exe if words and os.path.basename(words[0]) in _SHELLS else None
 
 
 def other_python(program: str, env_path: str | None = None, cwd: str | None = None) -> str | None:
