@@ -1505,3 +1505,14 @@ def test_steps_whose_forward_count_stand_ins_decide_are_flagged():
     assert len(said) == 1 and "(5, 6, 7)" in said[0] and "episode_policy_train.py:" in said[0], run.flags
     (est,), fixed = estimate_script("episode_policy_train.py", "--fixed", "7")
     assert not [f for f in fixed.flags if "forward passes" in f], fixed.flags
+
+
+def test_training_in_processes_the_script_starts_is_vests_limit_not_the_scripts():
+    """A script that trains in processes it starts itself (I-JEPA: one spawn Process per GPU) trains
+    no step in its own process: that is vest's limit, named with the process's target, not "check
+    that the script's arguments start training", whether it joins them or lets __main__ end."""
+    for args in ((), ("--join",)):
+        with pytest.raises(EstimateError) as e:
+            estimate_script("process_per_gpu_train.py", *args)
+        assert e.value.kind == "vest-unsupported" and "processes of its own with multiprocessing (train)" in e.value.what, e.value
+        assert "check that the script's arguments" not in e.value.fix

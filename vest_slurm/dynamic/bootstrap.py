@@ -1141,6 +1141,8 @@ def run(ns) -> dict:
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
                       "followed by parameter updates, or forward passes under grad")
+        if state.processes_started:   # it trains in processes of its own (I-JEPA: one per GPU)
+            result["processes_started"] = list(state.processes_started)
         result["func_transform"] = state.func_transform
     trace = tracer.finish(state.steps, ())
     result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]

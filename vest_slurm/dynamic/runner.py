@@ -806,6 +806,15 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
             not any(e[0] == "a" for e in result.get("events") or ()):
         # a model kept on the host ran (and maybe a backward) but nothing reached the GPU
         raise _no_gpu(cmd, f"the model ({', '.join(result['host_models'])}) ran with its weights on the host", log)
+    if status == "no-step" and result.get("processes_started"):
+        started = ", ".join(dict.fromkeys(result["processes_started"]))
+        raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA: it started processes of "
+                            f"its own with multiprocessing ({started}) and trained no step in its own process: where "
+                            "those processes train (one per GPU, as I-JEPA's launcher does), they run without vest's "
+                            f"fake GPU, and the dynamic estimate traces the script's process only{log}",
+                            "this is vest-slurm's limit, not the script's; where the script has a way to train in its "
+                            "own process (one device, no launcher), estimate that; else " + _WORKAROUND,
+                            kind="vest-unsupported", where=where)
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",

@@ -80,6 +80,7 @@ class ScriptState:
     # the training forwards of each step (an episode's, until it ends): a count that varies where
     # stand-ins were read may be theirs to decide (runner's flag)
     forwards_per_step: list = field(default_factory=list)
+    processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     step_forwards: int = 0
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
@@ -625,7 +626,7 @@ def _spawn():
     return spawn, start_processes
 
 
-def _process_start(original):
+def _process_start(original, state=None):
     """multiprocessing's Process.start() given the model (pytorch/examples' mnist_hogwild:
     ``model.share_memory()``, then N processes train it, over CUDA IPC on the GPU or shared memory
     on the host): each process holds its own CUDA context, gradients and activations, and the trace
@@ -640,6 +641,9 @@ def _process_start(original):
                 ("CUDA IPC) and each take its own CUDA context and step memory on the same GPU"
                  if device == "cuda" else "host shared memory) and train it in processes of their own") +
                 "; the dynamic estimate traces one process")
+        if state is not None and len(state.processes_started) < 20:   # (where the run then trains none: said)
+            target = getattr(self, "_target", None)
+            state.processes_started.append(getattr(target, "__qualname__", None) or type(self).__name__)
         return original(self)
 
     return start
@@ -1510,7 +1514,7 @@ def patched(state: ScriptState):
         *zip((dist,) * 3, ("all_gather", "all_gather_into_tensor", "all_gather_object"), _gathers()),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
-        (multiprocessing.process.BaseProcess, "start", _process_start(multiprocessing.process.BaseProcess.start)),
+        (multiprocessing.process.BaseProcess, "start", _process_start(multiprocessing.process.BaseProcess.start, state)),
         (par, "DataParallel", _data_parallel(par.DataParallel)),
         (nn, "DataParallel", _data_parallel(par.DataParallel)),
         (par, "DistributedDataParallel", FakeDDP),
