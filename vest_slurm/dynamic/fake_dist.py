@@ -438,6 +438,27 @@ _FSDP1_SHARDING = {"FULL_SHARD": "full-shard", "SHARD_GRAD_OP": "shard-grad-op",
                    "_HYBRID_SHARD_ZERO2": "hybrid-shard-grad-op"}
 
 
+def _fsdp1_public_state(fsdp, process_group, sharding_strategy, cpu_offload, backward_prefetch, mixed_precision,
+                        device_id, forward_prefetch, limit_all_gathers) -> None:
+    """The attributes FSDP1's constructor sets that scripts read (torch/distributed/fsdp/_init_utils.py:
+    DINOv2 tests ``x.sharding_strategy`` before resharding its teacher), with its defaults; the
+    process group's rank and size where the wrapper shards over that one group (not the hybrid
+    strategies, whose shard group torch makes per node)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+
+    fsdp.sharding_strategy = sharding_strategy or ShardingStrategy.FULL_SHARD
+    fsdp.mixed_precision = mixed_precision or MixedPrecision()
+    fsdp.cpu_offload = cpu_offload or CPUOffload()
+    fsdp.backward_prefetch = BackwardPrefetch[backward_prefetch] if isinstance(backward_prefetch, str) else backward_prefetch
+    fsdp.forward_prefetch, fsdp.limit_all_gathers = forward_prefetch, limit_all_gathers
+    index = device_id.index if isinstance(device_id, torch.device) else device_id
+    fsdp.compute_device = torch.device("cuda", index if index is not None else torch.cuda.current_device())
+    if fsdp.sharding_strategy not in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        fsdp.process_group, fsdp.rank, fsdp.world_size = group, group.rank(), group.size()
+
+
 def _fsdp1_class(rec: "FsdpRecord"):
     """A FullyShardedDataParallel stand-in (a subclass, so isinstance checks of scripts and of
     accelerate hold): the wrapping the script asked for is done by torch's own auto-wrap code
@@ -463,6 +484,8 @@ def _fsdp1_class(rec: "FsdpRecord"):
             nn.Module.__init__(self)
             self._use_orig_params = use_orig_params
             self.training_state = TrainingState.IDLE
+            _fsdp1_public_state(self, process_group, sharding_strategy, cpu_offload, backward_prefetch,
+                                mixed_precision, device_id, forward_prefetch, limit_all_gathers)
             rec.materialize(module, param_init_fn, device_id)
             ignored = set(ignored_modules or ())
             if auto_wrap_policy is not None:

@@ -78,6 +78,9 @@ def main():
     model = FSDP(model, auto_wrap_policy=policy, mixed_precision=mp, device_id=torch.cuda.current_device(),
                  sharding_strategy=ShardingStrategy[args.strategy])
     assert isinstance(model, FSDP)
+    # the wrapper's own state, as FSDP1 sets it (DINOv2 reads the strategy)
+    assert model.sharding_strategy == ShardingStrategy[args.strategy] and model.mixed_precision is mp
+    assert args.strategy.startswith("HYBRID") or (model.rank, model.world_size) == (dist.get_rank(), dist.get_world_size())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     for step in range(args.steps):
         x = torch.randn(args.batch_size, args.seq, 48, device="cuda")
