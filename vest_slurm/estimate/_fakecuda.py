@@ -1285,6 +1285,14 @@ class CudaFactoryMode(torch.overrides.TorchFunctionMode):
                       "memory_format": kwargs.get("memory_format", torch.preserve_format)}
         if func is torch.Tensor.to and _to_aliases(args, kwargs):
             return args[0]
+        if func in self.HOST_RANDOM and self.host_real and _host_call(func, args, kwargs) and not _in_module_constructor():
+            # the script's host draws outside a module's constructor are real, as below, drawn at
+            # once (the fake draw that sized them first took 0.7 ms each: DINOv2's sampler draws
+            # one per sample of its data set)
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         if func in self.HOST_RANDOM:
             out = func(*args, **kwargs)
             small = isinstance(out, FakeTensor) and out.fake_device.type == "cpu" and out.numel() <= self.HOST_RANDOM_MAX_NUMEL
@@ -1378,12 +1386,27 @@ def _set_data(target, value):
         return _SET_DATA(target, value)
 
 
+def _call_leaves(args, kwargs):
+    """The leaves of a torch function's arguments, as pytree's tree_leaves finds them (lists, tuples,
+    dicts, nested), without its per-node registry lookups: it ran on every host op of a script (a
+    sampler's index arithmetic, a transform's), several times, and cost more than the op."""
+    stack = [kwargs, args]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (list, tuple)):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        else:
+            yield node
+
+
 def _host_call(func, args, kwargs) -> bool:
     """Whether a torch function call computes on the host only: no fake tensor among its
     arguments and no CUDA device asked for (``device=``, ``.to("cuda")``, ``.cuda()``)."""
     if func is torch.Tensor.cuda:
         return False
-    for a in pytree.tree_leaves((args, kwargs)):
+    for a in _call_leaves(args, kwargs):
         if _fake_at_heart(a) or _names_cuda(a):
             return False
     if func is torch.Tensor.to:
@@ -1396,7 +1419,7 @@ def _host_call(func, args, kwargs) -> bool:
 
 
 def _no_tensor_input(args, kwargs) -> bool:
-    return not any(isinstance(a, torch.Tensor) for a in pytree.tree_leaves((args, kwargs)))
+    return not any(isinstance(a, torch.Tensor) for a in _call_leaves(args, kwargs))
 
 
 def _in_module_constructor() -> bool:
