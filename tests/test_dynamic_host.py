@@ -464,6 +464,15 @@ def test_torch_hub_weights_not_in_the_cache_say_which_cache_to_fill(tmp_path, mo
     e = err.value
     assert e.kind == "limit" and f"not in your cache ({tmp_path / 'torch-home' / 'hub'}) at train.py:2" in str(e), str(e)
     assert "TORCH_HOME the job uses" in e.fix and "make network access" not in e.fix
+    # a file of the script's own, fetched with torch.hub's download function (YOLOv5's font): that
+    # file and where it goes, not the torch.hub cache
+    url, font = "https://example.invalid/Arial.ttf", str(tmp_path / "config" / "Arial.ttf")
+    (tmp_path / "train.py").write_text(f"import torch\ntorch.hub.download_url_to_file({url!r}, {font!r})\n")
+    with pytest.raises(EstimateError) as err:
+        estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    e = err.value
+    assert e.kind == "limit" and f"downloads {url} to {font} at train.py:2" in str(e), str(e)
+    assert "torch.hub.download_url_to_file" in e.fix and "TORCH_HOME" not in e.fix
 
 
 def test_checkpoints_written_and_read_back_round_trip_on_fake_tensors():

@@ -604,6 +604,22 @@ def _through_torch_hub(e: BaseException) -> bool:
     return any(fr.filename.endswith(hub) for x in _chain(e) for fr in traceback.extract_tb(x.__traceback__))
 
 
+def _hub_download(e: BaseException) -> list | None:
+    """[url, destination] of ``torch.hub.download_url_to_file`` where the script called it itself
+    for a file of its own (YOLOv5's font into its config folder), not into torch.hub's cache."""
+    for x in _chain(e):
+        tb = x.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "download_url_to_file" and code.co_filename.endswith(os.sep + os.path.join("torch", "hub.py")):
+                loc = tb.tb_frame.f_locals
+                url, dst = loc.get("url"), loc.get("dst")
+                if isinstance(url, str) and isinstance(dst, (str, os.PathLike)):
+                    return [url, os.fsdecode(dst)]
+            tb = tb.tb_next
+    return None
+
+
 def _needs_network(e: BaseException) -> bool:
     """Whether the script failed for want of the network (a name that does not resolve, a refused
     connection, a Hub file offline: estimates run offline), anywhere in the exception's chain."""
@@ -1069,6 +1085,7 @@ def run(ns) -> dict:
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
                       torch_hub=kind == "refused" and _through_torch_hub(e),
+                      hub_download=_hub_download(e) if kind == "refused" else None,
                       missing=missing_import(e) if kind == "missing-import" else None)
         past = past_the_overlay(e, sandbox)
         extension = compiled_extension(e) if kind == "script-error" else None

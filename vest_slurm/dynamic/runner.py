@@ -834,8 +834,16 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             "fetch it once where the network is (e.g. `hf download REPO` on the login node, into the "
                             "cache the job uses: HF_HUB_CACHE or HF_HOME), then estimate again; or " + _WORKAROUND,
                             kind="limit", where=where)
+    cache = os.path.join(_model_caches(dict(os.environ))["TORCH_HOME"], "hub")
+    download = result.get("hub_download")
+    if status == "refused" and download and not os.path.abspath(download[1]).startswith(cache + os.sep):
+        url, dst = download
+        raise EstimateError(f"{cmd.display}: the script downloads {url} to {dst}{at}, and the estimate runs offline: "
+                            f"{msg}{line}{log}",
+                            f"fetch it once where the network is, to where the script looks for it (e.g. `python -c "
+                            f"\"import torch.hub; torch.hub.download_url_to_file('{url}', '{dst}')\"` on the login "
+                            "node), then estimate again; or " + _WORKAROUND, kind="limit", where=where)
     if status == "refused" and result.get("torch_hub"):
-        cache = os.path.join(_model_caches(dict(os.environ))["TORCH_HOME"], "hub")
         raise EstimateError(f"{cmd.display}: the script fetches weights or code through torch.hub that are not in "
                             f"your cache ({cache}){at}, and the estimate runs offline: {msg}{line}{log}",
                             "fetch them once where the network is (run that line once on the login node, e.g. "
