@@ -824,9 +824,10 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
         raise EstimateError(f"{cmd.display}: data-dependent: the estimate depends on values a fake tensor does not "
                             f"have{at}: {msg}{line}{log}",
                             "shapes that follow tensor values (nonzero, boolean masks, lengths read with .item()) "
-                            "cannot be traced without the data; " + _WORKAROUND + "; where the model itself makes "
-                            "such shapes (a detector's proposals and matches), a #VEST line cannot describe it either: "
-                            "request the GPU yourself (sbatch --gres) and let `vest monitor` measure the job's peak",
+                            "cannot be traced without the data. Where the model itself makes such shapes (a "
+                            "detector's proposals, NMS and matches), no #VEST line describes it either: request the "
+                            "GPU yourself (sbatch --gres) and let `vest monitor` measure the job's peak; else "
+                            + _WORKAROUND,
                             kind="data-dependent", where=where)
     if status == "refused" and result.get("hub"):
         raise EstimateError(f"{cmd.display}: the script needs a file from the Hugging Face Hub that is not in your "
