@@ -834,6 +834,18 @@ def test_a_native_write_past_the_overlay_is_vests_gap_not_the_scripts():
     assert e.value.where.endswith("native_save_train.py:18")
 
 
+def test_a_file_the_script_wrote_read_back_by_compiled_code_is_vests_gap():
+    """A log image written with Python, read back by compiled code that opens the path itself
+    (YOLOv5's logger: cv2.imread, which returns None for a file it does not find): the file is in
+    the overlay only, so the reader failed here where it succeeds on the node, and the script was
+    blamed. It is vest's gap, naming the file."""
+    before = set(os.listdir(SCRIPTS))
+    with pytest.raises(EstimateError) as e:
+        estimate_script("overlay_native_read_train.py")
+    assert e.value.kind == "vest-unsupported" and "past vest's file overlay" in str(e.value)
+    assert os.path.join(SCRIPTS, "train_images.bin") in str(e.value) and set(os.listdir(SCRIPTS)) == before
+
+
 def test_a_thread_inside_a_file_call_does_not_let_another_past_the_overlay():
     """The overlay's guard against its own recursion was one flag for the process: while a logger's
     thread sat inside a file call, the training thread's makedirs went to the real path, read-only

@@ -846,6 +846,27 @@ def past_the_overlay(e: BaseException, sandbox: Sandbox) -> str | None:
             folder = os.path.dirname(os.path.abspath(path)) if path else ""
             if folder and sandbox.seen(folder) != folder:   # (a folder on disk too: not ENOENT)
                 return "missed a folder the script made (it is in the overlay)"
+    return _overlay_file_read(e, sandbox)
+
+
+def _overlay_file_read(e: BaseException, sandbox: Sandbox) -> str | None:
+    """A file the script wrote (held in the overlay only) that the failing code was reading: compiled
+    code opens the real path (OpenCV's ``cv2.imread`` returns None there, YOLOv5's logger then fails
+    on it), which on the node holds the file. Read from the locals of the traceback's frames."""
+    if not sandbox.redirected:
+        return None
+    written = set(sandbox.redirected)
+    tb = e.__traceback__
+    while tb is not None:
+        for value in list(tb.tb_frame.f_locals.values()):
+            if isinstance(value, (str, os.PathLike)):
+                try:
+                    path = os.path.abspath(os.fsdecode(value))
+                except (TypeError, ValueError):
+                    continue
+                if path in written and sandbox.seen(path) != path:   # (os.path.exists sees the overlay)
+                    return f"read {path}, a file the script wrote, which is in the overlay only"
+        tb = tb.tb_next
     return None
 
 
@@ -1059,7 +1080,7 @@ def run(ns) -> dict:
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}" + (f" at {where}" if where else "")
                 past = past_the_overlay(e, sandbox)
                 if past:   # (tokenizers' save after trainer.save_model: on the node it succeeds)
-                    why = (f"a write by compiled code {past}, past the overlay vest's run writes into ({why}): "
+                    why = (f"compiled code opened a path itself and {past}, past the overlay vest's run writes into ({why}): "
                            "vest's gap, not the script's")
                 state.stop_draining(why)
             state.finish()
@@ -1094,8 +1115,8 @@ def run(ns) -> dict:
                 f"{extension[1]}: custom CUDA code runs on a GPU's memory, and vest's fake tensors have none to "
                 f"give it (on a GPU node with the CUDA toolkit it builds and runs): {result['message']}"))
         elif kind == "script-error" and past:
-            result.update(status="vest-unsupported", message=f"a write that went past vest's file overlay (compiled "
-                          f"code opening the path itself: a tokenizer's or an Arrow writer's save) {past}: {result['message']}")
+            result.update(status="vest-unsupported", message=f"compiled code opened a path itself, past vest's file "
+                          f"overlay (a tokenizer's or an Arrow writer's save, OpenCV's imread), and {past}: {result['message']}")
     failures = spawned.spawned_failures(ns.tmpdir)
     if failures and result["status"] in ("script-error", "script-exit"):
         gpu = spawned.used_the_gpu(failures)
