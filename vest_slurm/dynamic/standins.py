@@ -1056,7 +1056,9 @@ def shapes_note(state: ScriptState) -> str | None:
             return (f"the {name} model's training input changed shape between the traced steps "
                     f"({', '.join(map(str, shapes[:4]))}{', ...' if len(shapes) > 4 else ''}): the job's peak follows its "
                     "largest input, which later steps may bring (multi-scale training, random resizing, padding to each "
-                    f"batch's longest); this estimate is for the shapes traced, the largest {largest}")
+                    "batch's longest), or calls of the model under grad outside its training (samples drawn or an "
+                    "evaluation without torch.no_grad(), an agent acting on one observation); this estimate is for "
+                    f"the shapes traced, the largest {largest}")
     return None
 
 
