@@ -1520,12 +1520,17 @@ def test_steps_whose_forward_count_stand_ins_decide_are_flagged():
     """A policy run until its episode ends, one forward kept per environment step until the
     backward, the sampled actions (stand-ins here) deciding the end: the traced episodes are as
     long as the stand-ins make them, and a trained policy's are far longer (CartPole's 500 steps:
-    12x the memory), unflagged. Steps of a fixed length, reading the same values, say nothing."""
+    12x the memory), unflagged. Steps of a fixed length, reading the same values, say nothing;
+    nor do steps whose counts differ for a reason no value read decides."""
     (est,), run = estimate_script("episode_policy_train.py")
     said = [f for f in run.flags if "different numbers of forward passes" in f]
     assert len(said) == 1 and "(5, 6, 7)" in said[0] and "episode_policy_train.py:" in said[0], run.flags
     (est,), fixed = estimate_script("episode_policy_train.py", "--fixed", "7")
     assert not [f for f in fixed.flags if "forward passes" in f], fixed.flags
+    # steps of 2, 1, 2 forwards (a sample drawn every other step) with the loss read after each
+    # backward: no forward followed a value read from the one before it, nothing is said (DCGAN)
+    (est,), sampled = estimate_script("periodic_sample_train.py")
+    assert not [f for f in sampled.flags if "forward passes" in f], sampled.flags
 
 
 def test_training_in_processes_the_script_starts_is_vests_limit_not_the_scripts():

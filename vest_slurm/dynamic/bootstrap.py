@@ -1155,6 +1155,7 @@ def run(ns) -> dict:
     result["step_ends"] = list(tracer.s.step_ends)
     result["step_owners"] = list(state.step_owners)
     result["forwards_per_step"] = list(state.forwards_per_step)
+    result["steered_steps"] = list(state.steered_steps)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)
     result["device_models"] = state.device_model_calls
     result["host_models"] = list(state.host_model_names)[:1]   # the outermost, called first

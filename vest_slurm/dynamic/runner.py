@@ -1097,9 +1097,12 @@ def forwards_note(result: dict) -> str | None:
     what ends them is a value the GPU decides. Compared between the steps of one optimizer (a GAN's
     two steps run different forwards)."""
     counts, owners, reads = result.get("forwards_per_step") or [], result.get("step_owners") or [], result.get("reads") or []
+    steered = result.get("steered_steps") or []
     if len(owners) == len(counts) and owners:
         counts = [c for c, o in zip(counts, owners) if o == owners[-1]]
-    if len(set(counts)) < 2 or not reads:
+    # a loop steered by what it read: a forward, a value read from it, another forward, before the
+    # step's backward (not a sample drawn every N steps, nor a read for the log after a backward)
+    if len(set(counts)) < 2 or not reads or not any(steered):
         return None
     return (f"the traced training steps ran different numbers of forward passes ({', '.join(map(str, counts))}) "
             f"after the script read values of GPU tensors (stand-ins here, first at {reads[0]['where']}): where such "

@@ -82,6 +82,12 @@ class ScriptState:
     forwards_per_step: list = field(default_factory=list)
     processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     step_forwards: int = 0
+    # a step whose forwards before its backward followed stand-in reads (forward, read, forward: a
+    # loop run until a value says stop), per step; and the reads counted at the last forward
+    steered_steps: list = field(default_factory=list)
+    steered: bool = False
+    reads_at_forward: int = 0
+    backward_in_step: bool = False
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
@@ -173,7 +179,8 @@ class ScriptState:
         self.step_owners.append(self.last_stepper)   # (growth is read between steps of one optimizer)
         self.last_stepper = None
         self.forwards_per_step.append(self.step_forwards)
-        self.step_forwards = 0
+        self.steered_steps.append(self.steered)
+        self.step_forwards, self.steered, self.backward_in_step = 0, False, False
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -1250,7 +1257,10 @@ def patched(state: ScriptState):
                 # a training forward's input (not a frozen loss network's: fast_neural_style's VGG)
                 first, key = _first_input(args), (id(mod), type(mod).__name__)
                 _note_shape(state, key, first)
+                if state.step_forwards and not state.backward_in_step and state.ledger.count > state.reads_at_forward:
+                    state.steered = True   # another forward after a value read from the last one's
                 state.step_forwards += 1
+                state.reads_at_forward = state.ledger.count
                 if first is None:
                     # called with keywords only (`model(**batch)`, `model(input_ids=...)`: transformers,
                     # peft, TRL), which global hooks do not see: the first tensor a submodule is
@@ -1364,6 +1374,7 @@ def patched(state: ScriptState):
         if state.manual_step_pending:
             state.close_manual_step()
         state.backwards += 1
+        state.backward_in_step = True
         state.closure_backwards += 1 if state.in_optimizer_step else 0
         state.forward_since_backward = False
         state.backward_since_update = True

@@ -86,12 +86,14 @@ class Ledger:
     marked_made: int = 0                               # StandIn numbers made (0: TaintMode does nothing)
     # the lines, in any file but torch's and vest's (a library's too), whose code read a value
     code_lines: set = field(default_factory=set)
+    count: int = 0                                     # reads in all
 
     MAX_READS = 50
     MAX_CODE_LINES = 4096
 
     def read(self, kind: str, value):
         """Record a read of a fake tensor's value at the script's current line; the value marked."""
+        self.count += 1
         where = script_frame()
         if (kind, where) not in self._places and len(self.reads) < self.MAX_READS:
             self._places.add((kind, where))
