@@ -853,7 +853,8 @@ def _overlay_file_read(e: BaseException, sandbox: Sandbox) -> str | None:
     """A file the script wrote (held in the overlay only) that the failing code was reading: compiled
     code opens the real path (OpenCV's ``cv2.imread`` returns None there, YOLOv5's logger then fails
     on it), which on the node holds the file. Read from the locals of the traceback's frames."""
-    if not sandbox.redirected:
+    # (what a reader that found no file gives: None, which the next line trips on, or an OSError)
+    if not sandbox.redirected or not (isinstance(e, OSError) or "NoneType" in str(e)):
         return None
     written = set(sandbox.redirected)
     tb = e.__traceback__
@@ -864,7 +865,8 @@ def _overlay_file_read(e: BaseException, sandbox: Sandbox) -> str | None:
                     path = os.path.abspath(os.fsdecode(value))
                 except (TypeError, ValueError):
                     continue
-                if path in written and sandbox.seen(path) != path:   # (os.path.exists sees the overlay)
+                copy = sandbox.seen(path) if path in written else path
+                if copy != path and os.path.isfile(copy):   # a file, in the overlay only
                     return f"read {path}, a file the script wrote, which is in the overlay only"
         tb = tb.tb_next
     return None

@@ -1100,9 +1100,9 @@ def forwards_note(result: dict) -> str | None:
     steered = result.get("steered_steps") or []
     if len(owners) == len(counts) and owners:
         counts = [c for c, o in zip(counts, owners) if o == owners[-1]]
-    # a loop steered by what it read: a forward, a value read from it, another forward, before the
-    # step's backward (not a sample drawn every N steps, nor a read for the log after a backward)
-    if len(set(counts)) < 2 or not reads or not any(steered):
+    # a loop steered by what it reads: forward, read, forward, read, forward before the step's
+    # backward (not one sample drawn and saved every N steps, nor a read for the log after a backward)
+    if len(set(counts)) < 2 or not reads or not any(n >= 2 for n in steered):
         return None
     return (f"the traced training steps ran different numbers of forward passes ({', '.join(map(str, counts))}) "
             f"after the script read values of GPU tensors (stand-ins here, first at {reads[0]['where']}): where such "

@@ -82,10 +82,11 @@ class ScriptState:
     forwards_per_step: list = field(default_factory=list)
     processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     step_forwards: int = 0
-    # a step whose forwards before its backward followed stand-in reads (forward, read, forward: a
-    # loop run until a value says stop), per step; and the reads counted at the last forward
+    # per step, the forwards before its backward that followed a stand-in read made since the
+    # forward before them (forward, read, forward, read, forward: a loop run until a value says
+    # stop); and the reads counted at the last forward
     steered_steps: list = field(default_factory=list)
-    steered: bool = False
+    steered: int = 0
     reads_at_forward: int = 0
     backward_in_step: bool = False
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
@@ -180,7 +181,7 @@ class ScriptState:
         self.last_stepper = None
         self.forwards_per_step.append(self.step_forwards)
         self.steered_steps.append(self.steered)
-        self.step_forwards, self.steered, self.backward_in_step = 0, False, False
+        self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -1258,7 +1259,7 @@ def patched(state: ScriptState):
                 first, key = _first_input(args), (id(mod), type(mod).__name__)
                 _note_shape(state, key, first)
                 if state.step_forwards and not state.backward_in_step and state.ledger.count > state.reads_at_forward:
-                    state.steered = True   # another forward after a value read from the last one's
+                    state.steered += 1   # another forward after a value read since the last one
                 state.step_forwards += 1
                 state.reads_at_forward = state.ledger.count
                 if first is None:
