@@ -104,10 +104,9 @@ def settle_stops() -> None:
     UNSETTLED = False
     for entry in STOPS or ():
         stop = entry[0]
-        if isinstance(stop, weakref.ref):
-            continue
-        if stop.__traceback__ is not None and SETTLE is not None:
-            entry[1] = SETTLE(stop)
+        if isinstance(stop, weakref.ref) or stop.__traceback__ is None or SETTLE is None:
+            continue   # (one made and not raised yet stays held: read at the run's end, as before)
+        entry[1] = SETTLE(stop)
         try:
             entry[0] = weakref.ref(stop)
         except TypeError:
