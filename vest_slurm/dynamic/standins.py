@@ -72,15 +72,14 @@ class ScriptState:
     # a parameter a conversion replaced (the script may still hold it) -> its replacement (_apply_overwrite)
     moved_params: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     stepped: weakref.WeakSet = field(default_factory=weakref.WeakSet)    # those that stepped
-    # which optimizer ended each training step (its position among those made; None: a hand-written
-    # update): a GAN's discriminator and generator steps alternate, and hold different tensors
+    # which optimizer ended each training step (its number in the order they first stepped; None: a
+    # hand-written update): a GAN's discriminator and generator steps alternate, and hold different tensors
     step_owners: list = field(default_factory=list)
     last_stepper: int | None = None
     optimizer_numbers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     # the training forwards of each step (an episode's, until it ends): a count that varies where
     # stand-ins were read may be theirs to decide (runner's flag)
     forwards_per_step: list = field(default_factory=list)
-    processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     step_forwards: int = 0
     # per step, the forwards before its backward that followed a stand-in read made since the
     # forward before them (forward, read, forward, read, forward: a loop run until a value says
@@ -89,6 +88,7 @@ class ScriptState:
     steered: int = 0
     reads_at_forward: int = 0
     backward_in_step: bool = False
+    processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
