@@ -1542,3 +1542,13 @@ def test_training_in_processes_the_script_starts_is_vests_limit_not_the_scripts(
             estimate_script("process_per_gpu_train.py", *args)
         assert e.value.kind == "vest-unsupported" and "processes of its own with multiprocessing (train)" in e.value.what, e.value
         assert "check that the script's arguments" not in e.value.fix
+
+
+def test_a_stop_between_training_steps_keeps_the_steps_traced():
+    """vest stops in what the script does between two training steps (a validation whose shapes
+    the data decides, after an epoch of one step: YOLOv8 on a small data set): the step traced
+    stands, flagged with where and what is not in the estimate; it was refused as data-dependent."""
+    (est,), run = estimate_script("eval_between_steps_train.py")
+    assert run.steps == 1 and est.peak_bytes > 0
+    said = [f for f in run.flags if "between its steps" in f]
+    assert len(said) == 1 and "after 1 training step(s) of the 3 asked" in said[0], run.flags

@@ -1073,8 +1073,15 @@ def run(ns) -> dict:
                     result.update(status="script-exit", message=f"{target} exited with status {code}"
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
             except Exception as e:
-                if not state.draining:
+                # between training steps (after one, before the next step's forward), where vest
+                # cannot follow the script (a detector's validation after an epoch of one step:
+                # YOLOv8 accumulates 64 images a step): the steps traced stand, as at an epoch's end
+                between = (not state.draining and state.steps >= 1 and not state.forward_since_backward
+                           and not state.in_backward and not state.in_optimizer_step
+                           and classify(e) in ("data-dependent", "vest-unsupported"))
+                if not state.draining and not between:
                     raise
+                state.stopped_between = between
                 # what the script does at its epoch's end failed here (vest's gap or the script's):
                 # the traced steps stand, and the estimate says what was not traced
                 traceback.print_exc()

@@ -97,6 +97,7 @@ class ScriptState:
     drain_armed: bool = False       # and a loader was iterated anew: the next training step ends the run
     drain_extra: int = 0            # steps trained while draining, before that (a batch fetched ahead)
     drain_note: str | None = None   # what ended that early, where it was not the next training step
+    stopped_between: bool = False   # vest stopped the run between two training steps, before the steps asked
     ledger: tracked.Ledger = field(default_factory=tracked.Ledger)   # values read from the device
     input_problem: str | None = None   # why the model's inputs are not the real run's (tracked.input_problem)
     first_input_shape: tuple | None = None   # of the tensor batch_hint was read from
@@ -1111,6 +1112,10 @@ def drain_note(state: ScriptState) -> str | None:
     """The flag for an epoch's end that could not run to the next training step (DRAIN_BATCHES)."""
     if not state.drain_note:
         return None
+    if state.stopped_between:
+        return (f"vest stopped the run after {state.steps} training step(s) of the {state.max_steps} asked, in what the "
+                f"script does between its steps (an evaluation every few steps, an epoch shorter than that): "
+                f"{state.drain_note}; the estimate is of the steps traced, and what the script does there is not in it")
     return (f"after the {state.steps} traced steps the run went on to the end of the epoch, where the script "
             f"evaluates, samples or saves, and stopped there: {state.drain_note}; what the script does from there "
             "until the next epoch is not in this estimate")
