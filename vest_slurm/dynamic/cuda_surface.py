@@ -206,6 +206,13 @@ class Answers:
     live_bytes: Callable[[], int]
     peak_bytes: Callable[[], int]
     empty_cache: Callable[[], None] = lambda: None   # torch.cuda.empty_cache(): the trace marks it
+    # what the caching allocator holds (memory_reserved): at least the live bytes' peak since the
+    # last empty_cache, the blocks freed since staying cached (a probe's forward and backward: an
+    # AutoBatch that fits a line to reserved memory read live bytes alone and chose a huge batch)
+    held_bytes: Callable[[], int] | None = None
+
+    def reserved_bytes(self) -> int:
+        return max(self.held_bytes(), self.live_bytes()) if self.held_bytes is not None else self.live_bytes()
 
 
 def _device_index(device) -> int:
@@ -224,12 +231,12 @@ def _total() -> int:
 def _memory_stats(ans: Answers) -> dict:
     """torch.cuda.memory_stats' keys that scripts read (allocated, reserved, active: current and peak),
     as the allocator's counters would read before vest replays the trace: reserved is not known here, so
-    it is the allocated figure (a lower bound, never more than the replay's)."""
-    live, peak = ans.live_bytes(), ans.peak_bytes()
+    it is the allocated figures' peak since the last empty_cache (what the cache holds at least)."""
+    live, peak, held = ans.live_bytes(), ans.peak_bytes(), ans.reserved_bytes()
     out = {"num_alloc_retries": 0, "num_ooms": 0}
     for key in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
         for pool in ("all", "large_pool", "small_pool"):
-            cur = live if pool == "all" else 0
+            cur = (held if key == "reserved_bytes" else live) if pool == "all" else 0
             top = peak if pool == "all" else 0
             out.update({f"{key}.{pool}.current": cur, f"{key}.{pool}.peak": top,
                         f"{key}.{pool}.allocated": top, f"{key}.{pool}.freed": max(0, top - cur)})
@@ -475,12 +482,12 @@ DECISIONS: dict[str, Decision] = {
     # torch.cuda: memory
     "torch.cuda.memory_allocated": _d(FAKE, "the trace's live device bytes so far"),
     "torch.cuda.max_memory_allocated": _d(FAKE, "the trace's peak device bytes so far"),
-    "torch.cuda.memory_reserved": _d(FAKE, "the live bytes (reserved is known only after the replay: a lower bound)"),
+    "torch.cuda.memory_reserved": _d(FAKE, "the live bytes' peak since the last empty_cache (what the cache holds at least; the replay knows the rest)"),
     "torch.cuda.max_memory_reserved": _d(FAKE, "the peak bytes (as memory_reserved)"),
     "torch.cuda.memory_cached": _d(FAKE, "deprecated alias of memory_reserved"),
     "torch.cuda.max_memory_cached": _d(FAKE, "deprecated alias of max_memory_reserved"),
-    "torch.cuda.mem_get_info": _d(FAKE, "(total - live, total) of the target GPU"),
-    "torch.cuda.device_memory_used": _d(FAKE, "the live bytes"),
+    "torch.cuda.mem_get_info": _d(FAKE, "(total - reserved, total) of the target GPU"),
+    "torch.cuda.device_memory_used": _d(FAKE, "as memory_reserved"),
     "torch.cuda.memory_usage": _d(FAKE, "percent of the target's memory in use by live bytes"),
     "torch.cuda.memory_stats": _d(FAKE, "allocated/reserved/active counters from the trace"),
     "torch.cuda.memory_stats_as_nested_dict": _d(FAKE, "as memory_stats, nested"),
@@ -670,7 +677,7 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         return torch.cuda.StreamContext(a["stream"])
 
     def mem_info(a):
-        return (_total() - ans.live_bytes(), _total())
+        return (_total() - ans.reserved_bytes(), _total())
 
     def set_fraction(a):
         fraction = float(a["fraction"])
@@ -737,12 +744,12 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         "torch.cuda.can_device_access_peer": const(True),
         "torch.cuda.memory_allocated": lambda a: ans.live_bytes(),
         "torch.cuda.max_memory_allocated": lambda a: ans.peak_bytes(),
-        "torch.cuda.memory_reserved": lambda a: ans.live_bytes(),
+        "torch.cuda.memory_reserved": lambda a: ans.reserved_bytes(),
         "torch.cuda.max_memory_reserved": lambda a: ans.peak_bytes(),
-        "torch.cuda.memory_cached": lambda a: ans.live_bytes(),
+        "torch.cuda.memory_cached": lambda a: ans.reserved_bytes(),
         "torch.cuda.max_memory_cached": lambda a: ans.peak_bytes(),
         "torch.cuda.mem_get_info": mem_info,
-        "torch.cuda.device_memory_used": lambda a: ans.live_bytes(),
+        "torch.cuda.device_memory_used": lambda a: ans.reserved_bytes(),
         "torch.cuda.memory_usage": lambda a: int(100 * ans.live_bytes() / _total()),
         "torch.cuda.memory_stats": lambda a: _memory_stats(ans),
         "torch.cuda.memory_stats_as_nested_dict": lambda a: _nested(_memory_stats(ans)),
@@ -773,7 +780,7 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         "torch.accelerator.get_memory_info": mem_info,
         "torch.accelerator.memory_allocated": lambda a: ans.live_bytes(),
         "torch.accelerator.max_memory_allocated": lambda a: ans.peak_bytes(),
-        "torch.accelerator.memory_reserved": lambda a: ans.live_bytes(),
+        "torch.accelerator.memory_reserved": lambda a: ans.reserved_bytes(),
         "torch.accelerator.max_memory_reserved": lambda a: ans.peak_bytes(),
         "torch.accelerator.memory_stats": lambda a: _memory_stats(ans),
         "torch.Tensor.pin_memory": pin_memory, "torch.Tensor.is_pinned": is_pinned,

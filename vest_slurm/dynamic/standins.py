@@ -1540,7 +1540,7 @@ def patched(state: ScriptState):
         (nn.parallel, "DistributedDataParallel", FakeDDP),
     ]
     patches += cuda_surface.patches(cuda_surface.Answers(lambda: tr.s.live_bytes, lambda: tr.s.peak_bytes,
-                                                        tr.empty_cache))
+                                                        tr.empty_cache, lambda: tr.s.held_bytes))
     patches += fc.gpu_optimizer_defaults()
     patches += checkpoints.patches()   # torch.save / torch.load / safetensors of fake tensors
     patches += triton_patches(lambda a: isinstance(a, fc.FakeTensor),

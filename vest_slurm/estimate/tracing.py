@@ -119,6 +119,9 @@ class _State:
     rnn: bool = False    # an RNN kernel ran where cuDNN would run it on the GPU (CUDNN_RNN_NOTE)
     live_bytes: int = 0    # requested bytes alive now, and their peak (torch.cuda.memory_allocated's view)
     peak_bytes: int = 0
+    # what the caching allocator holds at least (torch.cuda.memory_reserved's view, before the replay):
+    # the live bytes' peak since the last empty_cache, freed blocks staying cached
+    held_bytes: int = 0
     region_peak: int = 0   # the live bytes' peak inside the script's torch.compile'd calls (run eagerly)
     # dynamic analysis: the GPU's room for tensors (0: unbounded). An allocation that would take the
     # live bytes past it raises CUDA out-of-memory, as the GPU would, for scripts that catch it
@@ -191,6 +194,7 @@ class Tracer:
         s.live_bytes += nbytes
         s.peak_before_alloc = s.peak_bytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
+        s.held_bytes = max(s.held_bytes, s.live_bytes)
         if fc.COMPILED[0]:
             s.region_peak = max(s.region_peak, s.live_bytes)
 
@@ -222,6 +226,7 @@ class Tracer:
         if self.frozen:
             return
         self.append_free(self.append_alloc(None, 0, self.s.phase, "other", EMPTY_CACHE, "", ""))
+        self.s.held_bytes = self.s.live_bytes
         if self.s.oom_at:
             self._online().empty_cache()
 
@@ -401,6 +406,7 @@ class Tracer:
         s.events.append(["alloc", block, nbytes, phase, category, module, detail])
         s.live_bytes += nbytes
         s.peak_bytes = max(s.peak_bytes, s.live_bytes)
+        s.held_bytes = max(s.held_bytes, s.live_bytes)
         return block
 
     def append_free(self, block: int) -> None:
