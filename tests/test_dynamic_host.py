@@ -1579,3 +1579,17 @@ def test_memory_reserved_holds_what_the_cache_keeps_for_a_probe_that_sizes_the_b
     # and cuDNN's workspaces come on top, in the estimate, as on the GPU)
     live = run.trace.live_peak_bytes()
     assert 0.45 * h100.total_bytes < live < 0.75 * h100.total_bytes, (run.batch_hint, live)
+
+
+def test_the_backend_a_script_asked_for_is_the_one_it_reads_back(tmp_path):
+    """dist.get_backend() said "fake" (the fake group's): OLMo-core picks its device by "nccl" in
+    that name, and the run failed with the script blamed. It says the backend asked for."""
+    (tmp_path / "train.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('nccl')\n"
+        "if 'nccl' not in dist.get_backend():\n    raise NotImplementedError(dist.get_backend())\n"
+        "m = torch.nn.Linear(32, 32).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(8, 32, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    (est,), run = estimate_command(parse_train_command("torchrun --nproc_per_node 2 train.py"), [A100],
+                                   cwd=str(tmp_path))
+    assert run.steps == 3

@@ -89,6 +89,7 @@ class ScriptState:
     reads_at_forward: int = 0
     backward_in_step: bool = False
     processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
+    dist_backend: str | None = None   # the backend init_process_group was asked for (the group is fake)
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
@@ -562,9 +563,22 @@ def _init_process_group(state: ScriptState):
 
         if dist.is_initialized():
             return
+        asked = backend if backend is not None else kwargs.get("backend")
+        # (init_process_group() with none: torch's default map, what get_backend() then says)
+        state.dist_backend = str(asked) if asked else "cpu:gloo,cuda:nccl"
         original("fake", store=FakeStore(), rank=0, world_size=state.world_size)
 
     return init
+
+
+def _get_backend(original, state: ScriptState):
+    """dist.get_backend(): the backend the script asked for, not the fake group's ("fake"): OLMo-core
+    picks its device by "nccl" in that name."""
+    def get_backend(group=None):
+        name = original(group)
+        return state.dist_backend if name == "fake" and state.dist_backend else name
+
+    return get_backend
 
 
 def _gathers():
@@ -1530,6 +1544,8 @@ def patched(state: ScriptState):
         # torch.cuda's lazy init would look for a driver; every public CUDA API is decided in cuda_surface
         (torch.cuda, "_lazy_init", lambda: None),
         (dist, "init_process_group", _init_process_group(state)),
+        (dist, "get_backend", _get_backend(dist.get_backend, state)),
+        (dist.distributed_c10d, "get_backend", _get_backend(dist.distributed_c10d.get_backend, state)),
         *zip((dist,) * 3, ("all_gather", "all_gather_into_tensor", "all_gather_object"), _gathers()),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
