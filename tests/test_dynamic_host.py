@@ -810,6 +810,14 @@ def test_a_spawned_worker_writes_into_the_overlay_and_one_using_the_gpu_is_vests
     assert e.value.kind == "vest-unsupported" and "started with multiprocessing used the GPU" in str(e.value)
 
 
+def test_a_manager_started_by_spawn_pickles_the_pool_class():
+    """A Manager started with spawn pickles its registry, multiprocessing.pool.Pool among it: vest's
+    thread-pool stand-in for fork pools was a class local to a function, which does not pickle, and
+    the script was blamed (lingua)."""
+    (est,), run = estimate_script("manager_spawn_train.py")
+    assert run.steps == 3
+
+
 def test_forkserver_workers_are_processes_not_network_use():
     """multiprocessing's forkserver (SubprocVecEnv's default on Linux) hands each worker its pipes
     by sendmsg on a connected UNIX socket: that is no network use (it was refused as such)."""

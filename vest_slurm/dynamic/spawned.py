@@ -66,21 +66,38 @@ def pools_in_threads() -> None:
 
     # the class itself (`from multiprocessing.pool import Pool`: YOLOv5's and ultralytics' label
     # caches), and concurrent.futures' process pool, made with the default (fork) context: the
-    # same, through __new__ (a subclass, so `class MyPool(Pool)` and isinstance keep working)
-    class Pool(mp_pool.Pool):
+    # same, through __new__ (a subclass, so `class MyPool(Pool)` and isinstance keep working;
+    # defined at the module's level, so that a Manager started by spawn, whose registry holds the
+    # class, can pickle it: lingua's)
+    mp_pool.Pool = _ForkPoolInThreads
+    futures.ProcessPoolExecutor = futures_process.ProcessPoolExecutor = _ForkExecutorInThreads
+
+
+def _pool_classes():
+    import multiprocessing
+    import multiprocessing.pool as mp_pool
+    from concurrent import futures
+    from concurrent.futures import process as futures_process
+
+    class _ForkPoolInThreads(mp_pool.Pool):
         def __new__(cls, processes=None, initializer=None, initargs=(), maxtasksperchild=None, context=None):
-            if cls is Pool and (context or multiprocessing.get_context()).get_start_method() == "fork":
-                return ThreadPool(processes, initializer, initargs)
+            if cls is _ForkPoolInThreads and (context or multiprocessing.get_context()).get_start_method() == "fork":
+                return mp_pool.ThreadPool(processes, initializer, initargs)
             return super().__new__(cls)
 
-    class ProcessPoolExecutor(futures_process.ProcessPoolExecutor):
+    class _ForkExecutorInThreads(futures_process.ProcessPoolExecutor):
         def __new__(cls, max_workers=None, mp_context=None, initializer=None, initargs=(), **kwargs):
-            if cls is ProcessPoolExecutor and (mp_context or multiprocessing.get_context()).get_start_method() == "fork":
+            if cls is _ForkExecutorInThreads and \
+                    (mp_context or multiprocessing.get_context()).get_start_method() == "fork":
                 return futures.ThreadPoolExecutor(max_workers, initializer=initializer, initargs=initargs)
             return super().__new__(cls)
 
-    mp_pool.Pool = Pool
-    futures.ProcessPoolExecutor = futures_process.ProcessPoolExecutor = ProcessPoolExecutor
+    for c in (_ForkPoolInThreads, _ForkExecutorInThreads):
+        c.__qualname__ = c.__name__   # (pickled by reference: module and name)
+    return _ForkPoolInThreads, _ForkExecutorInThreads
+
+
+_ForkPoolInThreads, _ForkExecutorInThreads = _pool_classes()
 
 
 def _quote(s: str) -> str:
