@@ -810,6 +810,21 @@ def test_a_spawned_worker_writes_into_the_overlay_and_one_using_the_gpu_is_vests
     assert e.value.kind == "vest-unsupported" and "started with multiprocessing used the GPU" in str(e.value)
 
 
+def test_removing_a_file_that_is_not_there_is_file_not_found_as_on_the_node(tmp_path):
+    """`Path(stale).unlink(missing_ok=True)` of a file that is not there: FileNotFoundError, which
+    missing_ok passes; under bubblewrap's read-only mount the call said EROFS and the run failed
+    (ultralytics' cleanup of a partial download), the script blamed for network use."""
+    (tmp_path / "train.py").write_text(
+        "import os, pathlib, torch\n"
+        "pathlib.Path(__file__).with_name('stale.lock').unlink(missing_ok=True)\n"
+        "try:\n    os.remove('gone.part')\nexcept FileNotFoundError:\n    pass\n"
+        "m = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n    m(torch.randn(8, 64, device='cuda')).sum().backward()\n    opt.step()\n"
+        "    opt.zero_grad()\n")
+    (est,), run = estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    assert run.steps == 3
+
+
 def test_a_manager_started_by_spawn_pickles_the_pool_class():
     """A Manager started with spawn pickles its registry, multiprocessing.pool.Pool among it: vest's
     thread-pool stand-in for fork pools was a class local to a function, which does not pickle, and

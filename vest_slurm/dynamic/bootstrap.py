@@ -489,8 +489,15 @@ class Sandbox:
             path = (args[1] if len(args) > 1 else None) if event in ("os.symlink", "os.link") else (args[0] if args else None)
             gone = event in ("os.remove", "os.rmdir", "shutil.rmtree", "os.rename") and path is not None and \
                 not isinstance(path, int) and not os.path.lexists(path)
+            if gone and not self.inside(path):
+                # nothing there to change: FileNotFoundError, as on the node (`unlink(missing_ok=True)`
+                # goes on); under bubblewrap's read-only mount the call itself says EROFS, which
+                # ultralytics' download cleanup did not expect
+                import errno
+
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fsdecode(path))
             if gone:
-                return   # nothing there to change: the call's own FileNotFoundError, as on the node
+                return
             if path is not None and not isinstance(path, int) and not self.inside(path):
                 self.refused.append(f"{event} {path}")
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")
