@@ -453,6 +453,21 @@ def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_scr
     assert "hf download" in e.fix and "the script failed" not in str(e)
 
 
+def test_a_hub_metric_not_in_the_modules_cache_is_refused_as_offline(tmp_path, monkeypatch):
+    """evaluate.load("accuracy") (every transformers example's evaluation) with the metric not in the
+    user's modules cache: evaluate says the module "doesn't exist on the Hugging Face Hub either",
+    offline; it was "fix the script". And the user's modules cache is the one the run reads."""
+    from vest_slurm.dynamic.runner import _model_caches
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert _model_caches(dict(os.environ))["HF_MODULES_CACHE"] == str(tmp_path / "hf" / "modules")
+    (tmp_path / "train.py").write_text("import evaluate\nmetric = evaluate.load('accuracy')\n")
+    with pytest.raises(EstimateError) as err:
+        estimate_command(parse_train_command("python train.py"), [A100], cwd=str(tmp_path))
+    e = err.value
+    assert e.kind == "limit" and "Hugging Face Hub" in str(e) and "train.py:2" in str(e), str(e)
+
+
 def test_torch_hub_weights_not_in_the_cache_say_which_cache_to_fill(tmp_path, monkeypatch):
     """torchvision's pretrained backbone (DETR's) downloads through torch.hub: refused as offline,
     naming the cache the estimate looked in ($TORCH_HOME/hub) and how to fill it; not the bare

@@ -583,7 +583,9 @@ def _api_called(tb) -> str | None:
 # cached_file and kernels' version resolution word it so).
 _HUB_OFFLINE_ERRORS = ("OfflineModeIsEnabled", "LocalEntryNotFoundError")
 _HUB_OFFLINE_WORDS = ("offline mode", "hf_hub_offline", "couldn't connect to 'https://huggingface.co'",
-                      "not available in the local cache")
+                      "not available in the local cache",
+                      # evaluate.load of a metric not in the modules cache, offline
+                      "doesn't exist on the hugging face hub either")
 
 
 def _chain(e: BaseException | None, most: int = 10):

@@ -362,10 +362,15 @@ def _model_caches(env: dict) -> dict:
     caches stay in the temp dir (datasets writes its arrow files from C++, past the overlay), so
     these two are named before HF_HOME and XDG_CACHE_HOME move: ``from_pretrained`` and
     ``weights=`` of a model the user already has then load offline as in the job, instead of
-    reaching for the network. The script reads them; a write (a lock file) goes to the overlay."""
+    reaching for the network. The script reads them; a write (a lock file) goes to the overlay.
+    The Hub's cached modules (HF_MODULES_CACHE: evaluate's metrics) likewise."""
     xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    hub = env.get("HF_HUB_CACHE") or os.path.join(env.get("HF_HOME") or os.path.join(xdg, "huggingface"), "hub")
-    return {"HF_HUB_CACHE": hub, "TORCH_HOME": env.get("TORCH_HOME") or os.path.join(xdg, "torch")}
+    home = env.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    hub = env.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    # (and the modules Hugging Face libraries import from the Hub, cached: evaluate's metrics,
+    # evaluate.load("accuracy") in every example's evaluation)
+    return {"HF_HUB_CACHE": hub, "HF_MODULES_CACHE": env.get("HF_MODULES_CACHE") or os.path.join(home, "modules"),
+            "TORCH_HOME": env.get("TORCH_HOME") or os.path.join(xdg, "torch")}
 
 
 def _accelerate_config(cmd: TrainCommand, where: str) -> str | None:
