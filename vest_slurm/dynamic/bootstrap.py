@@ -489,7 +489,9 @@ class Sandbox:
             path = (args[1] if len(args) > 1 else None) if event in ("os.symlink", "os.link") else (args[0] if args else None)
             gone = event in ("os.remove", "os.rmdir", "shutil.rmtree", "os.rename") and path is not None and \
                 not isinstance(path, int) and not os.path.lexists(path)
-            if gone and not self.inside(path):
+            # (a name relative to a directory's descriptor, shutil.rmtree's: not looked up here)
+            if gone and event in ("os.remove", "os.rmdir") and (len(args) < 2 or args[1] in (None, -1)) \
+                    and not self.inside(path):
                 # nothing there to change: FileNotFoundError, as on the node (`unlink(missing_ok=True)`
                 # goes on); under bubblewrap's read-only mount the call itself says EROFS, which
                 # ultralytics' download cleanup did not expect
