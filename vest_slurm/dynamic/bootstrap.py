@@ -607,12 +607,14 @@ def needs_hub(e: BaseException) -> bool:
     return False
 
 
+_TORCH_HUB = os.sep + os.path.join("torch", "hub.py")
+
+
 def _through_torch_hub(e: BaseException) -> bool:
     """Whether the network was wanted by torch.hub (torchvision's and timm's ``pretrained=True``
     weights, ``torch.hub.load``): what it fetches it keeps under $TORCH_HOME/hub, where the
     estimate finds it once it is there."""
-    hub = os.sep + os.path.join("torch", "hub.py")
-    return any(fr.filename.endswith(hub) for x in _chain(e) for fr in traceback.extract_tb(x.__traceback__))
+    return any(fr.filename.endswith(_TORCH_HUB) for x in _chain(e) for fr in traceback.extract_tb(x.__traceback__))
 
 
 def _hub_download(e: BaseException) -> list | None:
@@ -622,7 +624,7 @@ def _hub_download(e: BaseException) -> list | None:
         tb = x.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code
-            if code.co_name == "download_url_to_file" and code.co_filename.endswith(os.sep + os.path.join("torch", "hub.py")):
+            if code.co_name == "download_url_to_file" and code.co_filename.endswith(_TORCH_HUB):
                 loc = tb.tb_frame.f_locals
                 url, dst = loc.get("url"), loc.get("dst")
                 if isinstance(url, str) and isinstance(dst, (str, os.PathLike)):

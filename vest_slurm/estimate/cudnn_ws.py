@@ -296,22 +296,29 @@ def _interpreter(program: str, path: str | None, cwd: str | None) -> str | None:
         return None
     if re.fullmatch(r"python(\d(\.\d+)?)?", os.path.basename(exe)):
         return exe
-    try:
-        with open(exe, "rb") as f:
-            first = f.readline(512).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    if not first.startswith("#!"):
-        return None
-    words = first[2:].split()
-    if words and os.path.basename(words[0]) == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
+    words = _shebang(exe)
     if words and os.path.basename(words[0]) in _SHELLS:
         target = _shim_target(exe, path, cwd)
         return _interpreter(target, path, cwd) if target else None
     if words and os.path.basename(words[0]) == words[0]:   # (#!/usr/bin/env python3)
         return _interpreter(words[0], path, cwd)
     return words[0] if words and os.path.isfile(words[0]) else None
+
+
+def _shebang(exe: str) -> list[str]:
+    """The words of a file's #! line, ``env`` and its options left out (``#!/usr/bin/env python3``:
+    ["python3"]); [] where there is none."""
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return []
+    if not first.startswith("#!"):
+        return []
+    words = first[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    return words
 
 
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
@@ -352,13 +359,7 @@ def shell_launcher(program: str, path: str | None = None, cwd: str | None = None
     exe = program if "/" in program else shutil.which(program, path=path)
     if not exe or not os.path.isfile(exe) or _interpreter(program, path, cwd) is not None:
         return None
-    try:
-        with open(exe, "rb") as f:
-            words = f.readline(512).decode("utf-8", "replace").split() if f.read(2) == b"#!" else []
-    except OSError:
-        return None
-    if words and os.path.basename(words[0]) == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
+    words = _shebang(exe)
     return exe if words and os.path.basename(words[0]) in _SHELLS else None
 
 
