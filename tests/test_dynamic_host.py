@@ -1631,3 +1631,32 @@ def test_the_backend_a_script_asked_for_is_the_one_it_reads_back(tmp_path):
     (est,), run = estimate_command(parse_train_command("torchrun --nproc_per_node 2 train.py"), [A100],
                                    cwd=str(tmp_path))
     assert run.steps == 3
+
+
+def test_a_failure_under_a_packages_console_script_is_named_at_the_packages_line(tmp_path):
+    """`yolo train ...`: the job runs a package's command, whose file on PATH is pip's wrapper of
+    an entry point (imports, then ``sys.exit(main())``). No line of it is the user's: the failure is
+    named at the package's line that raised, not at the wrapper's ``sys.exit`` line."""
+    pkg = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "tinycli"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import torch\n\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(8, 8).cuda()\n"
+        "    out = model(torch.randn(4, 8, device='cuda'))\n"
+        "    raise ValueError('tinycli: no labels in the data set')\n")
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir()
+    (bin_ / "tinycli").write_text(   # pip's (distlib's) console-script template
+        f"#!{sys.executable}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom tinycli import main\n"
+        "if __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        "    sys.exit(main())\n")
+    (bin_ / "tinycli").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pkg.parent), os.environ.get("PYTHONPATH", "")]),
+           "PATH": os.pathsep.join([str(bin_), os.environ["PATH"]])}
+    r = subprocess.run([sys.executable, "-m", "vest_slurm.cli", "estimate", "--gpu", "a100-40gb", "--json", "--",
+                        "tinycli", "--epochs", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "script-error" and "no labels" in doc["error"], r.stderr
+    assert doc["where"].endswith(os.path.join("tinycli", "__init__.py") + ":6"), doc

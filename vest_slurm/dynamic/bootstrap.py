@@ -541,8 +541,10 @@ class _Entries:
 
 def _user_frame(tb, script_path: str | None):
     """The innermost frame of user code (not torch, not vest, not a library) in a traceback: file
-    and line."""
-    fr = frames.innermost(reversed(traceback.extract_tb(tb)))
+    and line; where the job runs a package's command (a console script: no line of the user's runs),
+    the package's innermost line."""
+    entries = traceback.extract_tb(tb)[::-1]
+    fr = frames.innermost(entries) or frames.innermost(entries, (frames.LIBRARY,))
     return (f"{fr.filename}:{fr.lineno}", (fr.line or "").strip()) if fr else (None, None)
 
 

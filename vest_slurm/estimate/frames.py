@@ -11,6 +11,7 @@ torch's, and a user's folder that happens to be named ``torch`` is the user's.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import sys
@@ -55,7 +56,43 @@ def origin(filename: str) -> str:
         return LIBRARY   # Cython names its sources relative to the package (pyarrow/error.pxi)
     if filename.startswith(_stdlib()):
         return STDLIB
+    if entry_point_wrapper(filename):
+        return LIBRARY   # `yolo train ...`: the package's own code is what runs, not the user's
     return USER
+
+
+def _sets_argv0(stmt) -> bool:
+    """``sys.argv[0] = ...`` (the wrappers' strip of ``-script.pyw``/``.exe``), or an ``if`` of
+    nothing but those."""
+    if isinstance(stmt, ast.If):
+        return all(_sets_argv0(s) for s in stmt.body + stmt.orelse)
+    return isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "sys.argv[0]"
+
+
+@functools.lru_cache(maxsize=256)
+def entry_point_wrapper(filename: str) -> bool:
+    """Whether a file is an installer's wrapper of a console script (``bin/yolo``, ``bin/litgpt``):
+    imports and an ``if __name__ == "__main__":`` of ``sys.argv[0]`` fixes and ``sys.exit(main())``
+    (pip's and distlib's template, uv's), or setuptools' easy-install entry script. No line of it is
+    the user's: a failure under it is named at the package's line."""
+    try:
+        if os.path.getsize(filename) > 4096:   # the templates are a few hundred bytes
+            return False
+        with open(filename, encoding="utf-8") as f:
+            text = f.read()
+        if "# EASY-INSTALL-ENTRY-SCRIPT:" in text:
+            return True
+        body = ast.parse(text).body
+    except (OSError, SyntaxError, ValueError):
+        return False
+    *head, main = body or [None]
+    if not (isinstance(main, ast.If) and ast.unparse(main.test).replace("'", '"') == '__name__ == "__main__"'):
+        return False
+    *fixes, leave = main.body
+    return (all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in head) and all(_sets_argv0(s) for s in fixes)
+            and isinstance(leave, ast.Expr) and isinstance(leave.value, ast.Call)
+            and ast.unparse(leave.value.func) == "sys.exit" and len(leave.value.args) == 1
+            and isinstance(leave.value.args[0], ast.Call))
 
 
 def installed_module(filename: str) -> str | None:
