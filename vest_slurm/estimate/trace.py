@@ -108,6 +108,18 @@ class AllocTrace:
         ends = set(self.step_ends)
         return [0] * (0 in ends) + [live for i, live in enumerate(self._live_after_each(), 1) if i in ends]
 
+    def kept_bytes(self, start: int, end: int, at: int) -> int:
+        """The bytes of the tensors made by events[start:end] (workspaces left out) still alive after
+        events[:at]."""
+        made: dict[int, int] = {}
+        for i in range(start, at):
+            e = self.events[i]
+            if e.action != "alloc":
+                made.pop(e.block, None)
+            elif i < end and e.category != "workspace":
+                made[e.block] = e.size_bytes
+        return sum(made.values())
+
     def _live_after_each(self, end: int | None = None):
         """The bytes of live tensors (workspaces left out) after each of the events before ``end``."""
         live = 0
@@ -136,13 +148,18 @@ def growth_note(trace: "AllocTrace", owners: list | None = None) -> str | None:
     ``owners``: which optimizer ended each step, where the run knows; the steps compared are the
     last optimizer's (a GAN's discriminator and generator steps alternate and hold different
     tensors at their ends: compared with each other they looked like growth)."""
-    ends = trace.live_at_step_ends()
+    ends, at = trace.live_at_step_ends(), list(trace.step_ends)
     if owners is not None and len(owners) == len(ends) and owners:
-        ends = [live for live, o in zip(ends, owners) if o == owners[-1]]
+        ends, at = zip(*[(live, i) for live, i, o in zip(ends, at, owners) if o == owners[-1]]) or ((), ())
     if len(ends) < 3:
         return None
     a, b, c = ends[-3:]
     if not (min(b - a, c - b) >= GROWTH_PER_STEP * c):
+        return None
+    # what a step leaves is what it made that a later step did not free: a loop that holds its
+    # current batch (multi-scale training draws a new image size each step) ends each step holding
+    # a tensor of another size, freed by the next step; the rise of the step ends is no growth there
+    if trace.kept_bytes(at[-3], at[-2], at[-1]) < GROWTH_PER_STEP * c:
         return None
     return (f"the tensors alive on the GPU at the end of each training step grew ({a / 2**20:,.1f}, {b / 2**20:,.1f}, "
             f"{c / 2**20:,.1f} MiB at the last 3 traced steps): the loop keeps something of every step on "
