@@ -296,6 +296,20 @@ def test_torchrun_ddp_script_one_rank_of_the_world():
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params
 
 
+def test_a_gloo_group_beside_nccl_for_host_work_is_a_group_of_the_fake_world():
+    """dist.new_group(backend="gloo") beside NCCL's (detectron2's comm.py, Lightning's
+    rank_zero_first): barriers, object gathers and host reductions on it run, and get_backend names
+    it gloo; a real gloo group met vest's fake store and crashed the child (exit 139). The estimate
+    is the DDP one's: the side group holds nothing on the GPU."""
+    for extra in ("", " --subgroups"):
+        cmd = parse_train_command("torchrun --nproc_per_node 2 gloo_side_group_train.py" + extra)
+        (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+        b = dict(est.breakdown)
+        params = (64 * 512 + 512 + 512 * 10 + 10) * 4
+        assert run.steps == 3 and b["parameters"] == params and b["optimizer_state"] == 2 * params, extra
+        assert b["nccl"] > 0
+
+
 def test_ddp_communication_hooks():
     """DDP's register_comm_hook (accelerate's comm_hook): the fp16 compression hook allreduces a
     half-precision copy of the bucket, held until the backward's end (one per step; the peak is

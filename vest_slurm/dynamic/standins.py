@@ -90,6 +90,9 @@ class ScriptState:
     backward_in_step: bool = False
     processes_started: list = field(default_factory=list)   # the targets of multiprocessing Processes started
     dist_backend: str | None = None   # the backend init_process_group was asked for (the group is fake)
+    # the side groups new_group made with a backend of their own (a gloo group for host work), each
+    # with the backend asked for: (group, backend)
+    group_backends: list = field(default_factory=list)
     waited_for: str | None = None   # the optimizers that had not stepped when the run stopped (unstepped_note)
     # the end of the epoch after the traced steps (DRAIN_BATCHES)
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
@@ -576,9 +579,36 @@ def _get_backend(original, state: ScriptState):
     picks its device by "nccl" in that name."""
     def get_backend(group=None):
         name = original(group)
-        return state.dist_backend if name == "fake" and state.dist_backend else name
+        if name != "fake":
+            return name
+        asked = next((b for g, b in state.group_backends if g is group), None)
+        return asked or state.dist_backend or name
 
     return get_backend
+
+
+def _new_group(original, state: ScriptState):
+    """dist.new_group(backend="gloo"), a side group for host work (barriers, object gathers; Lightning's
+    rank_zero_first, detectron2's and DINOv2's gloo groups): a subgroup of the fake process group, as
+    new_group() with no backend makes, which get_backend names as asked. A real gloo group met the
+    fake store, where no other rank answers, and crashed the process. (new_subgroups and DeviceMesh's
+    backend overrides come here too.)"""
+    import inspect
+
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)
+    def new_group(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        asked = bound.arguments.pop("backend", None)
+        if asked is not None:
+            bound.arguments.pop("pg_options", None)   # the asked backend's options (ProcessGroupNCCL.Options)
+        group = original(*bound.args, **bound.kwargs)
+        if asked is not None:
+            state.group_backends.append((group, str(asked)))
+        return group
+
+    return new_group
 
 
 def _gathers():
@@ -1546,6 +1576,7 @@ def patched(state: ScriptState):
         (dist, "init_process_group", _init_process_group(state)),
         (dist, "get_backend", _get_backend(dist.get_backend, state)),
         (dist.distributed_c10d, "get_backend", _get_backend(dist.distributed_c10d.get_backend, state)),
+        (dist.distributed_c10d, "new_group", _new_group(dist.distributed_c10d.new_group, state)),
         *zip((dist,) * 3, ("all_gather", "all_gather_into_tensor", "all_gather_object"), _gathers()),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
