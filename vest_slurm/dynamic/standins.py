@@ -321,6 +321,7 @@ def _apply_overwrite(state: ScriptState):
                     with torch.no_grad():
                         new.grad = fn(p.grad)
                 _carry_hooks(p, new)
+                fc.release_moved(p, new)
                 memo[id(p)] = new
                 moved.append((p, new))
                 state.moved_params[p] = new

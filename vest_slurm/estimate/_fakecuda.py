@@ -1386,6 +1386,23 @@ def _set_data(target, value):
         return _SET_DATA(target, value)
 
 
+def release_moved(old: torch.Tensor, new: torch.Tensor) -> None:
+    """The parameter a module conversion replaced (Module._apply's stand-in makes a new object) lets
+    its device memory go, as on a GPU, where it is the moved one (the conversion swaps its data):
+    its data becomes the new value's (shared; a fake host copy where the model went to the host) and
+    its gradient goes. Held by the last step's graph (AccumulateGrad keeps its leaf) or by a list of
+    the script's, the old weights and gradient were counted beside the new ones: a CycleGAN that
+    saves with ``net.cpu()`` then ``net.cuda()`` was estimated a model's weights high."""
+    if not isinstance(old, FakeTensor) or old is new:
+        return
+    try:
+        with torch.no_grad():
+            old.grad = None
+            _set_data(old, new)
+    except RuntimeError:
+        pass   # (a kind the data cannot be swapped between: the old object stays as it was)
+
+
 def _call_leaves(args, kwargs):
     """The leaves of a torch function's arguments, as pytree's tree_leaves finds them (lists, tuples,
     dicts, nested), without its per-node registry lookups: it ran on every host op of a script (a
