@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -308,6 +309,25 @@ def test_a_gloo_group_beside_nccl_for_host_work_is_a_group_of_the_fake_world():
         params = (64 * 512 + 512 + 512 * 10 + 10) * 4
         assert run.steps == 3 and b["parameters"] == params and b["optimizer_state"] == 2 * params, extra
         assert b["nccl"] > 0
+
+
+def test_a_launcher_that_starts_torchrun_itself_is_estimated_as_that_launch():
+    """A command that starts the training's launcher itself (``tune run --nproc_per_node 2 recipe``
+    calls torch.distributed.run's run() in its process; LLaMA-Factory's CLI runs torchrun as a
+    child): it was refused ("tried to start a process"). The estimate is that launch's, the same as
+    the torchrun command run directly (in the launcher's working directory, with the variables it
+    set), with a flag that names it."""
+    (ref,), direct = estimate_command(parse_train_command("torchrun --nproc_per_node 2 ddp_train.py"), [A100], cwd=SCRIPTS)
+    for how in ("inprocess", "child", "shell"):
+        cmd = parse_train_command(f"python own_launcher.py --how {how} ddp_train.py --hidden 512")
+        (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+        assert run.steps == 3 and dict(est.breakdown) == dict(ref.breakdown), how
+        said = [f for f in run.flags if "started its training as" in f]
+        assert len(said) == 1 and re.search(r"torch\.distributed\.run .*--nproc_per_node[= ]2 ", said[0]), run.flags
+    # a launcher asked for a launch that fails: the launch's own error, named at its script
+    with pytest.raises(EstimateError) as e:
+        estimate_command(parse_train_command("python own_launcher.py --how child fails_by_itself.py"), [A100], cwd=SCRIPTS)
+    assert e.value.kind == "script-error" and e.value.where.endswith("fails_by_itself.py:5")
 
 
 def test_ddp_communication_hooks():

@@ -118,6 +118,23 @@ def stops() -> list[tuple]:
     return [(_stop_of(entry), entry[1]) for entry in STOPS or ()]
 
 
+class Relaunch(BaseException):
+    """Raised inside a training script's run where it starts a training launcher itself (torchrun's
+    ``run()`` called in its own process, as ``tune run --nproc_per_node N`` does, or a torchrun,
+    accelerate or deepspeed command as a child process): what the job trains is that launch, and
+    the estimate runs it instead. ``argv``: the launch's command, ``cwd`` where it runs, ``env`` the
+    variables the script set for it. A BaseException: a script's ``except Exception`` lets it go."""
+
+    def __init__(self, argv: list[str], cwd: str, env: tuple = ()):
+        global RELAUNCHED
+        super().__init__(" ".join(argv))
+        self.argv, self.cwd, self.env = list(argv), cwd, tuple(env)
+        RELAUNCHED = RELAUNCHED or self   # (held: a script's bare `except:` may swallow it)
+
+
+RELAUNCHED: Relaunch | None = None   # the run's first launch the script started
+
+
 class NotSupportedHere(RuntimeError):
     """Raised inside a training script's run with fake CUDA at a torch API the run cannot answer
     faithfully: vest must act, not the script (dynamic analysis classifies it vest-unsupported)."""

@@ -455,6 +455,9 @@ class Sandbox:
         if event in ("os.fork", "os.forkpty") and self.forks:
             return
         if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"):
+            launched = _launch_started(event, args)
+            if launched is not None:
+                raise launched
             why = children.refusal(event, args, self.confined)
             if why is None:   # a host tool a library runs (children.py): it runs, confined as the script is
                 argv = children._argv(event, args)
@@ -503,6 +506,33 @@ class Sandbox:
             if path is not None and not isinstance(path, int) and not self.inside(path):
                 self.refused.append(f"{event} {path}")
                 raise Refused(f"vest: the training script tried {event} on {os.fsdecode(path)!r} outside the estimate's temp dir")
+
+
+def _launch_started(event: str, args):
+    """errors.Relaunch for a training launcher the script starts as a child process (a torchrun,
+    accelerate launch or deepspeed command: LLaMA-Factory's and axolotl's CLIs, a project's own
+    launcher script), or None: the estimate is that launch's, run as the job would run it."""
+    import shlex
+
+    from ..errors import Relaunch, WorkloadError
+    from .launch import parse_train_command
+    from .post_import import set_since_start
+
+    argv = children._argv(event, args)
+    if len(argv) == 3 and os.path.basename(argv[0]) in ("sh", "bash", "dash") and argv[1] == "-c":
+        try:
+            argv = shlex.split(argv[2])
+        except ValueError:
+            return None
+    try:
+        if not argv or parse_train_command(argv).launcher not in ("torchrun", "accelerate", "deepspeed"):
+            return None
+    except (WorkloadError, ValueError):
+        return None
+    env = {"subprocess.Popen": 3, "os.exec": 2, "os.posix_spawn": 2, "os.spawn": 3}.get(event)
+    env = args[env] if env is not None and len(args) > env and args[env] is not None else os.environ
+    cwd = args[2] if event == "subprocess.Popen" and len(args) > 2 and args[2] is not None else os.getcwd()
+    return Relaunch(argv, os.path.abspath(os.fsdecode(cwd)), set_since_start({os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}))
 
 
 # os calls on a path that go to the script's own copy where it wrote one (Sandbox.install)
@@ -1030,6 +1060,7 @@ def run(ns) -> dict:
     from .. import errors
 
     errors.STOPS, final = [], None   # the stops vest raises in the run (swallowed_stops)
+    errors.RELAUNCHED = None
     errors.SETTLE = lambda stop: _stop_record(stop, ns.script)
     sys.argv = [ns.script or ns.module] + list(ns.args)
     if ns.script:
@@ -1074,11 +1105,14 @@ def run(ns) -> dict:
                 from ..estimate import oneshot
 
                 oneshot.settle()   # torch's and vest's objects out of the collector's scans
+                from . import post_import
+
+                post_import.START_ENV.update(os.environ)   # what the script sets from here is its own
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
                 else:
                     runpy.run_path(ns.script, run_name="__main__")
-            except StopTracing:
+            except (StopTracing, errors.Relaunch):
                 pass
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -1201,6 +1235,11 @@ def run(ns) -> dict:
             then = result.get("message") or "it ended without a training step"
             result.update(status=stop["kind"], message=f"{said}; then: {then}", where=stop["where"], line=None,
                           api=stop["api"])
+    if errors.RELAUNCHED is not None and state.steps == 0:
+        # it started the training's launcher itself: the runner estimates that launch
+        r = errors.RELAUNCHED
+        result.update(status="relaunch", relaunch={"argv": r.argv, "cwd": r.cwd, "env": [list(kv) for kv in r.env]},
+                      message=f"{target} launched {' '.join(r.argv)}")
     if result["status"] == STATUS_OK and state.steps == 0:
         result.update(status="no-step", message=f"{target} ended without an optimizer step, a backward pass "
                       "followed by parameter updates, or forward passes under grad")

@@ -191,7 +191,41 @@ def _transformers_tracing(module) -> None:
     module.is_fake_tensor = is_fake_tensor
 
 
+# the environment the run started with: what a script set before it launched is the launch's
+START_ENV: dict = {}
+
+
+def _torchrun_in_process(module) -> None:
+    """torch.distributed.run's ``run(args)`` called by the script itself (``tune run
+    --nproc_per_node N recipe``, a launcher of a project's own, accelerate's launch code run in
+    Python): it would start N processes of the training script; the estimate runs that launch
+    instead (errors.Relaunch: the runner estimates the command ``python -m torch.distributed.run``
+    with the same options, as if the job ran it)."""
+    real = getattr(module, "run", None)
+    if real is None:
+        return
+
+    @functools.wraps(real)
+    def run(args):
+        import os
+
+        from ..errors import Relaunch
+
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nnodes}",
+                f"--nproc_per_node={args.nproc_per_node}"]
+        argv += ["-m"] * bool(getattr(args, "module", False)) + ["--no-python"] * bool(getattr(args, "no_python", False))
+        raise Relaunch(argv + [args.training_script, *args.training_script_args], os.getcwd(), set_since_start(os.environ))
+
+    module.run = run
+
+
+def set_since_start(env) -> tuple:
+    """The (name, value) pairs of ``env`` not as the run started (what the script set)."""
+    return tuple((k, v) for k, v in env.items() if START_ENV.get(k) != v)
+
+
 HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models,
+         "torch.distributed.run": _torchrun_in_process,
          "transformers.utils.import_utils": _transformers_tracing,
          **{f"{pkg}.strategies.launchers.subprocess_script": _lightning_launcher
             for pkg in ("lightning.fabric", "lightning_fabric", "lightning.pytorch", "pytorch_lightning")}}

@@ -561,6 +561,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
         if result.get("status") != "ok" and result.get("oom") and room:
             # out of this GPU's memory, not caught: the run again without the bound says how much it needs
             return _run_dynamic(cmd, profile, num_gpus, limits, cwd, python, theirs, why_not, 0)
+        if result.get("status") == "relaunch":
+            raise Relaunched(cmd, result["relaunch"])
         if result.get("status") != "ok":
             if os.environ.get("VEST_TRACEBACK") and result.get("traceback"):
                 print(result["traceback"], file=sys.stderr, end="")
@@ -998,8 +1000,49 @@ def _tuples(x):
     return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
 
 
+class Relaunched(Exception):
+    """The script started a training launcher itself (errors.Relaunch in its run): ``cmd`` is that
+    launch, as the job would run it (its arguments, the script's working directory and the variables
+    it set), and ``note`` says so."""
+
+    def __init__(self, parent: TrainCommand, launch: dict):
+        from .launch import parse_train_command
+
+        env = tuple((k, v) for k, v in parent.env) + tuple((k, v) for k, v in launch["env"])
+        cmd = parse_train_command(launch["argv"])
+        self.cmd = replace(cmd, env=tuple(dict(env + cmd.env).items()), chdir=launch["cwd"])
+        self.note = (f"{parent.display} started its training as {' '.join(launch['argv'])} (in {launch['cwd']}): "
+                     "this estimate is that launch's")
+        super().__init__(self.note)
+
+
+# launches one command may start in turn (a CLI that runs a launcher that runs torchrun)
+MAX_RELAUNCHES = 3
+
+
 def trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
                   cwd: str | None = None, alloc_conf: str | None = None):
+    """trace_command of the command, or of the training launch it starts itself (Relaunched: ``tune
+    run --nproc_per_node 2 recipe``, a CLI that runs torchrun in a child process), with a flag that
+    says so."""
+    said: tuple[str, ...] = ()
+    for _ in range(MAX_RELAUNCHES + 1):
+        try:
+            spec, summaries, run = _trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
+        except Relaunched as r:
+            cmd, said = r.cmd, said + (r.note,)
+            continue
+        if said:
+            run = replace(run, flags=said + run.flags)
+            spec = spec.with_(flags=tuple(dict.fromkeys(said + spec.flags)))
+        return spec, summaries, run
+    raise EstimateError(f"{cmd.display}: the command started a training launcher {MAX_RELAUNCHES + 1} times in turn ("
+                        f"{'; '.join(said)})", "give the job's training command itself (its torchrun or python line)",
+                        kind="vest-unsupported")
+
+
+def _trace_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, limits: Limits = Limits(),
+                   cwd: str | None = None, alloc_conf: str | None = None):
     """Run the script once per capability class of ``profiles``: (spec, {class: TraceSummary or
     EstimateError}, run). A script can fail on one class only (one that checks for native bf16 or a GPU of sm80+); it is an
     error only when it fails on every class. A class whose GPUs answer every GPU-dependent question
