@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vest_slurm.errors import FailsOnAGpu
 from vest_slurm.estimate import _fakecuda as fc
 from vest_slurm.estimate.tracing import trace_training
 from vest_slurm.estimate.workload import parse_workload_args
@@ -575,6 +576,7 @@ def test_attention_the_gpu_runs_on_its_math_kernel_keeps_the_scores():
 def test_one_key_value_head_without_enable_gqa_follows_the_installed_torchs_rule(tmp_path, monkeypatch):
     """Multi-query attention called without enable_gqa (Falcon): torch releases whose
     sdp_utils_cpp.h broadcasts one key/value head run a fused kernel; older ones, math."""
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")   # flash's and math's rules, not cuDNN's
     q = torch.empty(2, 8, 64, 64, dtype=torch.float16, device="meta")
     kv = torch.empty(2, 1, 64, 64, dtype=torch.float16, device="meta")
     old = tmp_path / "old.h"
@@ -607,7 +609,7 @@ def test_bfloat16_before_sm80_is_emulated_as_pytorch_answers():
     assert fc.gpu_sdp_choice((8, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
 
 
-def test_the_attention_backend_follows_torchs_filters_and_the_scripts_switches():
+def test_the_attention_backend_follows_torchs_filters_and_the_scripts_switches(monkeypatch):
     """select_sdp_backend's filters (cuda/sdp_utils.cpp): flash takes any head dim up to 256 (one
     not a multiple of 8 is padded), not a causal mask over a non-square score matrix; the
     memory-efficient kernel's alignment is the GEMM's (fp32: 4 from sm80, 1 before); and a backend
@@ -616,6 +618,7 @@ def test_the_attention_backend_follows_torchs_filters_and_the_scripts_switches()
     script had asked for math (-85%), with no word either way."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")   # flash's and math's rules, not cuDNN's
     h4 = torch.empty(2, 8, 64, 4, dtype=torch.float16, device="meta")
     assert fc.gpu_sdp_choice((8, 0), h4, h4, h4, None, 0.0, False) == fc.SDP_FLASH
     q = torch.empty(2, 8, 16, 64, dtype=torch.float16, device="meta")
@@ -634,13 +637,59 @@ def test_the_attention_backend_follows_torchs_filters_and_the_scripts_switches()
         assert fc.gpu_sdp_choice((9, 0), kv, kv, kv, None, 0.0, False) == fc.SDP_EFFICIENT
     finally:
         torch.backends.cuda.enable_flash_sdp(True)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(FailsOnAGpu, match="No available kernel"):
         fc.gpu_sdp_choice((7, 0), kv, kv, kv, None, 0.0, False)   # flash needs sm80; math is off
     # the padded flash kernel on the fake GPU: q, k and v copied to head dim 8, the output a view
     with fake_gpu(capability=(8, 0)):
         x = torch.empty(2, 8, 64, 4, dtype=torch.float16, device="cuda", requires_grad=True)
         out = torch.nn.functional.scaled_dot_product_attention(x, x, x)
         assert out.shape == (2, 8, 64, 4) and out._base is not None and out._base.shape[-1] == 8
+
+
+def test_the_attention_kernel_follows_torchs_priority_order_and_takes_cudnn_where_torch_does(monkeypatch):
+    """torch tries the kernels in its priority order: the script's (``sdpa_kernel([MATH, FLASH],
+    set_priority=True)``: math first, the S x S scores kept; vest took flash, 7x low, silently), or
+    its default, which puts cuDNN's attention first on sm90/sm100 with a cuDNN newer than 9.15
+    (torch >= 2.9, unless TORCH_CUDNN_SDPA_DEPRIORITIZED). cuDNN alone (``sdpa_kernel(CUDNN_ATTENTION)``)
+    runs where its filters take the inputs (it was refused as "no available kernel"). A kernel
+    choice that fails on a GPU too is the script's (FailsOnAGpu), not vest's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", raising=False)
+    monkeypatch.setattr(torch, "__version__", "2.14.1+cu130")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(fc, "_cudnn_version", lambda: 92400)
+    q = torch.empty(2, 8, 128, 64, dtype=torch.bfloat16, device="meta")
+    assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_CUDNN
+    assert fc.gpu_sdp_choice((10, 0), q, q, q, None, 0.0, False) == fc.SDP_CUDNN
+    assert fc.gpu_sdp_choice((8, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH      # Ampere: flash first
+    assert fc.gpu_sdp_choice((12, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH     # consumer Blackwell
+    h320 = torch.empty(2, 8, 128, 320, dtype=torch.bfloat16, device="meta")
+    assert fc.gpu_sdp_choice((9, 0), h320, h320, h320, None, 0.0, False) == fc.SDP_EFFICIENT   # over both limits
+    monkeypatch.setattr(fc, "_cudnn_version", lambda: 91500)
+    assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
+    monkeypatch.setattr(fc, "_cudnn_version", lambda: 92400)
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_MATH
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], set_priority=True):
+        assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_FLASH
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        assert fc.gpu_sdp_choice((9, 0), q, q, q, None, 0.0, False) == fc.SDP_CUDNN
+        with pytest.raises(FailsOnAGpu, match="No available kernel"):
+            fc.gpu_sdp_choice((9, 0), q.float(), q.float(), q.float(), None, 0.0, False)   # cuDNN: fp16/bf16 only
+    # cuDNN on the fake GPU: flash's buffers where flash's kernel would take the inputs (the same
+    # algorithm: output, fp32 log-sum-exp, dQ accumulator), cuDNN's own kernel where not (a mask)
+    with fake_gpu(capability=(9, 0)), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        x = torch.empty(2, 8, 128, 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        out = torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+        assert out.shape == (2, 8, 128, 64) and "Flash" in type(out.grad_fn).__name__
+        mask = torch.zeros(2, 1, 128, 128, dtype=torch.bfloat16, device="cuda")
+        out = torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+        assert out.shape == (2, 8, 128, 64) and "Cudnn" in type(out.grad_fn).__name__
+        out.sum().backward()
+        assert x.grad.shape == x.shape
 
 
 def _conv(dtype, groups=1, n=4, c=64, hw=28, k=3):

@@ -135,6 +135,11 @@ class Relaunch(BaseException):
 RELAUNCHED: Relaunch | None = None   # the run's first launch the script started
 
 
+class FailsOnAGpu(RuntimeError):
+    """Raised by a stand-in where the real API fails the same way on a GPU (its own check, with its
+    own words): the script must act, not vest."""
+
+
 class NotSupportedHere(RuntimeError):
     """Raised inside a training script's run with fake CUDA at a torch API the run cannot answer
     faithfully: vest must act, not the script (dynamic analysis classifies it vest-unsupported)."""

@@ -39,14 +39,9 @@ from typing import Callable
 
 import torch
 
-from ..errors import NotSupportedHere  # noqa: F401  (re-exported: the stand-ins raise it)
+from ..errors import FailsOnAGpu, NotSupportedHere  # noqa: F401  (re-exported: the stand-ins raise them)
 
 FAKE, ANSWERED, REAL, UNSUPPORTED, NAMESPACE = "fake", "answered", "real", "unsupported", "namespace"
-
-
-class FailsOnAGpu(RuntimeError):
-    """Raised by a stand-in where the real API fails the same way on a GPU (its own check, with its
-    own words): the script must act, not vest."""
 
 
 @dataclass(frozen=True)

@@ -1638,7 +1638,78 @@ def _deepcopy_fake(t: FakeTensor, memo: dict):
 # scaled_dot_product_attention picks its kernel from the C++ device of the query, which here is the
 # CPU: the CPU's choice (math, saving the S x S attention) would stand in for the GPU's flash or
 # memory-efficient kernels (saving only the log-sum-exp). The choice is made here as on the GPU.
-SDP_MATH, SDP_FLASH, SDP_EFFICIENT = "math", "flash", "efficient"
+SDP_MATH, SDP_FLASH, SDP_EFFICIENT, SDP_CUDNN = "math", "flash", "efficient", "cudnn"
+# torch's SDPBackend numbers (torch.nn.attention.SDPBackend) in its priority list, and the list it
+# starts with (Context.h sdp_priority_order: flash, efficient, math, cudnn, overrideable)
+_SDP_NUMBERED = {0: SDP_MATH, 1: SDP_FLASH, 2: SDP_EFFICIENT, 3: SDP_CUDNN}
+_SDP_DEFAULT_ORDER = (1, 2, 0, 3, 4)
+
+
+def _sdp_order(capability) -> list[str]:
+    """The order torch tries the SDPA kernels in (sdp_utils.cpp ``priority_order``): the script's own
+    (``sdpa_kernel(backends, set_priority=True)``, ``torch._C._set_sdp_priority_order``), or torch's
+    default, which torch itself changes once, at its first attention on the GPU, to cuDNN first
+    where it prefers cuDNN's kernel (``check_prefer_cudnn_attention``: _prefers_cudnn_sdpa)."""
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    order = tuple(get()) if get is not None else _SDP_DEFAULT_ORDER
+    if order == _SDP_DEFAULT_ORDER and _prefers_cudnn_sdpa(capability):
+        order = (3, 1, 2, 0)
+    return [_SDP_NUMBERED[n] for n in order if n in _SDP_NUMBERED]
+
+
+def _cudnn_version() -> int:
+    """The cuDNN of the torch running the script (``torch.backends.cudnn.version()``: 92400 for 9.24),
+    0 where it has none."""
+    try:
+        return int(torch.backends.cudnn.version() or 0)
+    except (RuntimeError, TypeError, ValueError):
+        return 0
+
+
+def _prefers_cudnn_sdpa(capability) -> bool:
+    """Whether torch puts cuDNN's attention first on this GPU (sdp_utils.cpp
+    ``check_prefer_cudnn_attention``, torch >= 2.9): datacenter Hopper and Blackwell (sm90, sm100,
+    and with CUDA before 13 only minor 0 or 3), a cuDNN newer than 9.15.0, unless
+    TORCH_CUDNN_SDPA_DEPRIORITIZED is set."""
+    import os
+
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().upper() in ("1", "ON", "TRUE", "YES", "Y"):
+        return False
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    cuda = tuple(int(p) for p in (torch.version.cuda or "0").split(".")[:1] if p.isdigit())
+    major, minor = tuple(capability)[:2]
+    return (version >= (2, 9) and _cudnn_version() > 91500 and major in (9, 10)
+            and (cuda >= (13,) or minor in (0, 3)))
+
+
+def _cudnn_sdpa_ok(capability, query, key, value, dropout_p, grads: bool) -> bool:
+    """Whether cuDNN's attention takes these inputs (sdp_utils.cpp ``can_use_cudnn_attention``:
+    enabled, not deterministic algorithms, fp16/bf16 on sm80-sm121, dropout a multiple of 1/16,
+    batch and heads up to 65535, head dims a multiple of 8 and at most 128 (256 on sm90/sm10x with
+    cuDNN 9.22+, 192/128 from 9.11), a key sequence longer than 1, key and value heads dividing
+    the query's; with gradients on the d256 cuDNN, backward head dims <= 128, 192/128 or 256/256)."""
+    if not _sdp_enabled("cudnn") or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return False
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False
+    cudnn = _cudnn_version()
+    cap = tuple(capability)[:2]
+    if (cudnn < 90000 or not (8, 0) <= cap <= (12, 1) or query.dtype not in (torch.float16, torch.bfloat16)
+            or dropout_p * 16 != math.floor(dropout_p * 16) or (dropout_p > 0 and 91100 < cudnn < 91400)):
+        return False
+    batch, heads, seq_q, d_qk = query.shape
+    seq_k, d_v = key.shape[-2], value.shape[-1]
+    k_heads, v_heads = key.shape[-3], value.shape[-3]
+    if batch > 65535 or heads > 65535 or k_heads != v_heads or heads % k_heads or seq_k == 1:
+        return False
+    if dropout_p > 0 and seq_q == 1:
+        return False
+    hopper_on = (cap[0] == 9 and cap[1] == 0) or cap[0] == 10
+    d256 = hopper_on and not (cap == (10, 7) and cudnn <= 92500) and cudnn > 92200
+    limit = 256 if d256 else 192 if hopper_on and cudnn >= 91100 and (d_qk, d_v) == (192, 128) else 128
+    if d_qk > limit or d_v > limit or d_qk % 8 or d_v % 8:
+        return False
+    return not (grads and d256 and not ((d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))))
 
 
 def installed_sdp_broadcasts_one_kv_head(header: str | None = None) -> bool:
@@ -1661,9 +1732,10 @@ def _sdp_enabled(name: str) -> bool:
 
 def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dropout_p, enable_gqa,
                    is_causal: bool = False) -> str:
-    """The backend torch's select_sdp_backend picks on a GPU of this capability (flash, then
-    memory-efficient, then math: cuda/sdp_utils.cpp), among those the script left enabled.
-    Flash: fp16/bf16 on sm80+, no explicit mask, one head dim for q, k and v of at most 256 (one not
+    """The backend torch's select_sdp_backend picks on a GPU of this capability: the first in its
+    priority order (_sdp_order: flash, memory-efficient, math, cuDNN by default; cuDNN first where
+    torch prefers it; the script's own order) that the script left enabled and that takes the
+    inputs (cuDNN: _cudnn_sdpa_ok). Flash: fp16/bf16 on sm80+, no explicit mask, one head dim for q, k and v of at most 256 (one not
     a multiple of 8 is padded: _gpu_sdpa), no causal mask over a non-square score matrix, not a head
     dim over 192 that needs gradients on sm86/89/120. Memory-efficient: any float dtype but fp64 (bf16
     from sm80: ``less_than_sm80_mem_efficient_dtypes``), masks allowed, q and k of one head dim,
@@ -1673,41 +1745,63 @@ def gpu_sdp_choice(capability: tuple[int, int], query, key, value, attn_mask, dr
     them as they are (``check_batch_size_and_num_heads_dense`` with GQA support), and newer torch
     takes a key and value of one head so without it (SDP_BROADCASTS_ONE_KV_HEAD). None enabled that
     can run: torch's "No available kernel" error."""
-    math_ok = _sdp_enabled("math")
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    fused = None
+    for backend in _sdp_order(capability):
+        if backend == SDP_MATH and _sdp_enabled("math"):
+            return SDP_MATH
+        if backend == SDP_CUDNN and _cudnn_sdpa_ok(capability, query, key, value, dropout_p, grads):
+            return SDP_CUDNN
+        if backend in (SDP_FLASH, SDP_EFFICIENT):
+            fused = fused if fused is not None else _fused_sdp_ok(capability, query, key, value, attn_mask, enable_gqa,
+                                                                  is_causal, grads)
+            if backend in fused:
+                return backend
+    raise errors.FailsOnAGpu(
+        "No available kernel. Aborting execution. (scaled_dot_product_attention: none of the kernels the script "
+        f"left enabled takes these inputs on a GPU of capability {'.'.join(map(str, tuple(capability)[:2]))}: "
+        f"{query.dtype} query of shape {tuple(query.shape)}{', a mask' if attn_mask is not None else ''}; "
+        "enable the math kernel, or give the fused kernels fp16/bf16 inputs without a mask)")
+
+
+def _fused_sdp_ok(capability, query, key, value, attn_mask, enable_gqa, is_causal, grads: bool,
+                  switches: bool = True) -> set:
+    """Which of flash and memory-efficient attention take these inputs (gpu_sdp_choice); with
+    ``switches=False``, whether the script left them on or not."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return _math_or_none(math_ok)
+        return set()
     q_heads, k_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
     if not (q_heads == k_heads == v_heads
             or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
             or (SDP_BROADCASTS_ONE_KV_HEAD and k_heads == v_heads == 1)):
-        return _math_or_none(math_ok)
+        return set()
     head_dim = query.shape[-1]
     half = query.dtype in (torch.float16, torch.bfloat16)
     same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
-    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if (_sdp_enabled("flash") and half and attn_mask is None and same_dims and head_dim <= 256
+    ok = set()
+    if ((_sdp_enabled("flash") or not switches) and half and attn_mask is None and same_dims and head_dim <= 256
             and capability >= (8, 0)
             and not (is_causal and query.shape[-2] != key.shape[-2])
             and not (grads and head_dim > 192 and tuple(capability) in ((8, 6), (8, 9), (12, 0)))):
-        return SDP_FLASH
+        ok.add(SDP_FLASH)
     align = 8 if half else 4 if capability >= (8, 0) else 1
     if (_sdp_enabled("mem_efficient") and key.shape[-1] == head_dim and head_dim % align == 0
             and value.shape[-1] % align == 0 and capability >= (5, 0) and query.dtype != torch.float64
             and (query.dtype != torch.bfloat16 or capability >= (8, 0))):
-        return SDP_EFFICIENT
-    return _math_or_none(math_ok)
-
-
-def _math_or_none(math_ok: bool) -> str:
-    if not math_ok:
-        raise RuntimeError("No available kernel. Aborting execution. (scaled_dot_product_attention: the math "
-                           "backend is disabled and no fused one takes these inputs)")
-    return SDP_MATH
+        ok.add(SDP_EFFICIENT)
+    return ok
 
 
 def _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """scaled_dot_product_attention as the GPU of this capability runs it (gpu_sdp_choice)."""
     choice = gpu_sdp_choice(capability, query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
+    if choice == SDP_CUDNN and SDP_FLASH in _fused_sdp_ok(capability, query, key, value, attn_mask, enable_gqa, is_causal,
+                                                          torch.is_grad_enabled(), switches=False):
+        # cuDNN's attention runs FlashAttention-2's algorithm: the same output and fp32 log-sum-exp
+        # kept for backward, and in backward an fp32 dQ accumulator (cuDNN sizes its workspace; the
+        # GPU check measures it). Where flash's kernel would take the inputs, its buffers, whose sizes
+        # flash_api.cpp states, stand for cuDNN's
+        choice = SDP_FLASH
     if choice == SDP_FLASH:
         head_dim = query.shape[-1]
         if head_dim % 8 == 0:
@@ -1723,6 +1817,12 @@ def _gpu_sdpa(capability, query, key, value, attn_mask, dropout_p, is_causal, sc
         # (attention.cpp convert_boolean_attn_mask) for the other kernels
         attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=DEVICE).masked_fill(
             attn_mask.logical_not(), float("-inf"))
+    if choice == SDP_CUDNN:
+        # (attention.cpp: cuDNN takes the additive mask as its bias, and key and value heads that
+        # divide the query's as they are)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_cudnn_attention(query, key, value, attn_mask, needs_grad, dropout_p, is_causal,
+                                                        False, scale=scale)[0]
     if choice == SDP_EFFICIENT:
         bias = attn_mask
         if bias is not None:

@@ -308,7 +308,20 @@ def _efficient_bwd_scratch(args) -> list[int]:
     return [_copy_for_kernel(grad_out), batch * heads * seq_q * _FLOAT, workspace]
 
 
+def _cudnn_bwd_scratch(args) -> list[int]:
+    # _scaled_dot_product_cudnn_attention_backward(grad_out, query, key, value, out, logsumexp, ...)
+    # cudnn/MHA.cpp run_cudnn_SDP_bprop: grad_out copied to the output's layout where it differs
+    # (permute_to_matching_layout), then cuDNN's workspace, modelled as the working set of the
+    # FlashAttention-2 backward its kernel runs, as flash's: an fp32 dQ accumulator and the
+    # softmax's row sums (cuDNN sizes it; the GPU check measures it)
+    grad_out, query, out = args[0], args[1], args[4]
+    batch, heads, seq_q, head_dim = query.shape
+    copy = 0 if grad_out.stride() == out.stride() else grad_out.numel() * grad_out.element_size()
+    return [copy, batch * heads * seq_q * _FLOAT, batch * heads * seq_q * head_dim * _FLOAT]
+
+
 _SCRATCH = {
+    aten._scaled_dot_product_cudnn_attention_backward.default: ("cudnn_attention", _cudnn_bwd_scratch),
     aten._scaled_dot_product_flash_attention_backward.default: ("flash_attention", _flash_bwd_scratch),
     aten._scaled_dot_product_efficient_attention_backward.default: ("efficient_attention", _efficient_bwd_scratch),
     aten._softmax.default: ("softmax", _softmax_scratch),
