@@ -1679,3 +1679,17 @@ def test_a_failure_under_a_packages_console_script_is_named_at_the_packages_line
     doc = json.loads(r.stdout)
     assert doc["kind"] == "script-error" and "no labels" in doc["error"], r.stderr
     assert doc["where"].endswith(os.path.join("tinycli", "__init__.py") + ":6"), doc
+
+
+def test_an_update_skipped_on_a_check_of_the_gradients_is_taken_as_a_healthy_run_takes_it():
+    """Keras' loss scaling on torch: the update only where every gradient is finite, checked as
+    ``stack([all(isfinite(g)) ...]).all()``. A healthy run passes it (isfinite's stand-in is True);
+    the stack lost that, the stand-in took the way without the update, and the run ended "without
+    a training step", the script blamed. A branch on a value only the data decides (the gradient
+    norm under a bound) is said as such: data-dependent, at its line, vest's limit."""
+    (est,), run = estimate_script("skip_nonfinite_train.py", "--check", "stack")
+    assert run.steps == 3 and dict(est.breakdown)["optimizer_state"] > 0
+    with pytest.raises(EstimateError) as e:
+        estimate_script("skip_nonfinite_train.py", "--check", "norm")
+    assert e.value.kind == "data-dependent" and e.value.where.endswith("skip_nonfinite_train.py:22"), e.value.what
+    assert "stand-in" in e.value.what and "limit" in e.value.fix

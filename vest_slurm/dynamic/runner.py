@@ -822,6 +822,16 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             "this is vest-slurm's limit, not the script's; where the script has a way to train in its "
                             "own process (one device, no launcher), estimate that; else " + _WORKAROUND,
                             kind="vest-unsupported", where=where)
+    branches = [r["where"] for r in result.get("reads", ()) if r.get("kind") == "bool" and r.get("where")]
+    if status == "no-step" and branches and any(e[3] == "backward" for e in result.get("events") or ()):
+        # backward passes, then a branch on a GPU value before any update: a skip-if-not-finite
+        # check (Keras' loss scaling on torch, a hand-written one) its stand-in did not pass
+        raise EstimateError(f"{cmd.display}: its backward passes ran, but no optimizer step or parameter update "
+                            f"followed: a value of a GPU tensor decided a branch at {branches[-1]}, and the value "
+                            f"here is a stand-in (vest has no data), which took the way without the update "
+                            f"({result.get('steps', 0)} steps traced){log}",
+                            "this is vest-slurm's limit, not the script's; meanwhile " + _WORKAROUND,
+                            kind="data-dependent", where=branches[-1])
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",

@@ -300,7 +300,7 @@ def after_op(func, args, kwargs, out, known_of: Callable) -> Known | None:
         return compare(cast(known_of(x), ct), _COMPARE[func], c)
     if func in _REDUCE:
         return reduce(known_of(x), _REDUCE[func], x.numel())
-    if func is aten.cat.default:
+    if func in (aten.cat.default, aten.stack.default):   # each element is one of an input's
         parts = [known_of(t) for t in x]
         k = parts[0] if parts else None
         for p in parts[1:]:
@@ -374,4 +374,5 @@ def _truths(t, known_of: Callable) -> Known | None:
 HANDLED = frozenset(set(_FILLED) | set(_FULL) | set(_COMPARE) | set(_REDUCE) | _COPIES | _NOT | set(_BOOL_BINARY)
                     | _EXTREMUM
                     | _ARANGE | _SCALAR_ARITH | MASKED_FILL | _INDEX_PUT
-                    | {aten.cat.default, aten.constant_pad_nd.default, aten.clamp.default, aten.where.self})
+                    | {aten.cat.default, aten.stack.default, aten.constant_pad_nd.default, aten.clamp.default,
+                       aten.where.self})
