@@ -1693,3 +1693,15 @@ def test_an_update_skipped_on_a_check_of_the_gradients_is_taken_as_a_healthy_run
         estimate_script("skip_nonfinite_train.py", "--check", "norm")
     assert e.value.kind == "data-dependent" and e.value.where.endswith("skip_nonfinite_train.py:22"), e.value.what
     assert "stand-in" in e.value.what and "limit" in e.value.fix
+
+
+def test_tensors_of_tagging_subclasses_move_to_the_gpu_and_wrap_its_outputs():
+    """torchvision's tv_tensors (transforms v2 pipelines) and a script's own tagging class: their
+    ``.cuda()`` failed ("Multiple dispatch failed", the script blamed), ``tv_tensors.wrap`` of a
+    device output failed ("already associated to a python object of type FakeTensor"), and
+    ``as_subclass(torch.Tensor)`` of a device tensor gave one autograd took for a real GPU's. Now
+    they run as on a GPU: the tag kept where torch keeps it, the estimate the plain script's."""
+    (est,), run = estimate_script("tagged_tensors_train.py")
+    assert run.steps == 3
+    params = 4 * (3 * 16 * 9 + 16 + 16 * 3 * 9 + 3)
+    assert dict(est.breakdown)["parameters"] == params

@@ -861,6 +861,10 @@ def _legacy_default_type() -> list[tuple[object, str, object]]:
     def legacy_new(cls, *args, **kwargs):
         if on[0] and cls is torch.Tensor and "device" not in kwargs:
             return real_new(cls, *args, **kwargs).to("cuda")
+        if cls is not torch.Tensor and len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+            # a tagging subclass made of a tensor (``Tagged(x)``, MONAI's MetaTensor): an alias of
+            # it as ``cls``, as torch makes it, through as_subclass (which the fake mode answers)
+            return args[0].as_subclass(cls)
         return real_new(cls, *args, **kwargs)
 
     set_default_tensor_type.__vest_standin__ = "torch.set_default_tensor_type"

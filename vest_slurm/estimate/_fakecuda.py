@@ -995,6 +995,9 @@ class FakeCudaMode(FakeTensorMode):
             func, args, kwargs = _grouped_mm_fp32_output(*args, **kwargs)
         outermost = self._depth == 0
         leaves = _op_leaves(args, kwargs) if outermost else ()
+        if outermost and any(_tagged(a) for a in leaves):
+            args, kwargs = _untagged(args), {k: _untagged(v) for k, v in kwargs.items()}
+            leaves = _op_leaves(args, kwargs)
         if outermost and func in _CTC_OPS and _is_fake_cuda(args[0] if func in _CTC_FORWARD else args[1]):
             return self._ctc(func, args, kwargs)
         if self.host_real and outermost and _real_host_op(leaves):
@@ -1403,6 +1406,23 @@ def release_moved(old: torch.Tensor, new: torch.Tensor) -> None:
         pass   # (a kind the data cannot be swapped between: the old object stays as it was)
 
 
+def _tagged(t) -> bool:
+    """A host tensor of a Python subclass that only tags it (torchvision's tv_tensors, fastai's
+    TensorImage, MONAI's MetaTensor): its own __torch_function__ perhaps, no __torch_dispatch__.
+    Such a subclass reaches the dispatch as itself (its __torch_function__ calls the op on it), and
+    FakeTensorMode refuses every tensor subclass it does not know ("Multiple dispatch failed")."""
+    return (isinstance(t, torch.Tensor) and type(t) is not torch.Tensor and not isinstance(t, (FakeTensor, torch.nn.Parameter))
+            and type(t).__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl)
+
+
+def _untagged(a):
+    """``a`` with its tagged host tensors as plain ones (an alias: the same storage, no copy): at
+    the dispatch the tag decides nothing, the op's result is made of the data."""
+    if isinstance(a, (list, tuple)):
+        return type(a)(_untagged(x) for x in a) if any(_tagged(x) for x in a) else a
+    return a.as_subclass(torch.Tensor) if _tagged(a) else a
+
+
 def _call_leaves(args, kwargs):
     """The leaves of a torch function's arguments, as pytree's tree_leaves finds them (lists, tuples,
     dicts, nested), without its per-node registry lookups: it ran on every host op of a script (a
@@ -1495,7 +1515,8 @@ def _fake_subclass(cls: type) -> type:
 
 
 def subclasses_of_fake_tensors() -> list:
-    """Patches (obj, attr, new): ``torch.Tensor._make_subclass(cls, data)`` of a fake tensor. A
+    """Patches (obj, attr, new): ``torch.Tensor._make_subclass(cls, data)`` and ``as_subclass(cls)`` of a
+    fake tensor. A
     library's parameter class that wraps a weight with it (bitsandbytes' Params4bit and Int8Params
     for QLoRA and 8-bit training, a script's own Parameter subclass) failed on a fake weight: its
     TensorImpl already has a Python object, the FakeTensor. The wrapper is a detached alias of the
@@ -1525,7 +1546,31 @@ def subclasses_of_fake_tensors() -> list:
             return torch.nn.Parameter(args[0], requires_grad=bool(grad))
         return real_new(cls, *args, **kwargs)
 
-    return [(torch.Tensor, "_make_subclass", staticmethod(make_subclass)), (FakeTensor, "__new__", staticmethod(new))]
+    real_as = torch.Tensor.as_subclass
+
+    def as_subclass(self, cls):
+        # Tensor.as_subclass(cls) of a fake tensor (torchvision's tv_tensors.wrap, a tv_tensor kept
+        # through .to("cuda") / .clone(); fastai's TensorBase): torch gives cls's Python object to an
+        # alias of the tensor, which for a fake one already is a FakeTensor; refused so. The alias,
+        # attached to the graph as torch's is, takes a class that is cls and FakeTensor at once
+        # (its __torch_function__ cls's, its dispatch the fake mode's)
+        # (torch's own alias is made past the fake mode: as_subclass(torch.Tensor) of a fake tensor,
+        # a tv_tensor unwrapped, gave a tensor of no mode on the CUDA device, which autograd's engine
+        # then took for a real GPU's)
+        if not isinstance(self, FakeTensor):
+            # a host tensor (real): its alias made by torch itself, past the fake mode, which would
+            # hand back a tensor that has its Python object already
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                return real_as(self, cls)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = self.view_as(self)
+        out.__class__ = FakeTensor if issubclass(FakeTensor, cls) else cls if issubclass(cls, FakeTensor) else _fake_subclass(cls)
+        return out
+
+    return [(torch.Tensor, "_make_subclass", staticmethod(make_subclass)), (FakeTensor, "__new__", staticmethod(new)),
+            (torch.Tensor, "as_subclass", as_subclass)]
 
 
 def fake_pointers() -> list:
