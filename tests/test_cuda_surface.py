@@ -111,6 +111,27 @@ def test_stand_in_classes_keep_isinstance_both_ways():
     assert len({(id(o), a) for o, a, _ in patches}) == len(patches)   # each attribute patched once
 
 
+def test_a_cuda_generators_state_is_cudas_philox_seed_and_offset():
+    """RNG trackers (Megatron's CudaRNGStatesTracker, DeepSpeed's and fairscale's copies) save
+    torch.cuda.get_rng_state() and restore it through the device's default generator: a CUDA
+    generator's state is 16 bytes (seed, offset) as CUDAGeneratorImpl's; the stand-in, a CPU
+    generator, asked for its 5056-byte state and failed ("fix the script"). A state of the wrong
+    size fails as on a GPU, the script's to fix. A CPU generator keeps its own format."""
+    g = cs.FakeGenerator(device="cuda")
+    g.manual_seed(1234)
+    state = g.get_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    g.manual_seed(7)
+    g.set_state(state)
+    assert g.initial_seed() == 1234 and torch.equal(g.get_state(), state)
+    g.set_state(torch.zeros(16, dtype=torch.uint8))   # what torch.cuda.get_rng_state() gives here
+    assert g.initial_seed() == 0
+    with pytest.raises(cs.FailsOnAGpu, match="16 bytes"):
+        g.set_state(torch.default_generator.get_state())
+    cpu = cs.FakeGenerator()
+    assert cpu.get_state().numel() == torch.default_generator.get_state().numel()
+
+
 def test_device_generic_script_runs_on_the_stand_ins():
     """torch.Stream, torch.accelerator.*, torch.cuda.stream(stream=...), torch.Generator(device="cuda"),
     pin_memory() and pin_memory=True, events and memory queries: the script trains its 3 steps."""

@@ -32,6 +32,7 @@ import inspect
 import itertools
 import os
 import re
+import struct
 import types
 import weakref
 from dataclasses import dataclass
@@ -415,6 +416,30 @@ class FakeGenerator(_REAL_GENERATOR, metaclass=_GeneratorStandsFor):
     @property
     def device(self):
         return self._vest_device if self._vest_device is not None else _REAL_GENERATOR.device.__get__(self)
+
+    # A CUDA generator's state is its Philox seed and offset, 8 bytes each (CUDAGeneratorImpl::get_state,
+    # what torch.cuda.get_rng_state returns): RNG trackers that save it and restore it through the
+    # default generator (Megatron's CudaRNGStatesTracker, DeepSpeed's and fairscale's copies) met the
+    # CPU generator's 5056-byte format here and failed.
+    _PHILOX = struct.Struct("<QQ")
+
+    def get_state(self):
+        if self._vest_device is None:
+            return _REAL_GENERATOR.get_state(self)
+        seed = _REAL_GENERATOR.initial_seed(self) & 0xFFFFFFFFFFFFFFFF
+        return torch.frombuffer(bytearray(self._PHILOX.pack(seed, getattr(self, "_vest_offset", 0))), dtype=torch.uint8)
+
+    def set_state(self, new_state):
+        if self._vest_device is None:
+            return _REAL_GENERATOR.set_state(self, new_state)
+        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.numel() != self._PHILOX.size:
+            raise FailsOnAGpu(f"RNG state is wrong size: a CUDA generator's state is a torch.ByteTensor of "
+                              f"{self._PHILOX.size} bytes (seed and offset), got "
+                              f"{getattr(new_state, 'numel', lambda: '?')()} elements of {getattr(new_state, 'dtype', type(new_state))}")
+        seed, offset = self._PHILOX.unpack(bytes(new_state.cpu().tolist()))
+        _REAL_GENERATOR.manual_seed(self, seed)
+        self._vest_offset = offset
+        return self
 
     def __reduce__(self):
         return (FakeGenerator, (str(self.device),))
