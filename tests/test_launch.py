@@ -125,6 +125,22 @@ def test_a_plain_python_run_keeps_the_users_own_rank_variables(tmp_path, monkeyp
     assert env["RANK"] == "3" and "WORLD_SIZE" not in env
 
 
+def test_the_users_cuda_and_nccl_settings_carry_over_and_this_machines_gpu_selection_does_not(tmp_path, monkeypatch):
+    """sbatch carries the submitter's environment to the job: settings a script reads
+    (CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron's tensor parallelism asserts; NCCL_*) reach the
+    estimate's run as they reach the job (they were all dropped: "fix the script"). Which GPUs this
+    machine shows is not the job's (Slurm sets it on the node), nor an enclosing launcher's state."""
+    from vest_slurm.dynamic.runner import _child_env
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    env = _child_env(parse_train_command("torchrun --nproc_per_node 2 train.py"), str(tmp_path), 2)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_DEBUG"] == "WARN"
+    assert "CUDA_VISIBLE_DEVICES" not in env and "TORCHELASTIC_RUN_ID" not in env
+
+
 @pytest.mark.parametrize("distributed_type,rank_vars", [("FSDP", True), ("MULTI_GPU", True), ("NO", False)])
 def test_accelerate_config_of_one_process_decides_the_launcher(distributed_type, rank_vars, tmp_path, monkeypatch):
     """accelerate launch of one process takes torchrun (multi_gpu_launcher) for an FSDP config, its

@@ -151,6 +151,10 @@ def _checkpoints_read(tmpdir: str) -> list[tuple[int, str]]:
     return sorted(((s, p) for p, s in found.items()), reverse=True)
 
 
+# the device selection of the machine vest runs on, which Slurm sets anew on the job's node
+_NOT_THE_JOBS = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES"})
+
+
 def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_config: str | None = None,
                user_env: dict | None = None, vest_path: str | None = None, host_threads: bool = True) -> dict:
     """The child's environment: the user's (``user_env``, default this process's) less the GPU's and
@@ -159,7 +163,10 @@ def _child_env(cmd: TrainCommand, tmpdir: str, world_size: int, accelerate_confi
     ``host_threads``: the host's compute on one thread (HOST_THREADS); the live oracle, which
     computes the model on the CPU, keeps the user's."""
     base = os.environ if user_env is None else user_env
-    env = {k: v for k, v in base.items() if not k.startswith(("CUDA_", "NCCL_", "TORCHELASTIC_"))}
+    # the user's settings carry over as sbatch carries them (CUDA_DEVICE_MAX_CONNECTIONS, which
+    # Megatron's tensor parallelism checks; CUDA_LAUNCH_BLOCKING; NCCL_*): only which GPUs this
+    # machine shows and an enclosing launcher's own variables are not the job's
+    env = {k: v for k, v in base.items() if k not in _NOT_THE_JOBS and not k.startswith("TORCHELASTIC_")}
     env.update(dict(cmd.env))
     cache = os.path.join(tmpdir, "cache")
     env.update(_model_caches(env))
