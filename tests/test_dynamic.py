@@ -994,6 +994,16 @@ def test_a_scripts_optimizer_is_named_by_the_settings_that_decide_its_state():
     assert optimizer_name({"class": "AdamW8bit", "module": "bitsandbytes.optim.adamw"}) == "adamw-8bit"
 
 
+def test_fp32_master_weights_the_script_fills_gradients_of_are_not_taken_for_frozen():
+    """Master weights kept by hand (Megatron --bf16, apex O2, fairseq's FP16Optimizer): the optimizer
+    holds detached fp32 copies (requires_grad=False) whose gradients the script fills each step.
+    They are trained, not frozen: the flag said unfreezing them would need 61 MiB more."""
+    (est,), run = estimate_script("master_weights_train.py")
+    assert run.steps == 3 and not [f for f in run.flags if "frozen" in f], run.flags
+    master = 4 * (1024 * 1024 + 1024) * 4
+    assert dict(est.breakdown)["optimizer_state"] == 2 * master
+
+
 def test_parameters_frozen_in_an_optimizer_are_flagged_with_what_unfreezing_adds():
     """A script that trains in stages (backbone frozen, unfrozen after some epochs) is traced in its
     first stage: the optimizer holds the frozen parameters, whose gradients and Adam state a later

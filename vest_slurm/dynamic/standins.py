@@ -1021,14 +1021,16 @@ def _optimized(state: ScriptState, mod) -> bool:
 
 
 def _note_frozen(state: ScriptState, opt) -> None:
-    """The parameters an optimizer holds that are frozen (``requires_grad=False``) at its step: a
+    """The parameters an optimizer holds that are frozen (``requires_grad=False``, no gradient) at its step: a
     script training in stages (a frozen backbone, unfrozen after some epochs) steps them later, with
     their gradients and optimizer state, which the traced steps do not hold (frozen_note). Those the
     script writes itself are kept by it, not waiting to be unfrozen (_written)."""
     from . import fake_dist
 
+    # (one whose gradient the script filled is trained: fp32 master weights kept beside a half
+    # model, as Megatron's, apex O2's and fairseq's FP16 optimizers keep them, detached copies)
     frozen = {id(p): p for g in opt.param_groups for p in g["params"]
-              if isinstance(p, torch.Tensor) and not p.requires_grad and not _written(state, p)}
+              if isinstance(p, torch.Tensor) and not p.requires_grad and p.grad is None and not _written(state, p)}
     if frozen or id(opt) in state.frozen:
         state.frozen[id(opt)] = (type(opt).__name__, optimizer_name(fake_dist.describe_optimizer(opt)), len(frozen),
                                  sum(p.numel() * p.element_size() for p in frozen.values()),
