@@ -18,7 +18,8 @@ network, read-only files but the temp dir).
 What stays refused, because its GPU work would be missing from the estimate without a word:
 - a Python interpreter running a file or a module (``python train.py``, ``python -m pkg``), a
   program whose first line names Python (torchrun, accelerate, deepspeed are such launchers), or
-  a shell command line that names one; a one-line ``python -c`` query runs;
+  a shell command line that names one; a one-line ``python -c`` query runs, and so does a file of
+  an installed package that names no torch (py-cpuinfo's query of the CPU);
 - ``os.fork``/``os.forkpty``: the copy would carry the fake CUDA state and trace nothing;
 - everything, when bubblewrap cannot run here: then only the audit hook confines the script, and
   a program it starts would not be confined at all.
@@ -110,7 +111,27 @@ def _training_work(argv: list[str]) -> str | None:
                 return f"its GPU work ({line[:80]!r}) would be missing from the estimate"
         return None
     if _runs_python(exe):
-        if _python_work(argv):
+        if _python_work(argv) and not _host_tool_of_a_library(argv):
             return f"its GPU work ({' '.join(argv)[:80]!r}) would be missing from the estimate"
         return None
     return None
+
+
+def _host_tool_of_a_library(argv: list[str]) -> bool:
+    """Whether a Python interpreter's argv runs a file of an installed package that uses no torch:
+    a library querying the host in a process of its own (py-cpuinfo runs ``python cpuinfo.py
+    --json``, which MosaicML composer's Trainer and DeepSpeed's op builders call). It can do no GPU
+    work; refused, it stopped every composer Trainer. A module run with ``-m``, or a file that
+    names torch (a launcher, a library's worker), stays refused."""
+    from ..estimate import frames
+
+    path = next((a for a in argv[1:] if not a.startswith("-")), None)
+    if path is None or "-m" in argv[1:argv.index(path)] or frames.origin(os.path.abspath(path)) != frames.LIBRARY:
+        return False
+    try:
+        if os.path.getsize(path) > 4 << 20:
+            return False
+        with open(path, "rb") as f:
+            return re.search(rb"\btorch\b", f.read()) is None
+    except OSError:
+        return False

@@ -1,7 +1,8 @@
 """Host tools a library starts while it imports or introspects (a `python -c` query of sys.path as
 jsonargparse makes, ctypes.util.find_library's ldconfig/gcc, a shell pipeline): they run, and the
 script uses their real answers. A Python child running a training file is refused, whether
-started directly or through a shell. Then three optimizer steps."""
+started directly or through a shell. --site-packages DIR: a library's own host query (a file of
+an installed package naming no torch) runs. Then three optimizer steps."""
 import ctypes.util
 import json
 import subprocess
@@ -17,6 +18,18 @@ for cmd, shell in (([sys.executable, "worker.py"], False), ("cd . && python3 wor
     try:
         subprocess.run(cmd, shell=shell)
         raise SystemExit(f"{cmd!r} started: its GPU work would be missing from the estimate")
+    except PermissionError as e:
+        assert "GPU work" in str(e), e
+if len(sys.argv) > 2 and sys.argv[1] == "--site-packages":
+    # a file of an installed package run as a host query (py-cpuinfo's `python cpuinfo.py --json`)
+    # runs; one that names torch (a launcher, a library's worker) is refused
+    import os
+
+    tool = os.path.join(sys.argv[2], "cpuq", "cpuq.py")
+    assert json.loads(subprocess.check_output([sys.executable, tool, "--json"])) == {"brand": "host cpu"}
+    try:
+        subprocess.run([sys.executable, os.path.join(sys.argv[2], "launchy", "run.py")])
+        raise SystemExit("a library file that names torch started")
     except PermissionError as e:
         assert "GPU work" in str(e), e
 model = torch.nn.Linear(16, 4).cuda()
