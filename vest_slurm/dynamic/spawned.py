@@ -92,6 +92,25 @@ def _pool_classes():
                 return futures.ThreadPoolExecutor(max_workers, initializer=initializer, initargs=initargs)
             return super().__new__(cls)
 
+        # a subclass (fastcore's ProcessPoolExecutor, under fastai's tokenization and parallel()):
+        # itself, with its own methods, its tasks submitted to threads (Executor.map and the
+        # subclass's map go through submit)
+        def __init__(self, max_workers=None, mp_context=None, initializer=None, initargs=(), **kwargs):
+            if (mp_context or multiprocessing.get_context()).get_start_method() != "fork":
+                return super().__init__(max_workers, mp_context, initializer, initargs, **kwargs)
+            self._vest_threads = futures.ThreadPoolExecutor(max_workers, initializer=initializer, initargs=initargs)
+            self._max_workers = self._vest_threads._max_workers
+
+        def submit(self, fn, /, *args, **kwargs):
+            threads = self.__dict__.get("_vest_threads")
+            return threads.submit(fn, *args, **kwargs) if threads else super().submit(fn, *args, **kwargs)
+
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            threads = self.__dict__.get("_vest_threads")
+            if threads is None:
+                return super().shutdown(wait, cancel_futures=cancel_futures)
+            return threads.shutdown(wait, cancel_futures=cancel_futures)
+
     for c in (_ForkPoolInThreads, _ForkExecutorInThreads):
         c.__qualname__ = c.__name__   # (pickled by reference: module and name)
     return _ForkPoolInThreads, _ForkExecutorInThreads

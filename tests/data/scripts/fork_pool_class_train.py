@@ -1,5 +1,6 @@
 """Label files checked with a fork Pool made through its class, and image sizes read with a
-ProcessPoolExecutor, before training: host work, as a data set's cache scan does it."""
+ProcessPoolExecutor (and a subclass of it, as fastcore's), before training: host work, as a data
+set's cache scan does it."""
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.pool import Pool
 
@@ -16,6 +17,21 @@ with Pool(2) as pool:
 with ProcessPoolExecutor(2) as ex:
     sizes = list(ex.map(check, range(8)))
 assert labels[3] == 9 and sizes[2] == 4
+
+
+class Parallel(ProcessPoolExecutor):
+    """A library's subclass (fastcore's, under fastai's tokenization): its own map, over submit."""
+
+    def __init__(self, max_workers=2, progress=False, **kwargs):
+        self.progress = progress
+        super().__init__(max_workers, **kwargs)
+
+    def map(self, f, items, chunksize=1):
+        return list(super().map(f, items, chunksize=chunksize))
+
+
+with Parallel(2) as ex:
+    assert ex.map(check, range(4)) == [0, 1, 4, 9] and ex.submit(check, 5).result() == 25
 model = nn.Linear(128, 10).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(5):
