@@ -330,6 +330,17 @@ def test_a_launcher_that_starts_torchrun_itself_is_estimated_as_that_launch():
     assert e.value.kind == "script-error" and e.value.where.endswith("fails_by_itself.py:5")
 
 
+def test_collectives_batched_in_a_coalescing_manager_run_on_the_fake_group():
+    """dist._coalescing_manager (Megatron-LM's gradient buffers and distributed optimizer, DeepSpeed
+    ZeRO) batches its collectives into c10d's coalesced ops, which had no fake kernel: the run
+    stopped ("UnsupportedOperatorException: c10d.allreduce_coalesced_"). They write in place and
+    allocate nothing, so the estimate is that of the tensors the script made."""
+    cmd = parse_train_command("torchrun --nproc_per_node 2 coalesced_sync_train.py")
+    (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+    params = (512 * 512 + 512 + 512 * 16 + 16) * 4
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == params
+
+
 def test_ddp_communication_hooks():
     """DDP's register_comm_hook (accelerate's comm_hook): the fp16 compression hook allreduces a
     half-precision copy of the bucket, held until the backward's end (one per step; the peak is

@@ -610,7 +610,41 @@ def patches(state) -> list[tuple]:
     import torch.distributed as dist
     if hasattr(dist, "init_device_mesh"):
         out.append((dist, "init_device_mesh", init_device_mesh))
+    coalesced_collectives()
     return out + _sync_batch_norm()
+
+
+_COALESCED = None   # the c10d library's Meta kernels below, registered once per process
+
+
+def coalesced_collectives() -> None:
+    """Meta kernels for c10d's coalesced collectives, which torch gives none (its allreduce_,
+    allgather_ and reduce_scatter_ have theirs): ``dist._coalescing_manager`` (Megatron-LM's DDP
+    gradient buffers and distributed optimizer, DeepSpeed ZeRO's bucketed reductions) batches the
+    calls in it into allreduce_coalesced_ / allgather_into_tensor_coalesced_ /
+    reduce_scatter_tensor_coalesced_, which the fake mode refused. Each writes its outputs in place
+    (no device memory of the caching allocator's; NCCL's buffers are modelled per communicator) and
+    returns a finished work, as the fake process group's own collectives do."""
+    global _COALESCED
+    if _COALESCED is not None:
+        return
+    import torch
+    from torch._C._distributed_c10d import FakeWork
+
+    def work(*_args, **_kwargs):
+        return FakeWork().boxed()
+
+    def gather_into_tensor(output, *_args, **_kwargs):
+        return output, FakeWork().boxed()
+
+    lib = torch.library.Library("c10d", "IMPL")
+    for name, kernel in (("allreduce_coalesced_", work), ("allgather_coalesced_", work),
+                         ("allgather_into_tensor_coalesced_", work), ("reduce_scatter_tensor_coalesced_", work),
+                         ("gather_into_tensor_", gather_into_tensor)):
+        op = getattr(torch.ops.c10d, name, None)
+        if op is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(op.default.name(), "Meta"):
+            lib.impl(name, kernel, "Meta")
+    _COALESCED = lib
 
 
 def _sync_batch_norm() -> list[tuple]:
