@@ -1719,3 +1719,21 @@ def test_tensors_of_tagging_subclasses_move_to_the_gpu_and_wrap_its_outputs():
     assert run.steps == 3
     params = 4 * (3 * 16 * 9 + 16 + 16 * 3 * 9 + 3)
     assert dict(est.breakdown)["parameters"] == params
+
+
+def test_torch_compile_that_records_cuda_graphs_is_said():
+    """torch.compile(mode="reduce-overhead") and the other ways to inductor's CUDA graphs (mode
+    "max-autotune", options, inductor's config): on the GPU the captured graphs keep private memory
+    pools the eager run vest traces has not; the estimate said nothing (torch.cuda.graph itself is
+    refused for it). FLAGGED, with the line and the mode that runs as estimated; the default mode
+    and max-autotune-no-cudagraphs are not."""
+    (ref,), plain = estimate_script("compile_modes_train.py")
+    assert not [f for f in plain.flags if "CUDA graphs" in f]
+    (est,), run = estimate_script("compile_modes_train.py", "--mode", "max-autotune-no-cudagraphs")
+    assert not [f for f in run.flags if "CUDA graphs" in f]
+    for args in (("--mode", "reduce-overhead"), ("--mode", "max-autotune"), ("--options-cudagraphs",),
+                 ("--config-cudagraphs",)):
+        (est,), run = estimate_script("compile_modes_train.py", *args)
+        said = [f for f in run.flags if "CUDA graphs" in f]
+        assert len(said) == 1 and "compile_modes_train.py:21" in said[0], (args, run.flags)
+        assert est.peak_bytes == ref.peak_bytes

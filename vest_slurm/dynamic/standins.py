@@ -877,6 +877,18 @@ def _compile(model=None, *args, **kwargs):
     if model is None:
         return lambda m: _compile(m, *args, **kwargs)
     fuses = _fuses(kwargs.get("backend"))   # (torch.compile's options are keyword-only)
+    graphs = _cuda_graphs(kwargs.get("backend"), kwargs.get("mode"), kwargs.get("options"))
+    if graphs and _STATE[0] is not None:
+        from ..estimate import frames
+
+        fr = frames.innermost(frames.stack())
+        where = f" at {os.path.basename(fr[0])}:{fr[1]}" if fr else ""
+        note = (f"torch.compile({graphs}){where} records CUDA graphs: on the GPU each captured graph keeps a "
+                "private memory pool (its inputs, outputs and intermediates, apart from the caching allocator's "
+                "other blocks), which this estimate, of the compiled code run eagerly, does not include; "
+                "mode='max-autotune-no-cudagraphs' or the default mode runs as estimated")
+        if note not in _STATE[0].flags:
+            _STATE[0].flags.append(note)
     if isinstance(model, nn.Module):
         import torch._dynamo
 
@@ -885,6 +897,27 @@ def _compile(model=None, *args, **kwargs):
             compiled.forward = _compiled_region(compiled.forward)
         return compiled
     return _compiled_region(model) if callable(model) and fuses else model
+
+
+def _cuda_graphs(backend, mode, options) -> str | None:
+    """How a torch.compile call asks for CUDA graphs (inductor's cudagraph trees), or None: the
+    "cudagraphs" backend, mode "reduce-overhead" or "max-autotune" (torch/_inductor/__init__.py
+    list_mode_options: triton.cudagraphs), options {"triton.cudagraphs": True}, or inductor's config
+    set so by the script (torch._inductor.config.triton.cudagraphs) for a compile that does not
+    say otherwise."""
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", "")
+    if name == "cudagraphs":
+        return "backend='cudagraphs'"
+    if not _fuses(backend) or (backend is not None and name != "inductor"):
+        return None
+    if isinstance(options, dict) and "triton.cudagraphs" in options:
+        return "options={'triton.cudagraphs': True}" if options["triton.cudagraphs"] else None
+    if mode in ("reduce-overhead", "max-autotune"):
+        return f"mode={mode!r}"
+    config = sys.modules.get("torch._inductor.config")
+    if mode is None and getattr(getattr(config, "triton", None), "cudagraphs", False):
+        return "torch._inductor.config.triton.cudagraphs = True"
+    return None
 
 
 def _fuses(backend) -> bool:
