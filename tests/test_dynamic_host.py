@@ -1737,3 +1737,13 @@ def test_torch_compile_that_records_cuda_graphs_is_said():
         said = [f for f in run.flags if "CUDA graphs" in f]
         assert len(said) == 1 and "compile_modes_train.py:21" in said[0], (args, run.flags)
         assert est.peak_bytes == ref.peak_bytes
+
+
+def test_a_cuda_graph_captured_after_warm_up_steps_is_refused_as_a_capture_is():
+    """The documented whole-step capture: the steps vest traced were the warm-up; the job's steps
+    are the graph's replays from its private pool. It was estimated from the warm-up, flagged as
+    if the script had gone on to its epoch's end; it is refused as a capture at the start is,
+    naming the API."""
+    with pytest.raises(EstimateError) as e:
+        estimate_script("graph_after_warmup_train.py")
+    assert e.value.kind == "vest-unsupported" and "torch.cuda." in e.value.what and "private memory pool" in e.value.what

@@ -586,6 +586,9 @@ _FAKE_MACHINERY = (os.sep + "vest_slurm" + os.sep, os.sep + "torch" + os.sep + "
                    # fake rules trace their subgraphs with make_fx)
                    os.sep + "torch" + os.sep + "fx" + os.sep, os.sep + "_functorch" + os.sep + "_aot_autograd" + os.sep,
                    os.sep + "torch" + os.sep + "_higher_order_ops" + os.sep, os.sep + "torch" + os.sep + "_dynamo" + os.sep)
+# the CUDA graph APIs (cuda_surface: refused, their private pools are not modelled)
+_GRAPH_CAPTURE = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.graph_pool_handle",
+                  "torch.cuda.make_graphed_callables")
 # what torch says when a call reached for a real GPU (torch/cuda/__init__.py _lazy_init, c10 CUDA)
 _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "No CUDA GPUs are available",
                      "CUDA driver", "cudaGetDeviceCount", "no accelerator", "Cannot access accelerator",
@@ -1122,6 +1125,12 @@ def run(ns) -> dict:
                     result.update(status="script-exit", message=f"{target} exited with status {code}"
                                   + (f": {e.code}" if isinstance(e.code, str) else ""))
             except Exception as e:
+                if getattr(e, "api", None) in _GRAPH_CAPTURE:
+                    # a CUDA graph captured after warm-up steps (PyTorch's documented whole-step
+                    # capture): the steps traced were the warm-up, the job's steps are the graph's
+                    # replays from its private pool, which vest does not model: refused as a capture
+                    # at the start is, not estimated from the warm-up
+                    raise
                 # between training steps (after one, before the next step's forward), where vest
                 # cannot follow the script (a detector's validation after an epoch of one step:
                 # YOLOv8 accumulates 64 images a step): the steps traced stand, as at an epoch's end
