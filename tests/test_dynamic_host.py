@@ -1747,3 +1747,15 @@ def test_a_cuda_graph_captured_after_warm_up_steps_is_refused_as_a_capture_is():
     with pytest.raises(EstimateError) as e:
         estimate_script("graph_after_warmup_train.py")
     assert e.value.kind == "vest-unsupported" and "torch.cuda." in e.value.what and "private memory pool" in e.value.what
+
+
+def test_nvml_answers_as_the_jobs_node_would():
+    """pynvml (NVIDIA's DeepLearningExamples set their CPU affinity from NVML before training): there
+    is no NVML here, and ``nvmlInit`` failed with the script blamed. It answers as nvidia-smi's
+    stand-in does, from the GPU type estimated (an 80 GB type sizes this script's model larger); an
+    NVML call it does not answer is vest's gap, not the script's."""
+    (est,), run = estimate_script("nvml_affinity_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (512 * 512 + 512)   # A100 40 GB
+    with pytest.raises(EstimateError) as e:
+        estimate_script("nvml_affinity_train.py", "--other")
+    assert e.value.kind == "vest-unsupported", e.value.what

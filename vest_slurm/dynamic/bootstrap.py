@@ -597,7 +597,9 @@ _REAL_GPU_REACHED = ("Found no NVIDIA driver", "Torch not compiled with CUDA", "
                      "hasPrimaryContext",
                      # the CUDA driver loaded by the script's own code (a kernel compiled at run time:
                      # torch.cuda._compile_kernel, cupy, pynvml): there is none on a login node
-                     "libcuda.so")
+                     "libcuda.so",
+                     # NVML (pynvml) asked for what its stand-in (nvidia_smi.fake_nvml) does not answer
+                     "NVML Shared Library Not Found", "libnvidia-ml")
 
 
 def _api_called(tb) -> str | None:

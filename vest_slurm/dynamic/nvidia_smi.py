@@ -90,3 +90,81 @@ def _unit(field: str) -> str:
     if field.startswith("utilization."):
         return " [%]"
     return ""
+
+
+def _facts_here() -> dict:
+    """The facts of ``install`` from the fake GPU the run answers with (torch.cuda's stand-ins)."""
+    import uuid
+
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    name = props.name
+    return {"name": name, "total_mib": int(props.total_memory) >> 20, "cap": f"{props.major}.{props.minor}",
+            "total": int(props.total_memory), "capability": (props.major, props.minor),
+            "uuids": [f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, f'vest-slurm fake GPU {name} {i}')}"
+                      for i in range(torch.cuda.device_count())]}
+
+
+def fake_nvml(module) -> None:
+    """pynvml (nvidia-ml-py) as the job's node answers it, for a script that asks NVML (NVIDIA's
+    DeepLearningExamples set their CPU affinity from ``nvmlDeviceGetCpuAffinity``; loggers read the
+    GPU's name and memory). There is no NVML here: ``nvmlInit`` failed ("NVML Shared Library Not
+    Found"), the script blamed. Answered as the nvidia-smi stand-in answers, from the GPU type
+    estimated, nothing in use yet: the count, handles, name, UUID, compute capability, memory,
+    utilization, and a CPU affinity of every CPU of this machine (the node's own is not known
+    here; where the script pins itself with it, the host side changes, not the GPU's memory).
+    What else the script asks NVML is refused, named: vest's to answer, not the script's."""
+    class _Handle:
+        def __init__(self, index):
+            self.index = index
+
+    class _Memory:
+        def __init__(self, total):
+            self.total, self.free, self.used, self.reserved = total, total, 0, 0
+
+    class _Utilization:
+        gpu = memory = 0
+
+    facts: dict = {}
+
+    def the(key):
+        if not facts:
+            facts.update(_facts_here())
+        return facts[key]
+
+    def handle(index):
+        if not 0 <= int(index) < len(the("uuids")):
+            raise module.NVMLError(getattr(module, "NVML_ERROR_INVALID_ARGUMENT", 2))
+        return _Handle(int(index))
+
+    def affinity(h, words):
+        cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        return [sum(1 << (c - 64 * w) for c in cpus if 64 * w <= c < 64 * (w + 1)) for w in range(int(words))]
+
+    answers = {
+        "nvmlInit": lambda *a, **k: None, "nvmlInitWithFlags": lambda *a, **k: None,
+        "nvmlShutdown": lambda *a, **k: None,
+        "nvmlDeviceGetCount": lambda: len(the("uuids")),
+        "nvmlDeviceGetHandleByIndex": handle,
+        "nvmlDeviceGetIndex": lambda h: h.index,
+        "nvmlDeviceGetName": lambda h: the("name"),
+        "nvmlDeviceGetUUID": lambda h: the("uuids")[h.index],
+        "nvmlDeviceGetCudaComputeCapability": lambda h: the("capability"),
+        "nvmlDeviceGetMemoryInfo": lambda h, *a, **k: _Memory(the("total")),
+        "nvmlDeviceGetUtilizationRates": lambda h: _Utilization(),
+        "nvmlDeviceGetCpuAffinity": affinity,
+    }
+    import types
+
+    from ..errors import NotSupportedHere
+
+    def unanswered(name):
+        def call(*_args, **_kwargs):
+            raise NotSupportedHere(f"pynvml.{name}", "there is no NVML on this machine; its stand-in answers "
+                                   f"{', '.join(sorted(answers))}")
+        return call
+
+    for name, value in list(vars(module).items()):
+        if name.startswith("nvml") and isinstance(value, types.FunctionType):
+            setattr(module, name, answers.get(name) or unanswered(name))

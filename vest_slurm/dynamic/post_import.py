@@ -11,6 +11,7 @@ The hooks here:
   ``is_fake_tensor``, false for vest's fake CUDA tensors (_transformers_tracing).
 - Lightning's subprocess launcher (Fabric.launch(), a Trainer of N devices run by ``python
   train.py``): rank 0 runs here, the other ranks' processes are not started (_lightning_launcher).
+- pynvml: NVML as the job's node answers it (nvidia_smi.fake_nvml).
 - datasets' ``Dataset.map`` / ``Dataset.filter`` with ``num_proc`` (HF examples'
   ``--preprocessing_num_workers``; ``DatasetDict.map`` calls them per split): they would fork a pool
   of worker processes (and a manager process) to preprocess the data set; the run has one process
@@ -224,8 +225,14 @@ def set_since_start(env) -> tuple:
     return tuple((k, v) for k, v in env.items() if START_ENV.get(k) != v)
 
 
+def _nvml(module) -> None:
+    from .nvidia_smi import fake_nvml
+
+    fake_nvml(module)
+
+
 HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models,
-         "torch.distributed.run": _torchrun_in_process,
+         "torch.distributed.run": _torchrun_in_process, "pynvml": _nvml,
          "transformers.utils.import_utils": _transformers_tracing,
          **{f"{pkg}.strategies.launchers.subprocess_script": _lightning_launcher
             for pkg in ("lightning.fabric", "lightning_fabric", "lightning.pytorch", "pytorch_lightning")}}
