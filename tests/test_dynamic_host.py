@@ -464,7 +464,7 @@ def test_a_hub_file_not_in_the_cache_is_refused_as_offline_not_blamed_on_the_scr
         estimate_script("hub_model_train.py", "some-org/some-model")
     e = err.value
     assert e.kind == "limit" and "Hugging Face Hub" in str(e) and "hub_model_train.py:10" in str(e), str(e)
-    assert "hf download" in e.fix and "the script failed" not in str(e)
+    assert "hf download some-org/some-model" in e.fix and "the script failed" not in str(e)
 
 
 def test_a_hub_metric_not_in_the_modules_cache_is_refused_as_offline(tmp_path, monkeypatch):

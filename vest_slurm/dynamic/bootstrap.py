@@ -644,6 +644,29 @@ def needs_hub(e: BaseException) -> bool:
     return False
 
 
+def hub_repo(e: BaseException) -> str | None:
+    """The Hub repository a failure for a missing Hub file names ('owner/name' quoted in one of its
+    chained errors: huggingface_hub's, kernels' "'kernels-community/flash-attn2' is not available
+    in the local cache"), or None."""
+    import re
+
+    for x in _chain(e):
+        m = re.search(r"""['"]([A-Za-z0-9][\w.-]*/[\w.-]+)['"]""", str(x))
+        if m and not m.group(1).startswith(("http", "/")) and "://" not in m.group(1):
+            return m.group(1)
+    # else the id the hub's and transformers' own frames were asked for (their messages omit it)
+    for x in _chain(e):
+        tb = x.__traceback__
+        while tb is not None:
+            for name in ("repo_id", "path_or_repo_id", "pretrained_model_name_or_path"):
+                value = tb.tb_frame.f_locals.get(name)
+                if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value) \
+                        and not os.path.exists(value):
+                    return value
+            tb = tb.tb_next
+    return None
+
+
 _TORCH_HUB = os.sep + os.path.join("torch", "hub.py")
 
 
@@ -1174,6 +1197,7 @@ def run(ns) -> dict:
         result.update(status=kind, message=said,
                       where=where, line=line, api=getattr(e, "api", None) or _api_called(e.__traceback__),
                       traceback="".join(traceback.format_exception(e)), hub=kind == "refused" and needs_hub(e),
+                      hub_repo=hub_repo(e) if kind == "refused" else None,
                       torch_hub=kind == "refused" and _through_torch_hub(e),
                       hub_download=_hub_download(e) if kind == "refused" else None,
                       missing=missing_import(e) if kind == "missing-import" else None)

@@ -854,11 +854,16 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             + _WORKAROUND,
                             kind="data-dependent", where=where)
     if status == "refused" and result.get("hub"):
+        repo = result.get("hub_repo")
+        # (transformers' attn_implementation="flash_attention_2" without flash-attn installed: it
+        # falls back to the Hub's kernel, whose failure is chained under the ImportError shown)
+        package = "ImportError" in msg and "install" in msg.lower()
         raise EstimateError(f"{cmd.display}: the script needs a file from the Hugging Face Hub that is not in your "
-                            f"cache{at}, and the estimate runs offline: {msg}{line}{log}",
-                            "fetch it once where the network is (e.g. `hf download REPO` on the login node, into the "
-                            "cache the job uses: HF_HUB_CACHE or HF_HOME), then estimate again; or " + _WORKAROUND,
-                            kind="limit", where=where)
+                            f"cache{f' ({repo})' if repo else ''}{at}, and the estimate runs offline: {msg}{line}{log}",
+                            f"fetch it once where the network is (e.g. `hf download {repo or 'REPO'}` on the login node, "
+                            "into the cache the job uses: HF_HUB_CACHE or HF_HOME), then estimate again; "
+                            + ("or install the package the error names into the job's Python; " if package else "")
+                            + "or " + _WORKAROUND, kind="limit", where=where)
     cache = os.path.join(_model_caches(dict(os.environ))["TORCH_HOME"], "hub")
     download = result.get("hub_download")
     if status == "refused" and download and not os.path.abspath(download[1]).startswith(cache + os.sep):
