@@ -340,6 +340,10 @@ def test_stated_batch_that_differs_is_flagged_in_table_and_json():
     # a global batch divided over the job's 8 GPUs (mp.spawn trainers: MoCo, the ImageNet example): said so
     batch, (flag,) = batch_and_flags(cmd, {"batch_hint": 8, "first_input_shape": [8, 3, 32, 32]}, world=8)
     assert batch == 8 and "the command's 64 over the job's 8 GPUs" in flag
+    # both at once: sequence-first input of a global batch divided over the GPUs (Transformer-XL's
+    # and GNMT's DDP training): the per-GPU batch, not the sequence, and not "8 inputs per sample"
+    batch, (flag,) = batch_and_flags(cmd, {"batch_hint": 512, "first_input_shape": [512, 8]}, world=8)
+    assert batch == 8 and "sequence-first" in flag and "the command's 64 over the job's 8 GPUs" in flag
     # two inputs per sample in one call (DPO's chosen and rejected, SimCLR's views): still flagged, said why
     batch, (flag,) = batch_and_flags(cmd, {"batch_hint": 128, "first_input_shape": [128, 3, 32, 32]})
     assert batch == 128 and "2 x the command's 64" in flag and "paired preferences" in flag

@@ -712,6 +712,13 @@ def batch_and_flags(cmd: TrainCommand, result: dict, world: int = 1) -> tuple[in
     if stated is not None and batch is not None and batch != stated:
         if len(shape) > 1 and shape[1] == stated:
             batch = stated   # sequence-first input: (sequence, batch, ...)
+        elif len(shape) > 1 and world > 1 and shape[1] * world == stated and shape[0] * world != stated:
+            # sequence-first, and the stated batch the global one the script divides (Transformer-XL,
+            # GNMT, word_language_model under DDP)
+            batch = shape[1]
+            flags.append(f"the model saw a batch of {batch} (sequence-first input of shape {tuple(shape)}): the "
+                         f"command's {stated} over the job's {world} GPUs, as a script that takes the global batch "
+                         "divides it; the estimate is per GPU, at that batch")
         elif world > 1 and batch * world == stated:   # a global batch the script divides (mp.spawn trainers)
             flags.append(f"the model saw a batch of {batch} (input shape {tuple(shape)}): the command's {stated} over "
                          f"the job's {world} GPUs, as a script that takes the global batch divides it; the estimate "
