@@ -1763,3 +1763,14 @@ def test_nvml_answers_as_the_jobs_node_would():
     with pytest.raises(EstimateError) as e:
         estimate_script("nvml_affinity_train.py", "--other")
     assert e.value.kind == "vest-unsupported", e.value.what
+
+
+def test_a_loop_over_iterations_stopped_by_the_epochs_end_is_said_as_such():
+    """A trainer that calls next() on its data iterator itself (Megatron-LM's iteration loop): the
+    epoch's end vest makes after the traced steps stops it there. The flag said the script "went on
+    to the end of the epoch, where it evaluates, samples or saves"; it says what happened."""
+    (est,), run = estimate_script("iteration_count_train.py")
+    said = [f for f in run.flags if "next()" in f]
+    assert run.steps == 3 and len(said) == 1, run.flags
+    assert "iteration_count_train.py:17" in said[0] and "counts iterations" in said[0]
+    assert "evaluates, samples or saves" not in said[0]

@@ -1170,6 +1170,11 @@ def run(ns) -> dict:
                 traceback.print_exc()
                 where, _ = _user_frame(e.__traceback__, ns.script)
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}" + (f" at {where}" if where else "")
+                if isinstance(e, StopIteration) and state.epoch_ended:
+                    # vest's own end of the loader's epoch, met by the script's next() outside a for
+                    # loop: a trainer that counts iterations, not epochs (Megatron's), has no epoch's end
+                    why = f"the script's own next(){f' at {where}' if where else ''}"
+                    state.iterations_counted = True
                 past = past_the_overlay(e, sandbox)
                 if past:   # (tokenizers' save after trainer.save_model: on the node it succeeds)
                     why = (f"compiled code opened a path itself and {past}, past the overlay vest's run writes into ({why}): "

@@ -98,6 +98,7 @@ class ScriptState:
     loader_iter: object = None      # weakref to the DataLoader iterator that gave the last training batch
     draining: bool = False          # the traced steps are done; the script runs to its epoch's end
     epoch_ended: bool = False       # a loader's epoch has ended since
+    iterations_counted: bool = False  # that end stopped the script's own next() (a loop over iterations)
     drain_armed: bool = False       # and a loader was iterated anew: the next training step ends the run
     drain_extra: int = 0            # steps trained while draining, before that (a batch fetched ahead)
     drain_note: str | None = None   # what ended that early, where it was not the next training step
@@ -1192,6 +1193,11 @@ def drain_note(state: ScriptState) -> str | None:
     """The flag for an epoch's end that could not run to the next training step (DRAIN_BATCHES)."""
     if not state.drain_note:
         return None
+    if state.iterations_counted:
+        return (f"after the {state.steps} traced steps vest ended the data loader's epoch (to trace what a script "
+                f"does at an epoch's end), and {state.drain_note} stopped on it: a loop that counts iterations, not "
+                "epochs (Megatron-LM's), has no epoch's end there; the estimate is of the steps traced, and what the "
+                "script does after its last iteration (evaluation, saving) is not in it")
     if state.stopped_between:
         return (f"vest stopped the run after {state.steps} training step(s) of the {state.max_steps} asked, in what the "
                 f"script does between its steps (an evaluation every few steps, an epoch shorter than that): "
