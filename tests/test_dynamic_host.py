@@ -1717,8 +1717,10 @@ def test_tensors_of_tagging_subclasses_move_to_the_gpu_and_wrap_its_outputs():
     """torchvision's tv_tensors (transforms v2 pipelines) and a script's own tagging class: their
     ``.cuda()`` failed ("Multiple dispatch failed", the script blamed), ``tv_tensors.wrap`` of a
     device output failed ("already associated to a python object of type FakeTensor"), and
-    ``as_subclass(torch.Tensor)`` of a device tensor gave one autograd took for a real GPU's. Now
-    they run as on a GPU: the tag kept where torch keeps it, the estimate the plain script's."""
+    ``as_subclass(torch.Tensor)`` of a device tensor gave one autograd took for a real GPU's, and a
+    class that copies a host tensor's ``__dict__`` over its device result (fastai's set_meta) wiped
+    the fake tensor's fields. Now they run as on a GPU: the tag and the metadata kept where torch
+    and the class keep them, the estimate the plain script's."""
     (est,), run = estimate_script("tagged_tensors_train.py")
     assert run.steps == 3
     params = 4 * (3 * 16 * 9 + 16 + 16 * 3 * 9 + 3)

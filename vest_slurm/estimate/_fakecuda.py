@@ -779,6 +779,7 @@ class FakeCudaMode(FakeTensorMode):
 
     def __init__(self, recorder: Recorder, scalar_stand_in: bool = False, host_real: bool = False):
         super().__init__(allow_non_fake_inputs=True)
+        _RUN_MODE[0] = self
         self.recorder = recorder
         # Dynamic analysis: host tensors are real (see CudaFactoryMode): an op whose tensors are
         # all real and that targets no CUDA device runs for real; a real tensor that meets a fake
@@ -1514,6 +1515,38 @@ def _fake_subclass(cls: type) -> type:
     return made
 
 
+# A fake tensor's own fields (FakeTensor.__new__), and the run's fake mode (FakeCudaMode.__init__)
+_MEMOS = ("nonzero_memo", "item_memo", "unique_memo", "unique_consecutive_memo", "nested_int_memo")
+_FAKE_FIELDS = frozenset({"_fake_device", "fake_mode", "constant", "pytype", "dispatch_keys", "real_tensor"}
+                         | {f"_{m}{s}" for m in _MEMOS for s in ("", "_vc", "_epoch")})
+_RUN_MODE: list = [None]
+
+
+def _fake_fields_restored(self, name):
+    """FakeTensor's ``__getattr__`` while fake CUDA is on (called only for an attribute not found):
+    a library that copies another tensor's ``__dict__`` over a tensor's own (fastai's
+    ``Tensor.set_meta``, after every op of its TensorBase) wiped a fake tensor's fields, and the next
+    op found no device. They are made again as FakeTensor.__new__ makes them: the device its
+    dispatch keys carry (the backend key of the device it was made for), the run's fake mode, no
+    constant and empty memos."""
+    if name not in _FAKE_FIELDS or _RUN_MODE[0] is None or self.__dict__.get("_vest_restoring"):
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    self.__dict__["_vest_restoring"] = True
+    try:
+        keys = str(torch._C._dispatch_keys(self))
+        self.fake_device = torch.device("cuda", 0) if "CUDA" in keys else torch.device("meta" if "Meta" in keys else "cpu")
+        self.fake_mode, self.constant, self.pytype, self.dispatch_keys, self.real_tensor = _RUN_MODE[0], None, None, None, None
+        for memo in _MEMOS:
+            setattr(self, memo, None)
+    finally:
+        del self.__dict__["_vest_restoring"]
+    return object.__getattribute__(self, name)
+
+
+if "__getattr__" not in vars(FakeTensor):   # (only asked for what is not found: no cost on any other lookup)
+    FakeTensor.__getattr__ = _fake_fields_restored
+
+
 def subclasses_of_fake_tensors() -> list:
     """Patches (obj, attr, new): ``torch.Tensor._make_subclass(cls, data)`` and ``as_subclass(cls)`` of a
     fake tensor. A
@@ -1559,9 +1592,12 @@ def subclasses_of_fake_tensors() -> list:
         # then took for a real GPU's)
         if not isinstance(self, FakeTensor):
             # a host tensor (real): its alias made by torch itself, past the fake mode, which would
-            # hand back a tensor that has its Python object already
+            # hand back a tensor that has its Python object already; of the script's class where it
+            # was asked for a fake tensor's (fastcore's retain_type: type(a device tensor))
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+            if isinstance(cls, type) and issubclass(cls, FakeTensor):
+                cls = next((c for c in cls.__mro__[1:] if not issubclass(c, FakeTensor)), torch.Tensor)
             with unset_fake_temporarily():
                 return real_as(self, cls)
         with torch._C.DisableTorchFunctionSubclass():
