@@ -695,8 +695,10 @@ def sampled_note(sampled: list) -> str:
     origins = list(dict.fromkeys(o for _, o in sampled))
     uses = list(dict.fromkeys(u for u, _ in sampled))
     more = f" and {len(uses) - 4} more" if len(uses) > 4 else ""
-    return (f"the GPU's random draws ({'; '.join(origins)}) decided shapes or values ({', '.join(uses[:4])}{more}): "
-            "sampled on the host here, so the estimate is one draw; the real run's shapes vary by chance from step to step")
+    return (f"the script read values made of the GPU's random draws ({'; '.join(origins)}) at {', '.join(uses[:4])}{more}: "
+            "sampled on the host here, so the estimate is one draw; where such a value decides a shape (tokens kept by "
+            "a random mask, a random crop's size), the real run's shapes vary by chance from step to step, and where it "
+            "only scales a loss or a metric, nothing the GPU holds depends on it")
 
 
 def batch_and_flags(cmd: TrainCommand, result: dict, world: int = 1) -> tuple[int | None, tuple[str, ...]]:
