@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -659,9 +660,25 @@ def test_a_model_kept_on_the_host_is_refused_as_using_no_gpu(style):
     with pytest.raises(EstimateError) as e:
         estimate_script("host_only_train.py", *style)
     assert e.value.kind == "no-gpu", e.value
-    assert "does not use the GPU" in e.value.what and "the model (Sequential) ran 3 training steps" in e.value.what
+    assert "does not use the GPU" in e.value.what and "did not move to the GPU" in e.value.what
+    assert re.search(r"the model \(Sequential\) ran \d+ training steps", e.value.what), e.value.what
     assert ("parameter updates" in e.value.what) == bool(style)
     assert "without --gres" in e.value.fix
+
+
+def test_a_script_that_trains_on_the_host_before_the_gpu_is_estimated_on_the_gpu():
+    """Steps on the host with nothing on the GPU (a tutorial's CPU sections, a check on a few
+    batches) are followed, not traced: the run goes on to the GPU's steps (it stopped after three
+    host steps and said the script would leave its GPU idle). A script that stays on the host past
+    standins.HOST_STEPS is taken to train there."""
+    from vest_slurm.dynamic.standins import HOST_STEPS
+
+    (est,), run = estimate_script("host_first_train.py", "--host-steps", "20")
+    params = 4 * (64 * 1024 + 1024 + 1024 * 10 + 10)
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == params
+    with pytest.raises(EstimateError) as e:
+        estimate_script("host_first_train.py", "--host-steps", str(HOST_STEPS + 10))
+    assert e.value.kind == "no-gpu" and f"ran {HOST_STEPS} training steps" in e.value.what
 
 
 def test_a_model_on_the_host_beside_a_tensor_on_the_gpu_is_flagged():

@@ -1118,6 +1118,8 @@ def run(ns) -> dict:
             state.cut_at_time_limit = True
             tracer.freeze()
             raise StopTracing()
+        if state.steps == 0 and state.host_steps:   # trained on the host until then: said as such
+            raise StopTracing()
 
     signal.signal(TIME_LIMIT_SIGNAL, at_the_time_limit)
     try:
@@ -1229,6 +1231,7 @@ def run(ns) -> dict:
         result.update(status="data-dependent", message=state.input_problem, where=place or (
             state.ledger.reads[-1][1] if state.ledger.reads else None), line=None)
     result["steps"] = state.steps
+    result["host_steps"] = state.host_steps
     # the first allocation refused for want of the GPU's memory: (allocated then, asked, module)
     result["oom"] = list(tracer.s.oom) if tracer.s.oom else None
     result["step_branches"] = dict(state.step_branches)   # optimizer -> where its step branched on a stand-in

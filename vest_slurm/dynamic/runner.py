@@ -788,7 +788,8 @@ def _host_training(result: dict, allocates: bool) -> str:
     if result.get("device_models") or (not result.get("host_models") and allocates):
         return ""
     name = f"the model ({', '.join(result['host_models'])})" if result.get("host_models") else "the model"
-    return (f"{name} ran {result.get('steps', 0)} training steps ({result.get('stopped_by', 'optimizer steps')}) "
+    steps = result.get("steps") or result.get("host_steps") or 0
+    return (f"{name} ran {steps} training steps ({result.get('stopped_by', 'optimizer steps')}) "
             "with its weights on the host")
 
 
@@ -827,8 +828,11 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             kind="vest-unsupported", where=where)
     if status == "no-step" and result.get("host_models") and not result.get("device_models") and \
             not any(e[0] == "a" for e in result.get("events") or ()):
-        # a model kept on the host ran (and maybe a backward) but nothing reached the GPU
-        raise _no_gpu(cmd, f"the model ({', '.join(result['host_models'])}) ran with its weights on the host", log)
+        # a model kept on the host ran (and maybe a backward) but nothing reached the GPU; where it
+        # trained, vest followed it for a later move to the GPU (standins.HOST_STEPS)
+        what = (_host_training(result, False) + " and did not move to the GPU in them" if result.get("host_steps")
+                else f"the model ({', '.join(result['host_models'])}) ran with its weights on the host")
+        raise _no_gpu(cmd, what, log)
     if status == "no-step" and result.get("processes_started"):
         started = ", ".join(dict.fromkeys(result["processes_started"]))
         raise EstimateError(f"{cmd.display}: vest cannot yet run this script with fake CUDA: it started processes of "

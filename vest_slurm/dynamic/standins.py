@@ -34,6 +34,11 @@ from ..estimate.workload import optimizer_name
 # per generator step, as the WGAN and WGAN-GP papers set it) keep what the later one adds (its state,
 # its model's gradients) out of a run stopped at the first steps; the rest is said (unstepped_note).
 WAIT_FOR_OPTIMIZERS = 4
+# The steps of a model kept on the host, with nothing on the GPU, that the run follows for a move to
+# the GPU before it takes the script for one that trains on the host: what scripts do on the host
+# first (a tutorial's CPU sections, an overfit-one-batch check, a small helper model fitted) is some
+# tens to a few hundred steps; a host loop ends the run sooner where vest's time limit comes first
+HOST_STEPS = 200
 # After its traced steps the run goes on to the end of the epoch, where scripts evaluate, sample and
 # save (an eval batch larger than the training one, a sampling loop: often the job's peak): the
 # training loader's epoch ends at once, and each loader iterated from then on yields this many
@@ -144,6 +149,7 @@ class ScriptState:
     host_models: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     host_model_names: dict = field(default_factory=dict)   # their class names, outermost first
     device_model_calls: int = 0   # top-level calls of a model on the device
+    host_steps: int = 0   # steps of a model kept on the host while nothing lived on the GPU (HOST_STEPS)
     # per trained model (id): len(events) at its forward passes under grad, while no backward yet
     forward_marks: dict = field(default_factory=dict)
     branches: object = None   # the if bodies of the user's training loops (branches.Branches)
@@ -179,6 +185,17 @@ class ScriptState:
                 if self.drain_armed or self.drain_extra:
                     self.end_drain()
                 self.drain_extra += 1
+            return
+        if self.steps == 0 and self.host_models and not self.device_model_calls and tr.s.live_bytes == 0:
+            # a model kept on the host trained, and nothing is on the GPU: no step of the GPU's. A
+            # script may train on the host before it moves to the GPU (a tutorial's CPU sections, a
+            # check on a few batches): followed for HOST_STEPS such steps, past which it is taken
+            # to train on the host (the answer then: it would leave its GPU idle)
+            self.host_steps += 1
+            self.last_stepper = None
+            self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
+            if stop and self.host_steps >= HOST_STEPS:
+                raise self.stop()
             return
         self.steps += 1
         tr.s.iteration = self.steps
