@@ -1600,6 +1600,18 @@ def test_a_model_saved_from_the_host_and_moved_back_holds_its_weights_once():
     assert run.trace.live_at_step_ends() == plain.trace.live_at_step_ends()
 
 
+def test_an_optimizer_of_its_own_made_before_the_move_trains_the_moved_parameters():
+    """fastai's Learner makes its optimizer (no torch.optim one) before model.to(device); a list for
+    clip_grad_norm_ taken before the move: on a GPU the move keeps the parameter objects, here it
+    makes new ones, and the old ones held by the script's own objects never got gradients: every
+    fastai Learner ended with "0 steps traced", the script blamed. Now they hold the moved ones:
+    the run is the one with the optimizer made after the move."""
+    (est,), run = estimate_script("plain_optimizer_train.py")
+    (ref,), after = estimate_script("plain_optimizer_train.py", "--after")
+    assert run.steps == after.steps == 3
+    assert run.trace.live_peak_bytes() == after.trace.live_peak_bytes() and est.peak_bytes == ref.peak_bytes
+
+
 def test_batch_norm_takes_a_contiguous_copy_of_a_transposed_input_as_cudnn_does():
     """On a GPU ATen's batch norm runs cuDNN, which takes (and saves for backward) a contiguous copy
     of a transposed input: the same memory as a script that makes the copy itself. The fake tensors

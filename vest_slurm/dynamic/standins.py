@@ -354,6 +354,7 @@ def _apply_overwrite(state: ScriptState):
                     self._buffers[key] = memo[id(b)]
             if top and moved:
                 _repoint_optimizers(state.optimizers, {id(old): new for old, new in moved})
+                _repoint_holders(moved)
             return self
         finally:
             if top:
@@ -394,6 +395,36 @@ def _repoint_optimizers(optimizers, new_of: dict) -> None:
             group["params"] = [new_of.get(id(p), p) for p in group["params"]]
         for old_key in [k for k in opt.state if id(k) in new_of]:
             opt.state[new_of[id(old_key)]] = opt.state.pop(old_key)
+
+
+def _repoint_holders(moved: list) -> None:
+    """The lists, sets and dicts (values and keys) that hold a moved parameter's old object point at
+    its replacement, as they would on a GPU, where the move keeps the object: an optimizer that is
+    no torch.optim one (fastai's, a research repository's plain class) made before ``model.to()``
+    kept the old objects, whose gradients never come, and trained nothing ("0 steps traced", the
+    script blamed); a list for clip_grad_norm_ taken before the move clipped nothing. One scan of
+    the collector's referrers per top-level move (some 60 ms for a transformers process)."""
+    import gc
+
+    new_of = {id(old): new for old, new in moved}
+    olds = [old for old, _ in moved]
+    for holder in gc.get_referrers(*olds):
+        if holder is olds:
+            continue
+        if isinstance(holder, list):
+            for i, x in enumerate(holder):
+                if id(x) in new_of:
+                    holder[i] = new_of[id(x)]
+        elif isinstance(holder, set):
+            found = [x for x in holder if id(x) in new_of]
+            holder.difference_update(found)
+            holder.update(new_of[id(x)] for x in found)
+        elif isinstance(holder, dict):
+            for k, v in list(holder.items()):
+                if id(v) in new_of and isinstance(v, torch.Tensor):
+                    holder[k] = new_of[id(v)]
+            for k in [k for k in holder if isinstance(k, torch.Tensor) and id(k) in new_of]:
+                holder[new_of[id(k)]] = holder.pop(k)
 
 
 def _as_parameters(state: ScriptState, orig, is_cuda):
