@@ -1805,3 +1805,20 @@ def test_a_loop_over_iterations_stopped_by_the_epochs_end_is_said_as_such():
     assert run.steps == 3 and len(said) == 1, run.flags
     assert "iteration_count_train.py:17" in said[0] and "counts iterations" in said[0]
     assert "evaluates, samples or saves" not in said[0]
+
+
+def test_forward_passes_alone_after_reads_of_gpu_values_are_flagged():
+    """FGSM's loop goes on only with the samples the model gets right (``pred.item() !=
+    target.item()``): with the prediction a stand-in, every sample was skipped. Without an optimizer
+    the run stopped on forward passes and printed an estimate without the backward, silently: now
+    FLAGGED with the read. With one, it ended "without a training step", the script blamed: now
+    refused as data-dependent at the read. Without the read, both train."""
+    (est,), run = estimate_script("item_branch_train.py", "--attack")
+    said = [f for f in run.flags if "forward passes without a backward" in f]
+    assert run.stopped_by.startswith("forward passes") and len(said) == 1, (run.stopped_by, run.flags)
+    assert "item_branch_train.py:17" in said[0]
+    with pytest.raises(EstimateError) as e:
+        estimate_script("item_branch_train.py", "--train")
+    assert e.value.kind == "data-dependent" and e.value.where.endswith("item_branch_train.py:17"), e.value.what
+    (est,), trained = estimate_script("item_branch_train.py", "--train", "--no-read")
+    assert trained.steps == 3 and not [f for f in trained.flags if "forward passes without a backward" in f]

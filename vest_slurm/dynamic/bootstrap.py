@@ -1259,6 +1259,7 @@ def run(ns) -> dict:
     result["steered_steps"] = list(state.steered_steps)
     # the models trained: on the device, or kept on the host (weights never moved to the GPU)
     result["device_models"] = state.device_model_calls
+    result["forwards_under_grad"] = state.forwards_under_grad
     result["host_models"] = list(state.host_model_names)[:1]   # the outermost, called first
     result["redirected_writes"] = sandbox.redirected[:20]
     result["refused"] = sandbox.refused[:20]

@@ -603,6 +603,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             flags += (growth,)
         if (varied := forwards_note(result)) is not None:
             flags += (varied,)
+        if (forward_only := forward_only_note(result)) is not None:
+            flags += (forward_only,)
         if result.get("memory_fraction") and result["memory_fraction"][0] < 1:
             fraction, where = result["memory_fraction"]
             flags += (f"the script caps its GPU memory at {fraction:g} of the GPU's "
@@ -852,6 +854,17 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             f"({result.get('steps', 0)} steps traced){log}",
                             "this is vest-slurm's limit, not the script's; meanwhile " + _WORKAROUND,
                             kind="data-dependent", where=branches[-1])
+    read = [r["where"] for r in result.get("reads", ()) if r.get("where")]
+    if status == "no-step" and read and result.get("device_models") and result.get("forwards_under_grad"):
+        # the model ran on the GPU under grad, values of its tensors were read, and no training
+        # followed: a branch on a stand-in may have skipped it (FGSM's loop trains on the samples
+        # it predicts right); an evaluation under no_grad reading its accuracy is not said so
+        raise EstimateError(f"{cmd.display}: the model ran on the GPU but no training step followed, and the script "
+                            f"read values of GPU tensors ({', '.join(dict.fromkeys(read[-3:]))}), stand-ins here (vest has "
+                            f"no data): a branch on one may have skipped the training (a sample skipped when the "
+                            f"prediction is wrong), which a GPU run, with real values, takes{log}",
+                            "this is vest-slurm's limit where the script trains on a GPU; meanwhile " + _WORKAROUND,
+                            kind="data-dependent", where=read[-1])
     if status == "no-step":
         raise EstimateError(f"{cmd.display} ended without a training step ({result.get('steps', 0)} steps traced): no "
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",
@@ -1171,6 +1184,23 @@ def estimate_command(cmd: TrainCommand, profiles, num_gpus: int | None = None, l
 
     spec, summaries, run = trace_command(cmd, profiles, num_gpus, limits, cwd, alloc_conf)
     return estimates_for(spec, summaries, {p.key: p for p in profiles})[0], run
+
+
+def forward_only_note(result: dict) -> str | None:
+    """The flag for a run traced on forward passes alone (no backward, no optimizer step) in which
+    the script read values of GPU tensors (stand-ins here), or None: a branch on one may be what
+    skipped the backward (FGSM's loop skips a sample whose prediction is wrong), which a GPU run,
+    with real values, takes; the estimate then lacks the gradients and the backward's peak."""
+    if not str(result.get("stopped_by", "")).startswith("forward passes"):
+        return None
+    reads = list(dict.fromkeys(f"{r['kind']} at {r['where']}" for r in result.get("reads", ()) if r.get("where")))
+    if not reads:
+        return None
+    more = f" and {len(reads) - 3} more" if len(reads) > 3 else ""
+    return (f"the steps traced are forward passes without a backward, and the script read values of GPU tensors "
+            f"({', '.join(reads[:3])}{more}), stand-ins here (vest has no data): if a branch on one skipped the "
+            "backward (a sample skipped when the prediction is wrong, a loss over a threshold), a GPU run with real "
+            "values trains, and needs the gradients and the backward's memory this estimate lacks")
 
 
 def forwards_note(result: dict) -> str | None:
