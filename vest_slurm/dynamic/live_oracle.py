@@ -47,7 +47,11 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - scaled_dot_product_attention runs the CPU's kernels (dropout dropped, see _gpu_kernels): what they save
   for backward (output, logsumexp) is close to, not equal to, CUDA's flash / memory-efficient kernels
   (which pad the logsumexp and add a philox seed); a mask or head size the CPU's fused kernel does
-  not take falls back to the math path, which saves the L x L attention.
+  not take falls back to the math path, which saves the L x L attention. Their output takes the
+  query's layout, where CUDA's memory-efficient kernel (fp32 on sm80+) lays its output out as
+  (batch, seq, heads, dim) and returns it transposed: a (batch, heads, seq, dim)-contiguous query
+  whose output is transposed back and reshaped (Keras 3 on torch, any ``.contiguous()`` before
+  attention) is copied here and not on the GPU, one attention output per layer above the GPU's.
 - Half-precision GEMMs and convolutions (forward and backward) are computed in float32 and rounded
   to their half dtype (_half_in_fp32), as cuBLAS and cuDNN accumulate them: the CPU's own half
   kernels are scalar fallbacks without AVX512-BF16/FP16 or AMX, too slow for a GPT's three steps.
