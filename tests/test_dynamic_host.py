@@ -382,17 +382,14 @@ def test_host_tools_run_python_training_children_are_refused():
     assert run.steps == 3 and est.peak_bytes > 0
 
 
-def test_a_librarys_own_host_query_in_a_python_child_runs(tmp_path):
+def test_a_librarys_own_host_query_in_a_python_child_runs():
     """py-cpuinfo asks for the CPU in a child process (``python cpuinfo.py --json``), which MosaicML
     composer's Trainer and DeepSpeed's op builders call: a file of an installed package that names
     no torch does no GPU work, and runs confined (it was refused, and every composer Trainer with
-    it); a package's file that names torch stays refused."""
-    site = tmp_path / "lib" / "python3.11" / "site-packages"
-    (site / "cpuq").mkdir(parents=True)
-    (site / "cpuq" / "cpuq.py").write_text('import json\nprint(json.dumps({"brand": "host cpu"}))\n')
-    (site / "launchy").mkdir()
-    (site / "launchy" / "run.py").write_text("import torch\nprint(torch.cuda.device_count())\n")
-    (est,), run = estimate_script("host_tools_train.py", "--site-packages", str(site))
+    it); a package's file that names torch stays refused. (The packages are tests/data's
+    site-packages: a folder under /tmp is not the sandbox's /tmp.)"""
+    site = os.path.join(os.path.dirname(SCRIPTS), "site-packages")
+    (est,), run = estimate_script("host_tools_train.py", "--site-packages", site)
     assert run.steps == 3
 
 
