@@ -79,10 +79,21 @@ def _pool_classes():
     from concurrent import futures
     from concurrent.futures import process as futures_process
 
+    def in_threads(processes=None, initializer=None, initargs=(), maxtasksperchild=None, context=None):
+        if (context or multiprocessing.get_context()).get_start_method() == "fork":
+            return mp_pool.ThreadPool(processes, initializer, initargs)
+        return None
+
     class _ForkPoolInThreads(mp_pool.Pool):
-        def __new__(cls, processes=None, initializer=None, initargs=(), maxtasksperchild=None, context=None):
-            if cls is _ForkPoolInThreads and (context or multiprocessing.get_context()).get_start_method() == "fork":
-                return mp_pool.ThreadPool(processes, initializer, initargs)
+        def __new__(cls, *args, **kwargs):
+            if cls is _ForkPoolInThreads:
+                pool = in_threads(*args, **kwargs)
+                return super().__new__(cls) if pool is None else pool
+            if (kwargs.get("context") or multiprocessing.get_context()).get_start_method() == "fork":
+                # a subclass (a library's pool with methods of its own; the "NoDaemonPool" recipe
+                # with a Process of its own): itself, with ThreadPool's workers and queues in front
+                # (Python runs its own __init__ on what __new__ returns)
+                return super().__new__(_threaded(cls))
             return super().__new__(cls)
 
     class _ForkExecutorInThreads(futures_process.ProcessPoolExecutor):
@@ -110,6 +121,16 @@ def _pool_classes():
             if threads is None:
                 return super().shutdown(wait, cancel_futures=cancel_futures)
             return threads.shutdown(wait, cancel_futures=cancel_futures)
+
+    threaded = {}
+
+    def _threaded(cls):
+        """``cls`` with ThreadPool's overrides (its Process, queues, sentinels) taking precedence."""
+        if cls not in threaded:
+            own = {k: v for k, v in vars(mp_pool.ThreadPool).items() if k not in ("__init__", "__module__", "__doc__")}
+            threaded[cls] = type(cls.__name__, (cls,), {**own, "__module__": cls.__module__,
+                                                         "__qualname__": cls.__qualname__})
+        return threaded[cls]
 
     for c in (_ForkPoolInThreads, _ForkExecutorInThreads):
         c.__qualname__ = c.__name__   # (pickled by reference: module and name)

@@ -353,8 +353,7 @@ def _apply_overwrite(state: ScriptState):
                         memo[id(b)] = fn(b)
                     self._buffers[key] = memo[id(b)]
             if top and moved:
-                _repoint_optimizers(state.optimizers, {id(old): new for old, new in moved})
-                _repoint_holders(moved)
+                _repoint_holders(moved)   # (the optimizers' param_groups and state among them)
             return self
         finally:
             if top:

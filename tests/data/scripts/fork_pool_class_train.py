@@ -1,6 +1,6 @@
 """Label files checked with a fork Pool made through its class, and image sizes read with a
-ProcessPoolExecutor (and a subclass of it, as fastcore's), before training: host work, as a data
-set's cache scan does it."""
+ProcessPoolExecutor (and subclasses of both, as fastcore's executor and the "nestable" pools of
+research code), before training: host work, as a data set's cache scan does it."""
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.pool import Pool
 
@@ -30,6 +30,21 @@ class Parallel(ProcessPoolExecutor):
         return list(super().map(f, items, chunksize=chunksize))
 
 
+class LabelPool(Pool):
+    """A subclass of the Pool class with a method of its own (and its own Process, as the
+    "NoDaemonPool" recipe for nested pools overrides it)."""
+
+    def __init__(self, processes=2):
+        self.scans = 0
+        super().__init__(processes)
+
+    def scan(self, items):
+        self.scans += 1
+        return list(self.imap(check, items))
+
+
+with LabelPool(2) as pool:
+    assert pool.scan(range(4)) == [0, 1, 4, 9] and isinstance(pool, LabelPool)
 with Parallel(2) as ex:
     assert ex.map(check, range(4)) == [0, 1, 4, 9] and ex.submit(check, 5).result() == 25
 model = nn.Linear(128, 10).cuda()
