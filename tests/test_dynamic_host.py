@@ -1793,6 +1793,20 @@ def test_nvml_answers_as_the_jobs_node_would():
     assert e.value.kind == "vest-unsupported", e.value.what
 
 
+def test_the_cuda_runtime_loaded_through_ctypes_answers_as_the_jobs_node_would():
+    """ctypes.CDLL("libcudart.so") (Transformer-XL's L2 promotion, asserting the limit it set; device
+    count and memory): a login node has no driver, the runtime answered an error code and the
+    script's own assert failed, blamed on the script. It answers from the GPU type estimated (an
+    A100 40 GB sizes this model smaller); a call it does not answer, or a limit that reserves
+    device memory, is vest's gap, named."""
+    (est,), run = estimate_script("cudart_ctypes_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (512 * 512 + 512)
+    for flag, api in (("--reset", "cudaDeviceReset"), ("--stack", "cudaDeviceSetLimit")):
+        with pytest.raises(EstimateError) as e:
+            estimate_script("cudart_ctypes_train.py", flag)
+        assert e.value.kind == "vest-unsupported" and api in e.value.what, e.value.what
+
+
 def test_a_loop_over_iterations_stopped_by_the_epochs_end_is_said_as_such():
     """A trainer that calls next() on its data iterator itself (Megatron-LM's iteration loop): the
     epoch's end vest makes after the traced steps stops it there. The flag said the script "went on

@@ -1109,6 +1109,9 @@ def run(ns) -> dict:
 
     spawned.install(ns.tmpdir)   # multiprocessing's spawn/forkserver children run under the sandbox too
     spawned.pools_in_threads()   # and a fork Pool's tasks in threads of this process
+    from .nvidia_smi import fake_cuda_runtime
+
+    fake_cuda_runtime()   # the CUDA runtime that host code loads through ctypes answers as the node's
     import signal
 
     def at_the_time_limit(_signum, _frame):

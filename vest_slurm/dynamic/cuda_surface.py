@@ -493,7 +493,8 @@ DECISIONS: dict[str, Decision] = {
     "torch.cuda.has_magma": _d(REAL, "a compile-time constant"),
     "torch.cuda.can_device_access_peer": _d(FAKE, "true: the GPUs of one node reach each other (NVLink or PCIe P2P)"),
     "torch.cuda.check_error": _d(UNSUPPORTED, "it interprets a raw CUDA error code"),
-    "torch.cuda.cudart": _d(UNSUPPORTED, _HANDLE),
+    "torch.cuda.cudart": _d(FAKE, "the runtime's binding: the profiler's start and stop, error strings, memory "
+                            "info and host registration answered; its raw streams named as unsupported"),
     "torch.cuda.current_blas_handle": _d(UNSUPPORTED, _HANDLE),
     "torch.cuda.current_solver_handle": _d(UNSUPPORTED, _HANDLE),
     "torch.cuda.cudaStatus": _d(REAL, "an enum of status codes"),
@@ -699,6 +700,37 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
     def mem_info(a):
         return (_total() - ans.reserved_bytes(), _total())
 
+    class FakeCudartBinding:
+        """torch.cuda.cudart(): torch's binding of the CUDA runtime (torch.cuda.profiler's start and
+        stop, Nsight ranges around steps), answered as the node's runtime would."""
+        from torch._C import _cudart as _real
+        success = _real.cudaError.success
+
+        def cudaProfilerStart(self):
+            return self.success
+
+        cudaProfilerStop = cudaProfilerStart
+
+        def cudaGetErrorString(self, error):
+            return "no error" if error == self.success else self._raw(f"cudaGetErrorString({error})")
+
+        def cudaMemGetInfo(self, device):
+            return mem_info(None)
+
+        def cudaHostRegister(self, ptr, size, flags):   # pins host memory: nothing on the device
+            return self.success
+
+        def cudaHostUnregister(self, ptr):
+            return self.success
+
+        def _raw(self, api):
+            raise NotSupportedHere(f"torch.cuda.cudart().{api}", _HANDLE)
+
+        def __getattr__(self, name):
+            if name.startswith("cuda"):
+                self._raw(name)
+            raise AttributeError(name)
+
     def set_fraction(a):
         fraction = float(a["fraction"])
         if not 0 <= fraction <= 1:
@@ -793,6 +825,7 @@ def patches(ans: Answers) -> list[tuple[object, str, object]]:
         "torch.cuda.is_current_stream_capturing": const(False),
         "torch.cuda.get_sync_debug_mode": const(0),
         "torch.cuda.profiler.start": none, "torch.cuda.profiler.stop": none,
+        "torch.cuda.cudart": lambda a: FakeCudartBinding(),
         "torch.accelerator.get_device_capability": capability,
         "torch.accelerator.current_device_idx": const(0), "torch.accelerator.current_device_index": const(0),
         "torch.accelerator.current_stream": current_stream, "torch.accelerator.set_stream": set_stream,

@@ -10,12 +10,16 @@ mostly): the name, memory, UUID and compute capability vest's profile has; what 
 (clocks, power, temperature, the driver) is ``[N/A]``, as nvidia-smi prints a field a board does not
 report. In: the profile and the node's GPU count. Out: the stand-in's path (runner.py puts its folder
 first on PATH; children.py lets it run).
+
+The same holds for what host code asks the driver's libraries directly: NVML through pynvml
+(``fake_nvml``) and the CUDA runtime through ctypes (``fake_cuda_runtime``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 ENV = "VEST_NVIDIA_SMI"   # the stand-in's path, for children.py
@@ -168,3 +172,159 @@ def fake_nvml(module) -> None:
     for name, value in list(vars(module).items()):
         if name.startswith("nvml") and isinstance(value, types.FunctionType):
             setattr(module, name, answers.get(name) or unanswered(name))
+
+
+# the CUDA runtime library by name, as ctypes loads it: libcudart.so, libcudart.so.12, a full path
+_CUDART = re.compile(r"^(lib)?cudart(64)?([._-].*)?$")
+# cudaLimit values whose defaults the CUDA runtime API documents (cudaDeviceSetLimit): the stack of
+# each GPU thread (1 KiB), the printf FIFO (1 MiB) and the device malloc heap (8 MiB); raising one
+# of these reserves device memory (per resident thread for the stack) that the estimate does not model
+_LIMIT_DEFAULTS = {0: 1024, 1: 1 << 20, 2: 8 << 20}
+# cudaLimitMaxL2FetchGranularity (5) and cudaLimitPersistingL2CacheSize (6): cache hints, no memory
+_LIMIT_HINTS = (5, 6)
+
+
+def fake_cuda_runtime() -> None:
+    """The CUDA runtime as host code loads it through ctypes (``ctypes.CDLL("libcudart.so")``):
+    NVIDIA's Transformer-XL sets the L2 fetch granularity with ``cudaDeviceSetLimit`` and asserts
+    what ``cudaDeviceGetLimit`` reads back; scripts start the profiler range of Nsight Systems, ask
+    the device count or the free memory. On a login node the library is missing or answers
+    cudaErrorInsufficientDriver, and the script failed with its own assert, blamed on it. A library
+    of that name is answered as the job's node would answer it (the GPU type estimated, nothing in
+    use yet); a call the stand-in does not answer, or a limit that reserves device memory, stops
+    the run naming the function: vest's to answer, not the script's."""
+    import ctypes
+
+    real_init = ctypes.CDLL.__init__
+    if getattr(real_init, "_vest_cudart", False):
+        return
+
+    def init(self, name, *args, **kwargs):
+        if name is not None and _CUDART.match(os.path.basename(str(name))):
+            self._name, self._handle, self._FuncPtr = str(name), 0, None
+            self.__class__ = _runtime_class(type(self))
+            return None
+        return real_init(self, name, *args, **kwargs)
+
+    init._vest_cudart = True
+    ctypes.CDLL.__init__ = init
+
+
+_RUNTIME_CLASSES: dict = {}
+
+
+def _runtime_class(cls):
+    """``cls`` (CDLL or a subclass) with the runtime's functions as attributes."""
+    if cls not in _RUNTIME_CLASSES:
+        def function(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            f = _RuntimeFunction(self._name, name)
+            setattr(self, name, f)
+            return f
+
+        _RUNTIME_CLASSES[cls] = type(cls.__name__, (cls,), {"__getattr__": function, "__getitem__": function})
+    return _RUNTIME_CLASSES[cls]
+
+
+class _RuntimeFunction:
+    """One function of the stand-in runtime, with the attributes a ctypes function has."""
+
+    def __init__(self, library, name):
+        self.library, self.__name__ = library, name
+        self.argtypes = self.restype = self.errcheck = None
+
+    def __call__(self, *args):
+        answer = _RUNTIME.get(self.__name__)
+        if answer is None:
+            self._unsupported(f"the stand-in answers {', '.join(sorted(_RUNTIME))}")
+        return answer(self, *(_value(a) for a in args))
+
+    def _unsupported(self, why):
+        from ..errors import NotSupportedHere
+
+        raise NotSupportedHere(f"{self.__name__} of the CUDA runtime loaded through ctypes ({self.library})",
+                               f"there is no CUDA driver on this machine; {why}")
+
+
+def _value(arg):
+    """An argument as the function receives it: a number for a ctypes number, the object a pointer
+    or ``byref`` points at otherwise (written through ``_store``)."""
+    import ctypes
+
+    if isinstance(arg, ctypes._SimpleCData):
+        return arg.value
+    return arg
+
+
+def _store(pointer, value) -> None:
+    target = getattr(pointer, "_obj", None)   # ctypes.byref(x)
+    if target is None and hasattr(pointer, "contents"):   # a POINTER(x) instance
+        target = pointer.contents
+    if hasattr(target, "__setitem__") and not hasattr(target, "value"):
+        target[0] = value
+    else:
+        target.value = value
+
+
+_LIMITS: dict = {}
+
+
+def _set_limit(f, limit, value):
+    if limit in _LIMIT_HINTS:
+        _LIMITS[limit] = value
+    elif limit in _LIMIT_DEFAULTS and value <= _LIMIT_DEFAULTS[limit]:
+        _LIMITS[limit] = value
+    else:
+        f._unsupported(f"cudaLimit {limit} = {value} reserves device memory (or is a limit) the estimate does not model")
+    return 0
+
+
+def _get_limit(f, pointer, limit):
+    if limit not in _LIMITS and limit not in _LIMIT_DEFAULTS:
+        f._unsupported(f"the value of cudaLimit {limit} before the script sets it is the driver's")
+    _store(pointer, _LIMITS.get(limit, _LIMIT_DEFAULTS.get(limit)))
+    return 0
+
+
+def _version():
+    import torch
+
+    major, minor = (int(x) for x in (torch.version.cuda or "12.0").split(".")[:2])
+    return 1000 * major + 10 * minor
+
+
+def _device_count(f, pointer):
+    import torch
+
+    _store(pointer, torch.cuda.device_count())
+    return 0
+
+
+def _mem_info(f, free, total):
+    import torch
+
+    have, of = torch.cuda.mem_get_info()
+    _store(free, have)
+    _store(total, of)
+    return 0
+
+
+def _free(f, pointer=None):
+    if pointer not in (None, 0):   # cudaFree(0): the idiom that creates the context
+        f._unsupported("it frees device memory that torch's allocator never gave out")
+    return 0
+
+
+_ok = lambda f, *args: 0   # noqa: E731  (synchronizes, selects or profiles: nothing to do on the fake device)
+_RUNTIME = {
+    "cudaDeviceSetLimit": _set_limit, "cudaDeviceGetLimit": _get_limit,
+    "cudaGetDeviceCount": _device_count, "cudaMemGetInfo": _mem_info,
+    "cudaGetDevice": lambda f, pointer: (_store(pointer, 0), 0)[1],
+    "cudaRuntimeGetVersion": lambda f, pointer: (_store(pointer, _version()), 0)[1],
+    "cudaDriverGetVersion": lambda f, pointer: (_store(pointer, _version()), 0)[1],
+    "cudaGetErrorString": lambda f, code: b"no error" if code == 0 else f._unsupported(f"error code {code}"),
+    "cudaFree": _free,
+    "cudaSetDevice": _ok, "cudaDeviceSynchronize": _ok, "cudaProfilerStart": _ok, "cudaProfilerStop": _ok,
+    "cudaGetLastError": _ok, "cudaPeekAtLastError": _ok,
+}
