@@ -39,6 +39,16 @@ def test_counts_device_storages_only(scripts):
     assert 2.5 * MiB <= res["live_peak_bytes"] <= 2.5 * MiB + small
 
 
+def test_counts_weights_made_under_a_cuda_device_context(scripts):
+    """`with torch.device("cuda"):` names the device for torch's factories through a mode at the
+    bottom of the stack, from a cached set of functions: filled after the stand-ins wrapped the
+    factories, it held the wrappers, and the weights were the host's, uncounted (torchtune)."""
+    moved, built = (run_command(f"python device_context_train.py {flag}", scripts, 3) for flag in ("--moved", ""))
+    assert moved["status"] == built["status"] == "ok", (moved, built)
+    weights = 4 * (1024 * 1024 + 1024)
+    assert built["live_peak_bytes"] == moved["live_peak_bytes"] >= 4 * weights   # weights, grads, 2 states
+
+
 def test_refuses_a_launch_over_several_nodes(scripts):
     """torchrun over 2 nodes: the oracle runs one node's processes (and never starts these)."""
     res = run_command("torchrun --nnodes 2 --nproc_per_node 2 ddp_train.py", scripts, 3)

@@ -70,7 +70,9 @@ Known limitations (where this count and a GPU's differ, and the estimate models 
 - One node: torchrun of N processes runs N (run_command; a gloo group of N over a file store, rank
   0's count is the result); a launch over several nodes, a process group the script makes itself
   and nn.DataParallel over more than one GPU are refused (status "unsupported").
-  ``torch.set_default_device("cuda")`` is not mapped.
+  ``torch.set_default_device("cuda")`` is not mapped (every factory call of the process, torch's
+  own inside the functions this mode does not see, would name the GPU); ``with torch.device("cuda"):``
+  is.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
@@ -650,6 +653,12 @@ def _patched(census: Census, steps: int, state: dict):
     with fc.cuda_answers(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), _ToCpu(census), _Census(census), \
             CudaAutocast(census.is_device).installed():
         try:
+            # torch.device("cuda") contexts and set_default_device name the device for the
+            # functions of this cached set, compared by identity: filled with torch's own, before
+            # cuda_surface wraps the factories (filled after, the set held the wrappers and a model
+            # built under `with torch.device("cuda"):`, as torchtune builds its models, was the
+            # host's, uncounted), as the estimate's bootstrap does
+            _device_constructors()
             for obj, attr, new in patches:
                 setattr(obj, attr, new)
             yield
