@@ -1793,6 +1793,24 @@ def test_nvml_answers_as_the_jobs_node_would():
     assert e.value.kind == "vest-unsupported", e.value.what
 
 
+def test_the_grad_scalers_own_checks_fail_the_script_as_on_a_gpu():
+    """torch's GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients.": a model
+    cast to half under the scaler, diffusers' LoRA scripts with fp16 from accelerate's config) and a
+    second unscale_ in one iteration. The stand-in unscaled them: an estimate of a job that fails
+    at its first step. Now it fails as the GPU run does, the script's to fix (no "run it directly":
+    it cannot run here); bf16 weights pass, as in torch."""
+    (est,), run = estimate_script("grad_scaler_checks_train.py")
+    assert run.steps == 3
+    (est,), run = estimate_script("grad_scaler_checks_train.py", "--bf16-half")
+    assert run.steps == 3
+    for flag, words in (("--half", "ValueError: Attempting to unscale FP16 gradients."),
+                        ("--twice", "RuntimeError: unscale_() has already been called on this optimizer")):
+        with pytest.raises(EstimateError) as e:
+            estimate_script("grad_scaler_checks_train.py", flag)
+        assert e.value.kind == "script-error" and words in e.value.what, e.value.what
+        assert "grad_scaler_checks_train.py:2" in e.value.where and "on the job's GPU" in e.value.fix
+
+
 def test_the_cuda_runtime_loaded_through_ctypes_answers_as_the_jobs_node_would():
     """ctypes.CDLL("libcudart.so") (Transformer-XL's L2 promotion, asserting the limit it set; device
     count and memory): a login node has no driver, the runtime answered an error code and the

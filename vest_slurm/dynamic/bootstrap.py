@@ -965,7 +965,7 @@ def classify(e: BaseException) -> str:
     if name in ("NotSupportedHere", "UnsupportedOperatorException") or "FakeTensor" in text or "fake tensor" in text.lower() \
             or any(m in text for m in _REAL_GPU_REACHED):
         return "vest-unsupported"
-    if name == "FailsOnAGpu":
+    if _fails_on_a_gpu(e):
         return "script-error"   # a stand-in's check of what fails on a GPU too
     entries = traceback.extract_tb(e.__traceback__)
     if entries and any(part in entries[-1].filename for part in _FAKE_MACHINERY):
@@ -973,6 +973,13 @@ def classify(e: BaseException) -> str:
             return "script-error"   # the op the fake tensors refused fails on real tensors too
         return "vest-unsupported"   # raised by the fake machinery or a stand-in itself
     return "script-error"
+
+
+def _fails_on_a_gpu(e: BaseException) -> bool:
+    """Whether a stand-in raised ``e`` by torch's own check of what fails on a GPU too."""
+    from ..errors import FailsOnAGpu
+
+    return isinstance(e, FailsOnAGpu)
 
 
 def _real_host_op_raised(e: BaseException) -> bool:
@@ -1210,7 +1217,8 @@ def run(ns) -> dict:
                       hub_repo=hub_repo(e) if kind == "refused" else None,
                       torch_hub=kind == "refused" and _through_torch_hub(e),
                       hub_download=_hub_download(e) if kind == "refused" else None,
-                      missing=missing_import(e) if kind == "missing-import" else None)
+                      missing=missing_import(e) if kind == "missing-import" else None,
+                      on_a_gpu=_fails_on_a_gpu(e))
         past = past_the_overlay(e, sandbox)
         extension = compiled_extension(e) if kind == "script-error" else None
         if extension:

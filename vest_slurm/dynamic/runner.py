@@ -985,6 +985,11 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             "give the estimate the job's GPU count (vest estimate --num-gpus N; in a job script, "
                             "#SBATCH --gres=gpu:N or --gpus-per-node); a job given fewer GPUs than the script asks "
                             "for fails the same way", kind="script-error", where=where)
+    if result.get("on_a_gpu"):
+        raise EstimateError(f"{cmd.display}: the script fails on a GPU too{at}: {msg}{line}{log}",
+                            "fix the script: this is torch's own check, which fails the same way on the job's GPU "
+                            "(vest's stand-in makes it here, where the script cannot run without a GPU); the estimate "
+                            "runs the script unchanged", kind="script-error", where=where)
     raise EstimateError(f"{cmd.display}: the script failed{at}: {msg}{line}{log}",
                         "fix the script (run it directly to see the error); the estimate runs it unchanged",
                         kind="script-error", where=where)
