@@ -357,7 +357,10 @@ def test_identical_blocks_scaled_equal_the_whole_trace(extra, monkeypatch, capsy
     import json
 
     notes = json.loads(capsys.readouterr().out)["trace_notes"]
-    assert len(notes) == 1 and notes[0].startswith(bs.SCALED_NOTE) and "7 blocks" in notes[0]
+    scaled_notes = [n for n in notes if n.startswith(bs.SCALED_NOTE)]
+    assert len(scaled_notes) == 1 and "7 blocks" in scaled_notes[0], notes
+    # (and the per-rank model says what it is, for a sharded workload)
+    assert any(" over 4 GPUs, per rank" in n for n in notes), notes
     st.forget_unit_traces()
     monkeypatch.setattr(bs, "MIN_BLOCKS", 99)   # trace it whole
     (full,) = estimate(spec, [h100])

@@ -407,16 +407,14 @@ class FsdpRecord:
         m = self.marks
         root_w = next(w for w in self.wrapped if w.module is self.root)
         units = []
+        raf = {n: w.reshard_after_forward for w in self.wrapped for n, mod in self.units if mod is w.module}
         for name, ps in m.params.items():
             units.append({"name": name or "<root>", "root": name == "", "shapes": [list(p.shape) for p in ps],
+                          "reshard_after_forward": raf.get(name),
                           "fwd_pre": m.fwd_pre.get(name), "fwd_post": m.fwd_post.get(name),
                           "bwd_pre": m.bwd_pre.get(name), "bwd_post": m.bwd_post.get(name),
                           "grad_blocks": list(m.grad_blocks.get(name, ()))})
         opt = self.optimizer
-        inner = [w for w in self.wrapped if w.module is not self.root]
-        if len({w.reshard_after_forward for w in inner}) > 1:   # accelerate keeps its tail units unsharded
-            self.notes.append("the script's units differ in reshard_after_forward: modelled as off for every unit "
-                              "(the per-rank schedule has one setting), which errs high")
         kinds = {w.kind for w in self.wrapped}
         if len(kinds) > 1:
             return {"refused": ["the script wraps with both FSDP1 (FullyShardedDataParallel) and FSDP2 (fully_shard): "
@@ -426,10 +424,16 @@ class FsdpRecord:
             return {"refused": list(self.refusal)}
         return {"units": units, "first_forward": self.start, "param_dtype": root_w.param_dtype,
                 "kind": root_w.kind, "sharding": root_w.sharding,
-                "reduce_dtype": root_w.reduce_dtype, "reshard_after_forward": all(
-                    w.reshard_after_forward for w in self.wrapped if w.module is not self.root),
+                # (the most common of the units' settings; each unit keeps its own: accelerate keeps its
+                # tail units -- final norm, LM head -- unsharded after forward, its blocks not)
+                "reduce_dtype": root_w.reduce_dtype, "reshard_after_forward": _most_common(
+                    [w.reshard_after_forward for w in self.wrapped if w.module is not self.root], True),
                 "offload": any(w.offload for w in self.wrapped), "mesh_shape": list(root_w.mesh_shape),
                 "orig_dtype": self.orig_dtype or "float32", "optimizer": opt, "notes": sorted(set(self.notes))}
+
+
+def _most_common(values: list, default):
+    return max(values, key=values.count) if values else default
 
 
 # FSDP1's ShardingStrategy by name -> the per-rank model's --sharding (NO_SHARD is DDP: refused with
@@ -789,7 +793,8 @@ def per_rank(info: dict, events: tuple[AllocEvent, ...], step_ends: tuple[int, .
         else:
             units.append(Unit(u["name"], tuple(tuple(s) for s in u["shapes"]), rel(u["fwd_pre"], 0),
                               rel(u["fwd_post"], first_bwd), rel(u["bwd_pre"], first_bwd),
-                              rel(u["bwd_post"], len(iteration)), tuple(u["grad_blocks"])))
+                              rel(u["bwd_post"], len(iteration)), tuple(u["grad_blocks"]),
+                              reshard_after_forward=u.get("reshard_after_forward")))
     if not any(u.is_root for u in units):
         units.insert(0, Unit("<root>", (), 0, first_bwd, first_bwd, first_bwd, (), True))
     ut = UnitTrace(setup, iteration, tuple(tail), tuple(units), info["orig_dtype"], info["orig_dtype"],

@@ -656,6 +656,8 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
             base = script_spec(cmd, DynamicRun(trace, result["steps"], result.get("batch_hint"), 0, 0, (),
                                                observed=(("grad_accum", observed.get("grad_accum") or 1),)), world, "")
             trace, spec = per_rank(result["fsdp"], trace.events, trace.step_ends, base, profile)
+            # what of the script's sharding the per-rank model does not follow (a prefetch setting)
+            mine["flags"] += tuple(result["fsdp"].get("notes", ()))
             # (made for this profile: no gpu_asked, so it holds on its own class only)
             trace = AllocTrace(trace.events, trace.iterations, (f"dynamic: {cmd.display}",) + trace.notes, trace.step_ends)
         run = DynamicRun(trace, result["steps"], batch, seconds, peak_rss,

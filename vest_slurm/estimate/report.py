@@ -173,14 +173,16 @@ def job_environment_notes(summaries) -> list[str]:
 def trace_notes(summaries) -> list[str]:
     """What the output says about how the traces were made: a stack of identical blocks traced at
     4 and 5 and scaled, or why it was traced whole (block_scaling.py); a script run in the job's own
-    Python (runner.script_python)."""
+    Python (runner.script_python); a sharded job's per-rank model (sharding.rank_trace: the
+    strategy and GPUs, DeepSpeed modelled rather than traced, accumulation, units ZeRO-3 keeps)."""
     from .block_scaling import SCALED_NOTE, WHOLE_NOTE
+    from .sharding import PER_RANK_NOTES
     from .trace import JOB_PYTHON_NOTE, JOB_SETUP_NOTE
 
     out: list[str] = []
     for s in summaries:
         trace = getattr(s, "trace", None)
         for n in (trace.notes if trace is not None else ()):
-            if n.startswith((SCALED_NOTE, WHOLE_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE)) and n not in out:
+            if n.startswith((SCALED_NOTE, WHOLE_NOTE, JOB_PYTHON_NOTE, JOB_SETUP_NOTE) + PER_RANK_NOTES) and n not in out:
                 out.append(n)
     return out

@@ -142,6 +142,9 @@ class Unit:
     grad_blocks: tuple[int, ...] = ()   # the traced unsharded gradients of its parameters
     is_root: bool = False
     recomputed: bool = False   # its forward ran again in backward (activation checkpointing)
+    # FSDP2's fully_shard(reshard_after_forward=...) of this unit where the script set it per unit
+    # (None: the workload's --reshard-after-forward)
+    reshard_after_forward: bool | None = None
 
     @property
     def numels(self) -> tuple[int, ...]:
@@ -357,6 +360,12 @@ class _UnitState:
     grads: list = field(default_factory=list)       # its sharded gradient blocks (kept to the step)
 
 
+# how the per-rank trace's notes begin (rank_trace): what the output says about a sharded estimate
+# (report.trace_notes shows the notes that begin so)
+PER_RANK_NOTES = tuple(f"{k} over " for k in ("fsdp", "fsdp2", "hsdp", "zero1", "zero2", "zero3")) + (
+    "DeepSpeed modelled from", "gradient accumulation over", "ZeRO-3 keeps")
+
+
 def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocTrace:
     """The per-rank trace: sharded parameters, then ``spec.steps`` steps of the traced iteration with
     the strategy's all-gathers, reduce-scatters and sharded gradients, then the optimizer's step."""
@@ -380,6 +389,9 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
     else:
         reshard_fwd = spec.reshard_after_forward == "on"
     kept_fwd = zero3_kept_after_forward(units, spec.max_reuse_distance) if zero3 and reshard_fwd else frozenset()
+
+    def reshards_fwd(u: Unit) -> bool:
+        return reshard_fwd if u.reshard_after_forward is None or not fsdp2 else u.reshard_after_forward
 
     def unit_numels(u: Unit) -> tuple[int, int]:
         """(this rank's shard numel, the padded unsharded numel) of a unit."""
@@ -599,7 +611,7 @@ def rank_trace(ut: UnitTrace, opt: OptimizerTrace, spec: WorkloadSpec) -> AllocT
                     pre(u, "forward")
                 elif what == "fwd_post":
                     # the root stays unsharded for backward (FSDP2), as do the units ZeRO-3 reuses soon
-                    if gathers and reshard_fwd and not u.is_root and u.name not in kept_fwd:
+                    if gathers and reshards_fwd(u) and not u.is_root and u.name not in kept_fwd:
                         reshard(u)
                 elif what == "bwd_pre":
                     pre(u, "backward")
