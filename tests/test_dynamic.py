@@ -279,6 +279,30 @@ def test_vsbatch_places_a_script_by_its_training_command(slurm, tmp_path):
     subprocess.run(["scancel", str(d["job_id"])], env=slurm.env, timeout=10)
 
 
+def test_loops_of_forwards_that_gpu_values_end_are_flagged_or_refused():
+    """A loop of forward passes tested on GPU values (a fixed-point solve, a convergence break) ran
+    as many times as stand-ins made it, the same in every step, with no flag: once (-51% on a
+    DEQ-style repro) or to its cap (+153%). Each is flagged with the loop's line; a loop tested on
+    values copied from the host is the job's own (no flag); one the stand-ins never end (an adaptive
+    integrator whose steps are never accepted) is refused as data-dependent at the time limit,
+    naming the loop, not "ask for a higher limit"."""
+    for flag, line in (("--while", 18), ("--break", 27)):
+        (est,), run = estimate_script("steered_loop_train.py", flag)
+        assert run.steps == 3
+        assert any(f"steered_loop_train.py:{line}" in f and "decided how many times it ran" in f for f in run.flags), \
+            run.flags
+    (est,), run = estimate_script("steered_loop_train.py", "--known")
+    assert run.steps == 3 and not any("decided how many times" in f for f in run.flags), run.flags
+    with pytest.raises(EstimateError) as e:
+        estimate_script("steered_loop_train.py", "--adaptive", limits=Limits(timeout_s=20))
+    assert e.value.kind == "data-dependent" and "steered_loop_train.py:39" in e.value.what, e.value.what
+    assert "fixed count" in e.value.fix
+    # torch.equal / allclose of GPU tensors: a NaN check of a tensor against itself passes, an
+    # assert on allclose passes as a healthy run's does (they were refused as data-dependent)
+    (est,), run = estimate_script("steered_loop_train.py")
+    assert run.steps == 3
+
+
 def test_older_amp_api_compile_and_value_reads():
     (est,), run = estimate_script("old_amp_api.py")
     assert run.steps == 3 and run.batch_hint == 8 and est.peak_bytes > 0
@@ -295,6 +319,16 @@ def test_torchrun_ddp_script_one_rank_of_the_world():
     assert b["nccl"] > 0
     params = (64 * 512 + 512 + 512 * 10 + 10) * 4
     assert b["parameters"] == params and b["optimizer_state"] == 2 * params
+
+
+def test_object_collectives_run_on_the_fake_group():
+    """gather_object, broadcast_object_list and scatter_object_list (torch.distributed.checkpoint's
+    coordinator: the ranks' save plans gathered, the global one scattered): pickled into device
+    tensors that carry no values here, they unpickled garbage and the script was blamed. Each
+    rank holds what a healthy run's rank holds, every rank running the same script."""
+    cmd = parse_train_command("torchrun --nproc_per_node 2 object_collectives_train.py")
+    (est,), run = estimate_command(cmd, [A100], cwd=SCRIPTS)
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (64 * 64 + 64)
 
 
 def test_a_gloo_group_beside_nccl_for_host_work_is_a_group_of_the_fake_world():

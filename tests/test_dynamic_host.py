@@ -1793,6 +1793,14 @@ def test_nvml_answers_as_the_jobs_node_would():
     assert e.value.kind == "vest-unsupported", e.value.what
 
 
+def test_meta_twins_of_gpu_tensors_are_shapes_only():
+    """torch.zeros_like(p.data, device="meta") of a GPU parameter (DeepSpeed ZeRO-1/2's optimizer):
+    the host-value shadows took the meta result for host values and compared it ("aten::equal on
+    Meta"), vest's own failure. A meta tensor holds no values and no device memory."""
+    (est,), run = estimate_script("meta_twin_train.py")
+    assert run.steps == 3 and dict(est.breakdown)["parameters"] == 4 * (512 * 512 + 512)
+
+
 def test_the_grad_scalers_own_checks_fail_the_script_as_on_a_gpu():
     """torch's GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients.": a model
     cast to half under the scaler, diffusers' LoRA scripts with fp16 from accelerate's config) and a

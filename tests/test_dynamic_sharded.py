@@ -196,18 +196,49 @@ def test_fsdp2_units_keep_their_own_reshard_after_forward():
     assert any("forward prefetch" in f and "not modelled" in f for f in run.flags), run.flags
 
 
-@pytest.mark.parametrize("command,line", [
+def test_deepspeed_initialize_and_ray_init_in_the_script_are_refused_with_the_reason(tmp_path):
+    """A script that builds its DeepSpeed config in the code and calls deepspeed.initialize, with no
+    DeepSpeed on its command line (DeepSpeedExamples' cifar): DeepSpeed then built its ops with nvcc
+    (116 s), skipped every step on fake overflow checks, or ran ZeRO-3 untraced as such, labelled
+    data parallel. The post-import hook refuses the call with the workload its config describes."""
+    import types
+
+    from vest_slurm.dynamic.deepspeed_plan import plan_of_initialize
+    from vest_slurm.dynamic.post_import import HOOKS
+    from vest_slurm.errors import NotSupportedHere
+
+    deepspeed = types.ModuleType("deepspeed")   # (its initialize, as the installed package has it)
+    HOOKS["deepspeed"](deepspeed)
+    config = {"train_batch_size": 16, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    with pytest.raises(NotSupportedHere) as e:
+        deepspeed.initialize(args=None, model=None, model_parameters=[], config=config)
+    assert "deepspeed.initialize" in str(e.value)
+    assert "--parallelism zero3 --offload optimizer --precision bf16" in str(e.value)
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 2}, "fp16": {"enabled": true}}')
+    assert plan_of_initialize(None, types.SimpleNamespace(deepspeed_config=str(path))).vest_line.startswith(
+        "#VEST --model ... --parallelism zero2 --precision fp16")
+    assert plan_of_initialize(None).stage is None   # not read: said so, the stage asked of the user
+    # Ray (Train's TorchTrainer, Tune): its workers run the training in processes of their own
+    ray = types.ModuleType("ray")
+    HOOKS["ray"](ray)
+    with pytest.raises(NotSupportedHere, match="worker processes"):
+        ray.init()
+
+
+@pytest.mark.parametrize("command,line,gpus", [
     ("torchrun --nproc_per_node 4 hf_trainer_args_train.py --output_dir out --deepspeed ds_zero3.json --bf16",
-     "--parallelism zero3 --offload optimizer --precision bf16"),
+     "--parallelism zero3 --offload optimizer --precision bf16", 4),
     ("accelerate launch --config_file accelerate_deepspeed.yaml accelerate_fsdp_train.py",
-     "--parallelism zero2 --precision bf16"),
+     "--parallelism zero2 --precision bf16", 4),
     # a script that builds its DeepSpeed config from its own switches (DeepSpeed-Chat's main.py):
     # the line said that stage as "zero2 (its stage: 1, 2 or 3)" whatever --zero_stage was
     ("deepspeed --num_gpus 2 hf_trainer_args_train.py --deepspeed --zero_stage 3 --offload --dtype bf16",
-     "--parallelism zero3 --offload params --precision bf16"),
-    ("torchrun --nproc_per_node 2 hf_trainer_args_train.py --deepspeed --zero_stage 0", "--parallelism ddp"),
+     "--parallelism zero3 --offload params --precision bf16", 2),
+    ("torchrun --nproc_per_node 2 hf_trainer_args_train.py --deepspeed --zero_stage 0", "--parallelism ddp", 2),
 ])
-def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, command, line):
+def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, command, line, gpus):
     """DeepSpeed is not traced (dynamic/deepspeed_plan.py): a Trainer's --deepspeed ds.json and an
     accelerate DeepSpeed config are refused before any run, as vest's gap, with the #VEST line of the
     ZeRO stage, offload and precision they ask for (the per-rank model of estimate/sharding.py)."""
@@ -216,6 +247,8 @@ def test_deepspeed_is_refused_with_its_declarative_zero_workload(monkeypatch, co
         estimate_command(parse_train_command(command), [get_profile("h100-80gb")], cwd=SCRIPTS)
     assert e.value.kind == "vest-unsupported" and "DeepSpeed" in e.value.what
     assert line in e.value.fix
+    # the job's GPU count, where the launch says it (the batch, where the command does)
+    assert f"--num-gpus {gpus} " in e.value.fix, e.value.fix
 
 
 def test_a_deepspeed_configs_reduce_bucket_is_in_its_vest_line(tmp_path):

@@ -67,6 +67,12 @@ class StopTracing(BaseException):
     """Raised after the N-th optimizer step: ends the script, keeps the trace."""
 
 
+class DataDependentLoop(BaseException):
+    """Raised at the time limit in a loop of training forwards whose test reads stand-ins
+    (standins.ScriptState.note_read), before any step: a BaseException, so that no ``except
+    Exception`` of the script or of torch's own code keeps the loop going."""
+
+
 class Refused(PermissionError):
     pass
 
@@ -1130,6 +1136,12 @@ def run(ns) -> dict:
             raise StopTracing()
         if state.steps == 0 and state.host_steps:   # trained on the host until then: said as such
             raise StopTracing()
+        if state.steps == 0 and state.loop_read:
+            # a loop of training forwards whose test read stand-ins (an adaptive ODE solver whose
+            # steps are all rejected: its end time never reached) went on until the time limit
+            raise DataDependentLoop(f"a loop runs the model's forward until a value of a GPU tensor ends it (tested "
+                                    f"at {state.loop_read}), and the stand-ins vest reads there (no data on this "
+                                    "machine) did not end it within the time limit")
 
     signal.signal(TIME_LIMIT_SIGNAL, at_the_time_limit)
     try:
@@ -1250,6 +1262,7 @@ def run(ns) -> dict:
     result["repeats_replayed"] = repeats.replayed
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()
+    result["steered_loop"] = state.loop_read
     result["sampled"] = list(mode.shadows.sampled_reads) if mode.shadows is not None else []
     result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None
     result["observed"] = {"precision": state.precision, "channels_last": state.channels_last,
@@ -1302,8 +1315,10 @@ def run(ns) -> dict:
             result["processes_started"] = list(state.processes_started)
         result["func_transform"] = state.func_transform
     trace = tracer.finish(state.steps, ())
-    result["events"] = [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail]
-                        for e in trace.events]
+    # (a loop that never ended made events by the hundred thousand, which its refusal does not use:
+    # written, they took longer than the runner's grace after the time limit)
+    result["events"] = [] if isinstance(final, DataDependentLoop) else \
+        [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail] for e in trace.events]
     result["batch_hint"] = state.batch_hint
     from . import fake_dist
 

@@ -46,6 +46,10 @@ class DeepSpeedPlan:
 
     @property
     def vest_line(self) -> str:
+        return self.line()
+
+    def line(self, num_gpus: int | None = None, batch: int | None = None) -> str:
+        """The #VEST line, with the job's GPU count and per-GPU batch where the command says them."""
         stage = self.stage if self.stage in (1, 2, 3) else None
         parts = ["#VEST --model ...", "--parallelism ddp" if self.stage == 0 else
                  f"--parallelism zero{stage}" if stage else "--parallelism zero2 (its stage: 1, 2 or 3)"]
@@ -57,7 +61,7 @@ class DeepSpeedPlan:
             parts.append(f"--reduce-bucket-size {self.reduce_bucket}")
         if self.max_reuse is not None and stage == 3:
             parts.append(f"--max-reuse-distance {self.max_reuse}")
-        return " ".join(parts + ["--num-gpus N --batch-size B --optimizer ..."])
+        return " ".join(parts + [f"--num-gpus {num_gpus or 'N'} --batch-size {batch or 'B'} --optimizer ..."])
 
 
 def _value(args, names) -> str | None:
@@ -132,6 +136,19 @@ def _from_script_args(args) -> DeepSpeedPlan:
                          int(stage) if stage and stage.isdigit() else None,
                          "params" if _value(args, ("--offload",)) is not None else "none",
                          dtype if dtype in ("bf16", "fp16") else None)
+
+
+def plan_of_initialize(config, args=None) -> DeepSpeedPlan:
+    """The plan of a ``deepspeed.initialize`` call in the script (its config a dict built in Python,
+    a path, or ``args.deepspeed_config``), for a command that named no DeepSpeed (DeepSpeedExamples'
+    ``deepspeed train.py --deepspeed`` with the config in the code)."""
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None)
+    if isinstance(config, (str, os.PathLike)):
+        return _from_ds_json(_load(os.fspath(config)), f"{os.fspath(config)}, given to deepspeed.initialize")
+    if isinstance(config, dict):
+        return _from_ds_json(config, "the config the script gives deepspeed.initialize")
+    return DeepSpeedPlan("deepspeed.initialize, its config not read", None, "none", None)
 
 
 def plan(cmd: TrainCommand, cwd: str, accelerate_config: str | None = None) -> DeepSpeedPlan | None:

@@ -12,6 +12,8 @@ The hooks here:
 - Lightning's subprocess launcher (Fabric.launch(), a Trainer of N devices run by ``python
   train.py``): rank 0 runs here, the other ranks' processes are not started (_lightning_launcher).
 - pynvml: NVML as the job's node answers it (nvidia_smi.fake_nvml).
+- deepspeed: ``initialize`` refused with the declarative workload its config describes; ray:
+  ``init`` refused (its workers run the training in processes of their own).
 - datasets' ``Dataset.map`` / ``Dataset.filter`` with ``num_proc`` (HF examples'
   ``--preprocessing_num_workers``; ``DatasetDict.map`` calls them per split): they would fork a pool
   of worker processes (and a manager process) to preprocess the data set; the run has one process
@@ -231,7 +233,41 @@ def _nvml(module) -> None:
     fake_nvml(module)
 
 
-HOOKS = {"datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models,
+def _deepspeed(module) -> None:
+    """``deepspeed.initialize`` in a script whose command named no DeepSpeed (its config a dict in
+    the code: DeepSpeedExamples, most tutorials): it built DeepSpeed's ops with nvcc (minutes), then
+    failed on fake CUDA, skipped every step on fake overflow checks, or ran ZeRO untraced as such
+    and was labelled data parallel. Refused at the call, as a command that names DeepSpeed is
+    (deepspeed_plan.py), with the declarative workload its config describes."""
+    from ..errors import NotSupportedHere
+    from .deepspeed_plan import plan_of_initialize
+
+    def initialize(*args, **kwargs):
+        config = kwargs.get("config", kwargs.get("config_params"))
+        found = plan_of_initialize(config, kwargs.get("args", args[0] if args else None))
+        raise NotSupportedHere("deepspeed.initialize", f"{found.what} (from {found.source}) is not traced by the "
+                               f"dynamic estimate; describe the workload declaratively: {found.vest_line}")
+
+    module.initialize = initialize
+
+
+def _ray(module) -> None:
+    """``ray.init`` (called by the script, or by Ray Train's and Tune's trainers on their own): Ray
+    starts its server and worker processes, and the training runs in a worker, outside the one
+    process vest traces (under bubblewrap they started and failed a different way on each run:
+    a server timeout, a write to ~/ray_results, a worker with no driver). Refused at the call."""
+    from ..errors import NotSupportedHere
+
+    def init(*_args, **_kwargs):
+        raise NotSupportedHere("ray.init", "Ray runs the training in worker processes it starts, which the dynamic "
+                               "estimate (one traced process) does not follow; estimate the training function's own "
+                               "script (a plain or torchrun launch of the same loop), or describe the workload with a "
+                               "#VEST line")
+
+    module.init = init
+
+
+HOOKS = {"deepspeed": _deepspeed, "ray": _ray, "datasets.arrow_dataset": _datasets, "transformers.modeling_utils": _transformers_models,
          "torch.distributed.run": _torchrun_in_process, "pynvml": _nvml,
          "transformers.utils.import_utils": _transformers_tracing,
          **{f"{pkg}.strategies.launchers.subprocess_script": _lightning_launcher

@@ -469,8 +469,11 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
 
     ds = plan(cmd, where, config)
     if ds is not None:   # not traced (deepspeed_plan.py): the declarative ZeRO model answers it
+        gpus = world if not config or any(a.startswith(("--num_processes", "--num-processes")) for a in launcher_args) \
+            else max(world, accelerate_env.config_processes(config))
         raise EstimateError(f"{cmd.display}: {ds.what} (from {ds.source}) is not traced by the dynamic estimate",
-                            f"describe the workload declaratively: {ds.vest_line}", kind="vest-unsupported")
+                            f"describe the workload declaratively: {ds.line(gpus if gpus > 1 else None, stated_batch(cmd.args))}",
+                            kind="vest-unsupported")
     tmpdir = tempfile.mkdtemp(prefix="vest-dyn-")
     out = os.path.join(tmpdir, "result.json")
     if cmd.launcher == "accelerate":   # its config file says how many processes; the child reads the rest
@@ -601,7 +604,7 @@ def _run_dynamic(cmd: TrainCommand, profile: DeviceProfile, num_gpus: int, limit
                       f"(a dense mask or score matrix): the job may need up to that much less than estimated",)
         if (growth := growth_note(trace, result.get("step_owners"))) is not None:
             flags += (growth,)
-        if (varied := forwards_note(result)) is not None:
+        if (varied := forwards_note(result) or steered_loop_note(result)) is not None:
             flags += (varied,)
         if (forward_only := forward_only_note(result)) is not None:
             flags += (forward_only,)
@@ -872,6 +875,13 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",
                             "check that the script's arguments start training (not only evaluation)",
                             kind="script-error", where=where)
+    if status == "data-dependent" and result.get("steered_loop") and "a loop runs the model's forward" in msg:
+        raise EstimateError(f"{cmd.display}: data-dependent: {msg}{line}{log}",
+                            "a loop whose length the GPU's values decide (an adaptive ODE solver, a convergence test) "
+                            "cannot run on stand-ins: give it a fixed count for the estimate if the script takes one "
+                            "(a fixed-step solver, an iteration cap), or request the GPU yourself (sbatch --gres) and "
+                            "let `vest monitor` measure the job's peak; else " + _WORKAROUND,
+                            kind="data-dependent", where=where)
     if status == "data-dependent":
         raise EstimateError(f"{cmd.display}: data-dependent: the estimate depends on values a fake tensor does not "
                             f"have{at}: {msg}{line}{log}",
@@ -1208,6 +1218,23 @@ def forward_only_note(result: dict) -> str | None:
             f"({', '.join(reads[:3])}{more}), stand-ins here (vest has no data): if a branch on one skipped the "
             "backward (a sample skipped when the prediction is wrong, a loss over a threshold), a GPU run with real "
             "values trains, and needs the gradients and the backward's memory this estimate lacks")
+
+
+def steered_loop_note(result: dict) -> str | None:
+    """The flag for a loop of training forwards whose test read a stand-in (standins.note_read):
+    the same number of forwards in every traced step, but a number the stand-ins chose (a
+    fixed-point iteration run once or to its cap, not the 15 times it converges in on a GPU)."""
+    where = result.get("steered_loop")
+    if not where:
+        return None
+    counts = result.get("forwards_per_step") or []
+    ran = f" ({counts[-1]} forward pass{'es' if counts[-1] != 1 else ''} in the last traced step)" if counts else ""
+    return (f"a loop of the model's forward passes is tested on values of GPU tensors at {where}, "
+            f"stand-ins here (vest has no data), so they decided how many times it ran{ran}: the job's loop runs as many "
+            "times as its values take (a convergence test, an adaptive solver's accepted steps, a sampler's "
+            "accept/reject), and each forward kept until the backward adds its activations; the estimate is for "
+            "the iterations traced, not the job's (give the loop a fixed count for the estimate, if the script "
+            "takes one)")
 
 
 def forwards_note(result: dict) -> str | None:

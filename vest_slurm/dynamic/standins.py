@@ -160,6 +160,32 @@ class ScriptState:
     hint_top: int = 0   # id of the outermost module of the forward the batch is read in
     trainable: dict = field(default_factory=dict)      # module id -> whether it has parameters that take gradients
 
+    # branches on GPU values (known or stand-ins) since the step's last backward: code line -> (the
+    # step's training forwards at the read, whether a stand-in was read there), for note_read
+    read_lines: dict = field(default_factory=dict)
+    loop_read: str | None = None   # where a loop of training forwards was steered by a stand-in (file:line)
+
+    def note_read(self, standin: bool) -> None:
+        """A branch on a value of a GPU tensor (``bool()``, ``torch.equal``; ``standin``: not known
+        here) at the script's current line (a number read, ``.item()``, may only be logged or kept:
+        an agent's sampled action each environment step of a fixed-length episode).
+        The same line read again after a training forward, before the step's backward, is a loop
+        of forwards whose test reads the GPU (``while residual > tol``, ``if converged: break``:
+        fixed-point and implicit layers, adaptive ODE solvers, a sampler's accept/reject); where a
+        stand-in was among its reads, a stand-in decided how many forwards the step keeps: the
+        first such line is ``loop_read`` (the runner's flag; a loop it never ends is refused as
+        data-dependent at the time limit)."""
+        if not self.models or self.tracer.frozen or self.in_backward or len(self.read_lines) > 256:
+            return
+        line = tracked.code_line()
+        if line is None:
+            return
+        prev = self.read_lines.get(line)
+        standin = standin or (prev is not None and prev[1])
+        if prev is not None and self.step_forwards > prev[0] and standin and self.loop_read is None:
+            self.loop_read = f"{line[0]}:{line[1]}"
+        self.read_lines[line] = (self.step_forwards, standin)
+
     def reread_batch(self) -> None:
         """The batch read so far was not the training's: the next forward of the model reads it."""
         self.batch_hint, self.batch_hint_depth, self.first_input_shape = None, 1 << 30, None
@@ -205,6 +231,7 @@ class ScriptState:
         self.forwards_per_step.append(self.step_forwards)
         self.steered_steps.append(self.steered)
         self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
+        self.read_lines.clear()
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -697,7 +724,26 @@ def _gathers():
         # (the real one pickles into device tensors and unpickles what comes back: nothing here)
         object_list[:] = [obj] * len(object_list)
 
-    return all_gather, all_gather_into_tensor, all_gather_object
+    # the other object collectives (torch.distributed.checkpoint's coordinator gathers every rank's
+    # save plan, scatters the global one and broadcasts the metadata): pickled into device tensors
+    # that carry no values here, they unpickled garbage ("UnpicklingError", the script blamed)
+    def is_rank(group, group_rank, rank) -> bool:
+        return dist.get_rank(group) == group_rank if group_rank is not None else dist.get_rank() == (rank or 0)
+
+    def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None, weights_only=False):
+        if object_gather_list is not None and is_rank(group, group_dst, dst):
+            object_gather_list[:] = [obj] * len(object_gather_list)
+
+    def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None, weights_only=False):
+        pass   # every rank holds what the source rank sends: this rank's own objects
+
+    def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None, group=None,
+                            group_src=None, weights_only=False):
+        if scatter_object_input_list is not None and scatter_object_output_list:
+            scatter_object_output_list[0] = scatter_object_input_list[dist.get_rank(group)]
+
+    return all_gather, all_gather_into_tensor, all_gather_object, gather_object, broadcast_object_list, \
+        scatter_object_list
 
 
 def _spawn():
@@ -819,10 +865,13 @@ def _read_through(orig, kind: str, ledger, state=None):
 
     def method(self, *a):
         fake = isinstance(self, fc.FakeTensor) and getattr(self, "fake_mode", None) is not None
-        if fake and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None:
+        standin = fake and self.fake_mode.fill_of(self) is None and _shadow.of(self) is None
+        if standin:
             ledger.read(kind, None)
-            if state is not None and state.in_optimizer_step and state.stepping:
+            if kind == "bool" and state is not None and state.in_optimizer_step and state.stepping:
                 state.step_branches[state.stepping] = tracked.script_frame()
+        if kind == "bool" and fake and state is not None and not state.in_optimizer_step:
+            state.note_read(standin)   # (a branch on the value; a number read may only be logged or kept)
         if not fake or not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
             return orig(self, *a)
         # called from C++ with Python dispatch off (torch.tensor([loss, n]) reads each 0-d element
@@ -834,6 +883,40 @@ def _read_through(orig, kind: str, ledger, state=None):
         return convert(value)
 
     return method
+
+
+def _compare(orig, ledger, state):
+    """``torch.equal`` / ``torch.allclose`` (and the methods) of GPU tensors, which return a Python
+    bool themselves: the fake mode refused them as data-dependent, and GPyTorch's conjugate
+    gradients (``torch.equal(residual, residual)``, a NaN check) and kernels (``torch.equal(x1, x2)``)
+    were refused with advice about shapes. Host copies compare their real values; a tensor against
+    itself (the same view) is equal, as in a healthy run (no NaN); otherwise the value is a read of
+    a stand-in, listed: the side a check that raises on the other lets through, else False."""
+    import sys
+
+    def compare(input, other, *a, **k):
+        if not (isinstance(input, fc.FakeTensor) or isinstance(other, fc.FakeTensor)):
+            return orig(input, other, *a, **k)
+        reals = [_shadow.read_of(t) if isinstance(t, fc.FakeTensor) else t for t in (input, other)]
+        if all(isinstance(r, torch.Tensor) for r in reals):
+            return orig(*reals, *a, **k)
+        if orig in (torch.equal, torch.Tensor.equal) and tuple(input.shape) != tuple(other.shape):
+            return False   # (torch.equal compares sizes first; allclose broadcasts)
+        if isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) and _same_view(input, other):
+            same = True
+        else:
+            ledger.read("bool", None)
+            passed = fc.check_passed_after_call(sys._getframe(1))
+            same = passed if passed is not None else False
+        state.note_read(True)
+        return same
+
+    return compare
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.shape == b.shape
+                      and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
 
 
 def _format(orig):
@@ -1514,6 +1597,7 @@ def patched(state: ScriptState):
             state.close_manual_step()
         state.backwards += 1
         state.backward_in_step = True
+        state.read_lines.clear()   # (a loop of forwards is one between two backward passes)
         state.closure_backwards += 1 if state.in_optimizer_step else 0
         state.forward_since_backward = False
         state.backward_since_update = True
@@ -1649,6 +1733,8 @@ def patched(state: ScriptState):
         (torch.optim.Optimizer, "__init__", opt_init),
         (torch.utils.data.DataLoader, "__init__", dl_init),
         (torch.Tensor, "item", _item(torch.Tensor.item, state.ledger)),
+        *((owner, name, _compare(getattr(owner, name), state.ledger, state))
+          for owner in (torch, torch.Tensor) for name in ("equal", "allclose")),
         (torch.Tensor, "tolist", _tolist(torch.Tensor.tolist, state.ledger)),
         (torch.Tensor, "__bool__", _read_through(torch.Tensor.__bool__, "bool", state.ledger, state)),
         (torch.Tensor, "__int__", _read_through(torch.Tensor.__int__, "int", state.ledger)),
@@ -1666,7 +1752,8 @@ def patched(state: ScriptState):
         (dist, "get_backend", _get_backend(dist.get_backend, state)),
         (dist.distributed_c10d, "get_backend", _get_backend(dist.distributed_c10d.get_backend, state)),
         (dist.distributed_c10d, "new_group", _new_group(dist.distributed_c10d.new_group, state)),
-        *zip((dist,) * 3, ("all_gather", "all_gather_into_tensor", "all_gather_object"), _gathers()),
+        *zip((dist,) * 6, ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather_object",
+                           "broadcast_object_list", "scatter_object_list"), _gathers()),
         (torch_mp, "spawn", spawn),
         (torch_mp, "start_processes", start_processes),
         (multiprocessing.process.BaseProcess, "start", _process_start(multiprocessing.process.BaseProcess.start, state)),

@@ -316,14 +316,35 @@ def check_passed(depth: int = 40) -> bool | None:
             i += 1
         x = ins[i] if i is not None and i < len(ins) else None
         if x is not None and x.opname in _TRUTH_JUMPS:
-            jumps_on = _TRUTH_JUMPS[x.opname]
-            target = at.get(x.argval)
-            if target is not None and _raises_from(ins, target):
-                return not jumps_on
-            if _raises_from(ins, i + 1):
-                return jumps_on
-            return None
+            return _passing_side(at, ins, i)
         f, depth = f.f_back, depth - 1
+    return None
+
+
+def check_passed_after_call(frame) -> bool | None:
+    """check_passed for a function that returns a Python bool itself (``torch.equal``,
+    ``torch.allclose``), asked from its stand-in: the instruction after the call in ``frame``
+    (the caller's) tests it."""
+    import bisect
+
+    at, ins = _instructions(frame.f_code)
+    # (the call's instruction: f_lasti is its last inline cache entry's offset in Python 3.11)
+    i = bisect.bisect_right([x.offset for x in ins], frame.f_lasti)
+    if i < len(ins) and ins[i].opname == "TO_BOOL":
+        i += 1
+    if i >= len(ins) or ins[i].opname not in _TRUTH_JUMPS:
+        return None
+    return _passing_side(at, ins, i)
+
+
+def _passing_side(at: dict, ins: list, i: int) -> bool | None:
+    """The value for which the truth jump ``ins[i]`` goes where nothing raises, where one side raises."""
+    jumps_on = _TRUTH_JUMPS[ins[i].opname]
+    target = at.get(ins[i].argval)
+    if target is not None and _raises_from(ins, target):
+        return not jumps_on
+    if _raises_from(ins, i + 1):
+        return jumps_on
     return None
 
 

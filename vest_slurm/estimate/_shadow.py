@@ -222,8 +222,8 @@ class Shadows:
 
     def set(self, t: FakeTensor, real: torch.Tensor, sampled: bool = False) -> bool:
         """Give ``t`` the shadow ``real`` (a CPU tensor of its shape and dtype), within the bound."""
-        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor)
-                and real.layout == torch.strided and real.shape == t.shape and real.dtype == t.dtype
+        if not (isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor) and _host_values(real)
+                and real.shape == t.shape and real.dtype == t.dtype
                 and (worthy(t, sampled) or _counts(real))):
             return False
         real = real.detach()
