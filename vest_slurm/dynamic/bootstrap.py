@@ -1269,9 +1269,11 @@ def run(ns) -> dict:
                           "cudnn_benchmark": state.cudnn_benchmark,
                           "zero_grad": state.zero_grad, "batch_seen": state.batch_hint, "grad_accum": state.grad_accum,
                           "gradient_checkpointing": "on" if state.recomputed else "off", "optimizer": state.optimizer}
-    # (shapes the GPU's random draws decided are said by the runner's sampled note: not twice)
+    # (said beside the runner's note on the GPU's random draws: a draw read on the host, an
+    # augmentation's choice, need not be what changed the shapes; a length-sorted data set's batches
+    # grow through the epoch whatever the draws)
     notes = (sp.frozen_note(state), state.waited_for, sp.drain_note(state), branches.note(state.steps),
-             None if result["sampled"] else sp.shapes_note(state))
+             sp.shapes_note(state))
     result["standin_flags"] = list(dict.fromkeys(state.flags + [f for f in notes if f] + _bounded_note()))
     result["cut_at_time_limit"] = state.cut_at_time_limit
     from .cuda_surface import MEMORY_FRACTION

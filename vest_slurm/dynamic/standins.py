@@ -1544,6 +1544,9 @@ def patched(state: ScriptState):
         if state.depth == 0:
             tr.s.phase = "other"
             if raised:
+                # a training forward that a stop ended: within a step, not between two (the
+                # steps before it are no estimate of the one it stopped in: bootstrap's `between`)
+                state.forward_since_backward = state.forward_since_backward or torch.is_grad_enabled()
                 return
             if not state.first_forward_done and not state.batch_hint_no_grad and not any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in torch.utils._pytree.tree_leaves(out)):
