@@ -902,13 +902,14 @@ def _compare(orig, ledger, state):
             return orig(*reals, *a, **k)
         if orig in (torch.equal, torch.Tensor.equal) and tuple(input.shape) != tuple(other.shape):
             return False   # (torch.equal compares sizes first; allclose broadcasts)
-        if isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) and _same_view(input, other):
+        known = isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) and _same_view(input, other)
+        if known:
             same = True
         else:
             ledger.read("bool", None)
             passed = fc.check_passed_after_call(sys._getframe(1))
             same = passed if passed is not None else False
-        state.note_read(True)
+        state.note_read(not known)
         return same
 
     return compare
