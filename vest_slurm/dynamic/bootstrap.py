@@ -1263,6 +1263,7 @@ def run(ns) -> dict:
     result["stopped_by"] = state.stopped_by
     result["reads"] = state.ledger.summary()
     result["steered_loop"] = state.loop_read
+    result["loop_never_ended"] = isinstance(final, DataDependentLoop)
     result["sampled"] = list(mode.shadows.sampled_reads) if mode.shadows is not None else []
     result["first_input_shape"] = list(state.first_input_shape) if state.first_input_shape else None
     result["observed"] = {"precision": state.precision, "channels_last": state.channels_last,
@@ -1319,7 +1320,7 @@ def run(ns) -> dict:
     trace = tracer.finish(state.steps, ())
     # (a loop that never ended made events by the hundred thousand, which its refusal does not use:
     # written, they took longer than the runner's grace after the time limit)
-    result["events"] = [] if isinstance(final, DataDependentLoop) else \
+    result["events"] = [] if result["loop_never_ended"] else \
         [[e.action[0], e.block, e.size_bytes, e.phase, e.category, e.module, e.detail] for e in trace.events]
     result["batch_hint"] = state.batch_hint
     from . import fake_dist

@@ -294,11 +294,18 @@ def _version():
     return 1000 * major + 10 * minor
 
 
-def _device_count(f, pointer):
+def _writes(value):
+    """An answer that writes ``value()`` through the call's one pointer and returns cudaSuccess."""
+    def answer(f, pointer):
+        _store(pointer, value())
+        return 0
+    return answer
+
+
+def _device_count():
     import torch
 
-    _store(pointer, torch.cuda.device_count())
-    return 0
+    return torch.cuda.device_count()
 
 
 def _mem_info(f, free, total):
@@ -319,10 +326,9 @@ def _free(f, pointer=None):
 _ok = lambda f, *args: 0   # noqa: E731  (synchronizes, selects or profiles: nothing to do on the fake device)
 _RUNTIME = {
     "cudaDeviceSetLimit": _set_limit, "cudaDeviceGetLimit": _get_limit,
-    "cudaGetDeviceCount": _device_count, "cudaMemGetInfo": _mem_info,
-    "cudaGetDevice": lambda f, pointer: (_store(pointer, 0), 0)[1],
-    "cudaRuntimeGetVersion": lambda f, pointer: (_store(pointer, _version()), 0)[1],
-    "cudaDriverGetVersion": lambda f, pointer: (_store(pointer, _version()), 0)[1],
+    "cudaGetDeviceCount": _writes(_device_count), "cudaMemGetInfo": _mem_info,
+    "cudaGetDevice": _writes(lambda: 0),   # (the rank's device, as torch.cuda.current_device answers)
+    "cudaRuntimeGetVersion": _writes(_version), "cudaDriverGetVersion": _writes(_version),
     "cudaGetErrorString": lambda f, code: b"no error" if code == 0 else f._unsupported(f"error code {code}"),
     "cudaFree": _free,
     "cudaSetDevice": _ok, "cudaDeviceSynchronize": _ok, "cudaProfilerStart": _ok, "cudaProfilerStop": _ok,

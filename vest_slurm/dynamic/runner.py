@@ -875,7 +875,7 @@ def _raise_for_status(cmd: TrainCommand, result: dict, log_path: str | None, cwd
                             f"optimizer.step(), no backward pass followed by parameter updates, no forward pass under grad{log}",
                             "check that the script's arguments start training (not only evaluation)",
                             kind="script-error", where=where)
-    if status == "data-dependent" and result.get("steered_loop") and "a loop runs the model's forward" in msg:
+    if status == "data-dependent" and result.get("loop_never_ended"):
         raise EstimateError(f"{cmd.display}: data-dependent: {msg}{line}{log}",
                             "a loop whose length the GPU's values decide (an adaptive ODE solver, a convergence test) "
                             "cannot run on stand-ins: give it a fixed count for the estimate if the script takes one "

@@ -186,6 +186,11 @@ class ScriptState:
             self.loop_read = f"{line[0]}:{line[1]}"
         self.read_lines[line] = (self.step_forwards, standin)
 
+    def _next_step(self) -> None:
+        """What is counted per step starts again."""
+        self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
+        self.read_lines.clear()
+
     def reread_batch(self) -> None:
         """The batch read so far was not the training's: the next forward of the model reads it."""
         self.batch_hint, self.batch_hint_depth, self.first_input_shape = None, 1 << 30, None
@@ -219,7 +224,7 @@ class ScriptState:
             # to train on the host (the answer then: it would leave its GPU idle)
             self.host_steps += 1
             self.last_stepper = None
-            self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
+            self._next_step()
             if stop and self.host_steps >= HOST_STEPS:
                 raise self.stop()
             return
@@ -230,8 +235,7 @@ class ScriptState:
         self.last_stepper = None
         self.forwards_per_step.append(self.step_forwards)
         self.steered_steps.append(self.steered)
-        self.step_forwards, self.steered, self.backward_in_step = 0, 0, False
-        self.read_lines.clear()
+        self._next_step()
         oneshot.settle()   # what a step leaves alive (model, optimizer state, loaders) out of the collector's scans
         if stop and self.steps >= self.max_steps:
             if self.optimizer_steps and waits_for_optimizers(self.steps, self.max_steps, self.optimizers, self.stepped):
@@ -902,7 +906,7 @@ def _compare(orig, ledger, state):
             return orig(*reals, *a, **k)
         if orig in (torch.equal, torch.Tensor.equal) and tuple(input.shape) != tuple(other.shape):
             return False   # (torch.equal compares sizes first; allclose broadcasts)
-        known = isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) and _same_view(input, other)
+        known = isinstance(input, torch.Tensor) and isinstance(other, torch.Tensor) and fc.same_view(input, other)
         if known:
             same = True
         else:
@@ -913,11 +917,6 @@ def _compare(orig, ledger, state):
         return same
 
     return compare
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a is b or (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.shape == b.shape
-                      and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
 
 
 def _format(orig):

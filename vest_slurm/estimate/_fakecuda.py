@@ -337,6 +337,12 @@ def check_passed_after_call(frame) -> bool | None:
     return _passing_side(at, ins, i)
 
 
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are one view of one storage (so equal, as a healthy run's, NaN-free)."""
+    return a is b or (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.shape == b.shape
+                      and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
+
+
 def _passing_side(at: dict, ins: list, i: int) -> bool | None:
     """The value for which the truth jump ``ins[i]`` goes where nothing raises, where one side raises."""
     jumps_on = _TRUTH_JUMPS[ins[i].opname]
@@ -1000,10 +1006,7 @@ class FakeCudaMode(FakeTensorMode):
                      (None if isinstance(t, FakeTensor) else t) for t in (a, b)]
             if all(r is not None for r in reals):
                 return torch.equal(*reals)
-            if a.shape != b.shape:
-                return False
-            return a is b or (a.untyped_storage()._cdata == b.untyped_storage()._cdata and a.stride() == b.stride()
-                              and a.storage_offset() == b.storage_offset())   # else a stand-in: False
+            return same_view(a, b)   # (else a stand-in: False)
         if func is aten._to_copy.default and isinstance(args[0], FakeTensor) and args[0].constant is not None:
             args[0].constant = None   # a scalar from torch.tensor(): never run the copy for real
         if func.overloadpacket is aten.to and self.host_real and _is_real_host(args[0]) and \
